@@ -1,0 +1,32 @@
+"""Shared by the benchmark scripts: machine description and RESULTS.md sections."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def write_section(name: str, body: str, path: Path = RESULTS) -> None:
+    """Replace (or append) the section between ``<!-- name:begin -->`` and ``<!-- name:end -->``."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmark results\n\nEach section is written by the script it names.\n"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)

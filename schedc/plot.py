@@ -1,0 +1,178 @@
+"""Pictures of Timelines: a Gantt chart with memory curves (draw_gantt), a Perfetto trace (write_trace).
+
+matplotlib is imported inside draw_gantt (no pyplot, so no global backend state), so importing this
+module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from schedc.errors import SchedcError
+from schedc.simulate import Timeline
+
+KIND_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32"}
+KIND_NAMES = {"F": "F (forward)", "B": "B (input grad)", "W": "W (weight grad)", "BW": "BW (full backward)"}
+FORMATS = (".png", ".svg", ".pdf")
+WIDTH_IN = 14.0  # figure width; the time axis gets about WIDTH_IN - 1.4 inches
+MAX_HEIGHT_IN = 60.0
+
+
+def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
+    """Per rank, the memory level (static included) as step points ``(time, level)``.
+
+    An allocating op (positive delta, e.g. F) counts from its start, a freeing one (B, W, BW) from
+    its end; changes at one instant are merged. The first point is at time 0 (static memory unless
+    an allocation starts then); the last level is static plus the final activation.
+    """
+    p = timeline.problem
+    steps = []
+    for r, ops in enumerate(timeline.schedule.ranks):
+        level = p.static_memory[r]
+        points = [(0.0, level)]
+        for op, s, e in zip(ops, timeline.start[r], timeline.end[r]):
+            delta = p.mem[op.kind][op.stage]
+            level += delta
+            t = s if delta > 0 else e
+            if t == points[-1][0]:  # a free and an allocation at one instant: keep the level after both
+                points.pop()
+            points.append((t, level))
+        steps.append(points)
+    return steps
+
+
+def write_trace(timeline: Timeline, path: str | Path) -> None:
+    """Write a Chrome / Perfetto trace (one cost unit shown as one millisecond)."""
+    name = timeline.schedule.name
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
+    for r, ops in enumerate(timeline.schedule.ranks):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
+        for op, s, e in zip(ops, timeline.start[r], timeline.end[r]):
+            events.append({
+                "name": f"{op.kind}{op.mb}", "cat": op.kind, "ph": "X", "pid": 0, "tid": r,
+                "ts": s * 1000, "dur": (e - s) * 1000,
+                "args": {"stage": op.stage, "microbatch": op.mb, "kind": op.kind},
+            })
+    for r, points in enumerate(memory_steps(timeline)):
+        events += [
+            {"name": f"memory rank {r}", "ph": "C", "pid": 0, "ts": t * 1000, "args": {"memory": level}}
+            for t, level in points
+        ]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None = None) -> None:
+    """Draw each timeline as a Gantt chart over its memory curves, on one shared time axis."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise SchedcError(f"{path}: unknown figure format {path.suffix!r}: use {', '.join(FORMATS)}")
+    if not timelines:
+        raise SchedcError(f"{path}: no schedules to draw")
+    # A bare Figure, not pyplot: no global backend switch, no figure registry to leak into; it
+    # renders with Agg (png) or matplotlib's svg / pdf backends and is freed with its last reference.
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    # Heights in inches: one row per rank, a fixed memory panel, shrunk together past the cap.
+    gantt_h = [max(1.2, 0.32 * t.problem.ranks) for t in timelines]
+    mem_h = 1.4
+    total = sum(gantt_h) + len(timelines) * (mem_h + 0.9) + 0.8
+    scale = min(1.0, MAX_HEIGHT_IN / total)
+    fig = Figure(figsize=(WIDTH_IN, total * scale), layout="constrained")
+    ratios = [h for g in gantt_h for h in (g, mem_h)]
+    axes = fig.subplots(2 * len(timelines), 1, gridspec_kw={"height_ratios": ratios})
+    t_max = max(t.makespan for t in timelines) or 1.0
+    pt_per_unit = (WIDTH_IN - 1.4) * 72 / (t_max * 1.02)
+    for i, tl in enumerate(timelines):
+        ax_g, ax_m = axes[2 * i], axes[2 * i + 1]
+        row_pt = gantt_h[i] * scale * 72 / tl.problem.ranks
+        _draw_ops(ax_g, tl, pt_per_unit, row_pt)
+        _draw_memory(ax_m, tl)
+        ax_g.axvline(tl.makespan, color="black", linestyle="--", linewidth=1)
+        for ax in (ax_g, ax_m):
+            ax.set_xlim(0, t_max * 1.02)
+        ax_g.set_title(_block_title(tl), fontsize=10, loc="left")
+    axes[-1].set_xlabel("time")
+    kinds = [k for k in KIND_COLORS if any(op.kind == k for t in timelines for ops in t.schedule.ranks for op in ops)]
+    handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in kinds]
+    if any(t.problem.chunks > 1 for t in timelines):
+        handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=9, frameon=False,
+               title=title, title_fontsize=12)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110 if path.suffix.lower() == ".png" else None)
+
+
+def _block_title(tl: Timeline) -> str:
+    fits = "" if tl.fits else ", OVER the memory limit"
+    return (
+        f"{tl.schedule.name}: makespan {tl.makespan:g}, span {tl.span:g},"
+        f" bubble {tl.bubble_rate():.1%} ({tl.problem.objective}),"
+        f" peak memory {max(tl.peak_memory):g}{fits}"
+    )
+
+
+def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
+    """One row per rank (rank 0 on top), a box per op with its microbatch when the label fits."""
+    from matplotlib.collections import PolyCollection
+
+    p = tl.problem
+    boxes, colors, labels = [], [], []
+    for r, ops in enumerate(tl.schedule.ranks):
+        for op, s, e in zip(ops, tl.start[r], tl.end[r]):
+            boxes.append([(s, r - 0.4), (e, r - 0.4), (e, r + 0.4), (s, r + 0.4)])
+            colors.append(_shade(KIND_COLORS[op.kind], op.stage // p.ranks, p.chunks))
+            labels.append((s, e, r, str(op.mb), colors[-1]))
+    widths = sorted(e - s for s, e, *_ in labels)
+    median_pt = widths[len(widths) // 2] * pt_per_unit if widths else 0.0
+    edge = 0.4 if median_pt > 4 else 0.0  # white gaps would wash out very narrow boxes
+    ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white", linewidths=edge))
+    size = min(9.0, 0.6 * row_pt, median_pt / 1.5)  # fits two digits in a typical box
+    if size >= 5.0:  # smaller text is not legible at the saved resolution
+        for s, e, r, text, color in labels:
+            if (e - s) * pt_per_unit >= 0.62 * size * len(text) + 2:
+                ax.text((s + e) / 2, r, text, ha="center", va="center", fontsize=size, color=_ink(color))
+    ax.set_ylim(p.ranks - 0.5, -0.5)
+    ax.set_yticks(range(p.ranks), [f"rank {r}" for r in range(p.ranks)], fontsize=min(9.0, 0.8 * row_pt))
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+
+def _draw_memory(ax, tl: Timeline) -> None:
+    """Memory (static + activation) per rank as a step function; the limit dashed."""
+    import matplotlib as mpl
+
+    p = tl.problem
+    cmap = mpl.colormaps["viridis"]
+    for r, points in enumerate(memory_steps(tl)):
+        ts, levels = zip(*points, (tl.makespan, points[-1][1]))
+        ax.step(ts, levels, where="post", linewidth=1, color=cmap(r / max(1, p.ranks - 1) * 0.9),
+                label=f"rank {r}")
+    for i, limit in enumerate(sorted(set(p.memory_limit or ()))):
+        ax.axhline(limit, color="red", linestyle="--", linewidth=1, label=None if i else "limit")
+    ax.set_ylabel("memory", fontsize=9)
+    top = max([*tl.peak_memory, *(p.memory_limit or ())])
+    ax.set_ylim(0, top * 1.35 or 1.0)  # headroom for the legend
+    if p.ranks <= 8:
+        ax.legend(fontsize=7, ncol=p.ranks + 1, loc="upper right", frameon=False)
+    else:
+        ax.text(0.995, 0.97, f"rank 0 (dark) .. rank {p.ranks - 1} (light)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
+    """``color`` mixed with white, more for higher chunks (chunk 0 keeps the full colour)."""
+    from matplotlib.colors import to_rgb
+
+    mix = 0.55 * chunk / max(1, chunks - 1)
+    return tuple(c + (1 - c) * mix for c in to_rgb(color))
+
+
+def _ink(rgb: tuple[float, float, float]) -> str:
+    """Black or white text, whichever reads better on ``rgb``."""
+    return "black" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 0.6 else "white"

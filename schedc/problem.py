@@ -1,0 +1,340 @@
+"""The input of every compile pass: what a pipeline costs and how much memory each rank has.
+
+A Problem has ``ranks`` (p) ranks, ``microbatches`` (m) microbatches and ``chunks`` (v) model
+chunks per rank, so ``p * v`` stages. Stage ``s`` runs on ``stage_rank[s]``, fixed by the
+placement:
+
+- ``loop``: stage s on rank s mod p (Megatron's interleaved layout);
+- ``v``: chunks zig-zag, so for v = 2 rank r holds stages r and 2p-1-r (the V shape);
+- an explicit list, either stage -> rank (``[0, 1, 1, 0]``) or rank -> stages
+  (``[[0, 3], [1, 2]]``).
+
+Costs are per stage: ``F`` (forward), ``B`` (gradient of the input), ``W`` (gradient of the
+weights); a fused backward costs ``B + W``. ``comm`` is the latency of every transfer between two
+different ranks. Memory is per stage as deltas (``F`` allocates the activation, ``B`` frees part,
+``W`` the rest, so the three sum to zero) plus static memory and an optional limit per rank.
+Scalars broadcast to every stage (or rank).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from schedc.errors import ProblemError
+
+Number = Union[float, list[float]]
+KINDS = ("F", "B", "W", "BW")
+
+
+class _Strict(BaseModel):
+    # extra="forbid": a misspelt field is an error, never silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_numbers(value: Any, *, positive: bool) -> Any:
+    """Per-element check of a scalar-or-list field, so the message names the offending value."""
+    items = value if isinstance(value, list) else [value]
+    for i, x in enumerate(items):
+        where = f" (index {i})" if isinstance(value, list) else ""
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"must be a number, got {x!r}{where}")
+        if x != x or x in (float("inf"), float("-inf")):
+            raise ValueError(f"must be finite, got {x}{where}")
+        if positive and x <= 0:
+            raise ValueError(f"must be > 0, got {x}{where}")
+    return value
+
+
+class Costs(_Strict):
+    """Time of one microbatch through one stage, in any unit (ms by convention)."""
+
+    F: Number
+    B: Number
+    W: Number
+
+    _positive = field_validator("F", "B", "W", mode="before")(
+        lambda v: _check_numbers(v, positive=True)
+    )
+
+
+class Memory(_Strict):
+    """Activation-memory deltas per stage and static memory / limit per rank (any unit, GB by convention)."""
+
+    F: Number = 1.0
+    B: Number | None = Field(default=None, description="delta of B; default -F/2")
+    W: Number | None = Field(default=None, description="delta of W; default -(F + B)")
+    static: Number = 0.0
+    limit: Number | None = None
+
+    @field_validator("F", "B", "W", "static", "limit", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any) -> Any:
+        return v if v is None else _check_numbers(v, positive=False)
+
+
+class Problem(_Strict):
+    name: str = ""
+    ranks: int = Field(ge=1, le=4096)
+    microbatches: int = Field(ge=1, le=1_000_000)
+    chunks: int = Field(default=1, ge=1, le=64)
+    placement: Union[Literal["loop", "v"], list[int], list[list[int]]] = "loop"
+    costs: Costs
+    comm: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    memory: Memory = Memory()
+    objective: Literal["makespan", "span"] = "makespan"
+
+    @field_validator("placement", mode="before")
+    @classmethod
+    def _placement_shape(cls, v: Any) -> Any:
+        if isinstance(v, str) and v not in ("loop", "v"):
+            raise ValueError(f"must be 'loop', 'v' or a list, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Problem":
+        # Touch every derived array: each raises a ValueError naming the field.
+        self.stage_rank
+        for kind in ("F", "B", "W"):
+            self._per_stage(f"costs.{kind}", getattr(self.costs, kind))
+        deltas = self.mem_deltas
+        for s, (f, b, w) in enumerate(zip(*deltas)):
+            if f < 0:
+                raise ValueError(f"memory.F of stage {s} is {f}: a forward allocates, it cannot be negative")
+            if abs(f + b + w) > 1e-9 * max(1.0, abs(f)):
+                raise ValueError(
+                    f"memory deltas of stage {s} sum to {f + b + w:g}, not 0 (F {f:g}, B {b:g}, W {w:g}):"
+                    f" set memory.W to {-(f + b):g} or leave it out"
+                )
+        self._per_rank("memory.static", self.memory.static)
+        limits = self.memory_limit
+        if limits is not None:
+            for r, limit in enumerate(limits):
+                need = self.min_memory(r)
+                if limit < need:
+                    raise ValueError(
+                        f"memory.limit of rank {r} is {limit:g}, below the {need:g} that any schedule needs"
+                        f" there (static memory plus one microbatch through stages"
+                        f" {', '.join(map(str, self.rank_stages[r]))}): raise it"
+                    )
+        return self
+
+    # ---- derived, read-only views (plain tuples: cheap in hot loops) ----
+
+    @property
+    def n_stages(self) -> int:
+        return self.ranks * self.chunks
+
+    def _per_stage(self, field: str, value: Number) -> tuple[float, ...]:
+        return _broadcast(field, value, self.n_stages, "stages")
+
+    def _per_rank(self, field: str, value: Number) -> tuple[float, ...]:
+        return _broadcast(field, value, self.ranks, "ranks")
+
+    @cached_property
+    def stage_rank(self) -> tuple[int, ...]:
+        """stage -> rank."""
+        p, v, n = self.ranks, self.chunks, self.n_stages
+        pl = self.placement
+        if pl == "loop":
+            return tuple(s % p for s in range(n))
+        if pl == "v":
+            return tuple((s % p) if (s // p) % 2 == 0 else p - 1 - s % p for s in range(n))
+        if pl and all(isinstance(x, list) for x in pl):  # rank -> stages
+            if len(pl) != p:
+                raise ValueError(f"placement lists stages for {len(pl)} ranks, but ranks is {p}")
+            owner: dict[int, int] = {}
+            for r, stages in enumerate(pl):
+                for s in stages:
+                    if not 0 <= s < n:
+                        raise ValueError(f"placement: stage {s} on rank {r} is out of range 0..{n - 1}")
+                    if s in owner:
+                        raise ValueError(f"placement: stage {s} appears twice (ranks {owner[s]} and {r})")
+                    owner[s] = r
+            missing = sorted(set(range(n)) - set(owner))
+            if missing:
+                raise ValueError(f"placement misses stages {missing} (there are {n} = ranks x chunks)")
+            result = tuple(owner[s] for s in range(n))
+        else:  # stage -> rank
+            if len(pl) != n:
+                raise ValueError(
+                    f"placement has {len(pl)} entries but there are {n} stages (ranks {p} x chunks {v});"
+                    f" it {'misses' if len(pl) < n else 'has extra'} stages"
+                )
+            for s, r in enumerate(pl):
+                if not 0 <= r < p:
+                    raise ValueError(f"placement puts stage {s} on rank {r}, outside 0..{p - 1}")
+            result = tuple(pl)
+        for r in range(p):
+            held = result.count(r)
+            if held != v:
+                raise ValueError(f"placement gives rank {r} {held} stages, but chunks is {v}")
+        return result
+
+    @cached_property
+    def rank_stages(self) -> tuple[tuple[int, ...], ...]:
+        """rank -> its stages, ascending."""
+        out: list[list[int]] = [[] for _ in range(self.ranks)]
+        for s, r in enumerate(self.stage_rank):
+            out[r].append(s)
+        return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def cost(self) -> dict[str, tuple[float, ...]]:
+        """kind -> per-stage duration, for F, B, W and the fused BW."""
+        f, b, w = (self._per_stage(f"costs.{k}", getattr(self.costs, k)) for k in ("F", "B", "W"))
+        return {"F": f, "B": b, "W": w, "BW": tuple(x + y for x, y in zip(b, w))}
+
+    @cached_property
+    def mem_deltas(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+        f = self._per_stage("memory.F", self.memory.F)
+        b = (
+            tuple(-x / 2 for x in f)
+            if self.memory.B is None
+            else self._per_stage("memory.B", self.memory.B)
+        )
+        w = (
+            tuple(-(x + y) for x, y in zip(f, b))
+            if self.memory.W is None
+            else self._per_stage("memory.W", self.memory.W)
+        )
+        return f, b, w
+
+    @cached_property
+    def mem(self) -> dict[str, tuple[float, ...]]:
+        """kind -> per-stage activation-memory delta, for F, B, W and the fused BW."""
+        f, b, w = self.mem_deltas
+        return {"F": f, "B": b, "W": w, "BW": tuple(x + y for x, y in zip(b, w))}
+
+    @cached_property
+    def static_memory(self) -> tuple[float, ...]:
+        return self._per_rank("memory.static", self.memory.static)
+
+    @cached_property
+    def memory_limit(self) -> tuple[float, ...] | None:
+        if self.memory.limit is None:
+            return None
+        return self._per_rank("memory.limit", self.memory.limit)
+
+    def min_memory(self, rank: int) -> float:
+        """The least peak memory any schedule needs on ``rank``.
+
+        Whatever the order, some microbatch's forwards of all the rank's stages are held at once
+        (the backward of its earliest stage needs the later ones done): static memory plus one
+        microbatch through the rank's stages, forwards ascending, backward+weight descending.
+        """
+        stages = self.rank_stages[rank]
+        f, b, w = self.mem_deltas
+        level = peak = 0.0
+        for s in stages:
+            level += f[s]
+            peak = max(peak, level)
+        for s in reversed(stages):
+            level += b[s]
+            peak = max(peak, level)
+            level += w[s]
+        return self.static_memory[rank] + peak
+
+    def with_changes(self, **changes: Any) -> "Problem":
+        """A validated copy with top-level fields replaced (nested ones as dicts, merged)."""
+        data = self.model_dump(exclude_none=True)
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return Problem.parse(data)
+
+    @classmethod
+    def parse(cls, data: Any, *, source: str = "problem") -> "Problem":
+        """Validate a mapping; raise ProblemError with a one-line message naming the field."""
+        if not isinstance(data, dict):
+            raise ProblemError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ProblemError(f"{source}: {format_validation_error(e)}") from None
+
+
+def _broadcast(field: str, value: Number, n: int, what: str) -> tuple[float, ...]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"{field} has {len(value)} values but there are {n} {what}")
+        return tuple(float(x) for x in value)
+    return (float(value),) * n
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read a problem from a YAML or JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ProblemError(f"{path}: cannot read: {e.strerror or e}") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProblemError(f"{path}: not valid JSON: {e}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ProblemError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    problem = Problem.parse(data, source=str(path))
+    return problem if problem.name else problem.model_copy(update={"name": path.stem})
+
+
+def format_validation_error(e: ValidationError) -> str:
+    """pydantic's errors as one line: ``field: what is wrong (got value)``; typos get a suggestion."""
+    parts = []
+    for err in e.errors():
+        loc = _format_loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(Problem, err["loc"][:-1])
+            known = list(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+            parts.append(f"unknown field '{loc}'{hint}")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        got = err.get("input")
+        shown = "" if err["type"] == "value_error" or isinstance(got, (dict, list)) else f" (got {got!r})"
+        parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+    # pydantic reports each member of a union; keep the first message per field.
+    seen, unique = set(), []
+    for p in parts:
+        key = p.split(":", 1)[0]
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return "; ".join(unique)
+
+
+def _format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("float", "int", "str") or "[" in str(part) or "'" in str(part):
+            continue  # union-member tags pydantic adds to the location
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model

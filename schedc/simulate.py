@@ -1,0 +1,208 @@
+"""simulate(problem, schedule) -> Timeline: the one judge of every schedule.
+
+Each rank runs its ops in the schedule's order. An op starts when its rank is free and every
+op it consumes has finished, plus ``problem.comm`` when the producer is on another rank (a list
+schedule: as soon as possible, never reordered). Memory follows the order alone: F allocates its
+stage's activation, B and W free it; a rank's level is static memory plus the running sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedc.errors import ScheduleError
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule, producers
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class MemoryViolation:
+    rank: int
+    op: Op  # the first op during which the rank is over its limit
+    peak: float  # the rank's peak memory, static included
+    limit: float
+
+    @property
+    def over(self) -> float:
+        return self.peak - self.limit
+
+    def __str__(self) -> str:
+        return (
+            f"rank {self.rank} exceeds its limit {self.limit:g} from {self.op} on, peaking at"
+            f" {self.peak:g} ({self.over:g} over)"
+        )
+
+
+@dataclass(frozen=True)
+class Timeline:
+    problem: Problem
+    schedule: Schedule
+    start: tuple[tuple[float, ...], ...]  # per rank, aligned with schedule.ranks
+    end: tuple[tuple[float, ...], ...]
+    memory: tuple[tuple[float, ...], ...]  # per rank: activation memory after each op
+    peak_activation: tuple[float, ...]  # per rank, static memory excluded
+    violations: tuple[MemoryViolation, ...] = field(default=())
+
+    # ---- times ----
+    @property
+    def busy(self) -> tuple[float, ...]:
+        return tuple(sum(e - s for s, e in zip(ss, es)) for ss, es in zip(self.start, self.end))
+
+    @property
+    def makespan(self) -> float:
+        return max((es[-1] for es in self.end if es), default=0.0)
+
+    @property
+    def rank_span(self) -> tuple[float, ...]:
+        """Per rank, its own first op's start to last op's end."""
+        return tuple(es[-1] - ss[0] if ss else 0.0 for ss, es in zip(self.start, self.end))
+
+    @property
+    def span(self) -> float:
+        return max(self.rank_span, default=0.0)
+
+    def objective_value(self, objective: str | None = None) -> float:
+        objective = objective or self.problem.objective
+        return self.makespan if objective == "makespan" else self.span
+
+    def idle(self, objective: str | None = None) -> tuple[float, ...]:
+        """Per rank idle time within the objective's window (the makespan, or its own span)."""
+        if (objective or self.problem.objective) == "makespan":
+            return tuple(self.makespan - b for b in self.busy)
+        return tuple(sp - b for sp, b in zip(self.rank_span, self.busy))
+
+    def bubble_rate(self, objective: str | None = None) -> float:
+        """Idle fraction of the rank-time the objective measures: 1 - busy / (p * T)."""
+        total = self.objective_value(objective) * self.problem.ranks
+        return 1.0 - sum(self.busy) / total if total > 0 else 0.0
+
+    # ---- memory ----
+    @property
+    def peak_memory(self) -> tuple[float, ...]:
+        return tuple(s + a for s, a in zip(self.problem.static_memory, self.peak_activation))
+
+    @property
+    def fits(self) -> bool:
+        return not self.violations
+
+    def op_times(self) -> dict[Op, tuple[int, float, float]]:
+        """op -> (rank, start, end)."""
+        return {
+            op: (r, s, e)
+            for r, ops in enumerate(self.schedule.ranks)
+            for op, s, e in zip(ops, self.start[r], self.end[r])
+        }
+
+    def summary(self) -> dict:
+        """Plain data for tables and --json."""
+        p = self.problem
+        return {
+            "schedule": self.schedule.name,
+            "problem": p.name,
+            "objective": p.objective,
+            "makespan": self.makespan,
+            "span": self.span,
+            "bubble_makespan": self.bubble_rate("makespan"),
+            "bubble_span": self.bubble_rate("span"),
+            "busy": list(self.busy),
+            "idle": list(self.idle()),
+            "peak_activation": list(self.peak_activation),
+            "peak_memory": list(self.peak_memory),
+            "memory_limit": list(p.memory_limit) if p.memory_limit else None,
+            "fits": self.fits,
+            "violations": [str(v) for v in self.violations],
+        }
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Timeline:
+    """Replay ``schedule`` on ``problem``. Raises ScheduleError for missing or duplicated ops
+    and for deadlock; memory-limit violations are reported in the Timeline."""
+    where = schedule.check_complete(problem)
+    n_stages, comm = problem.n_stages, problem.comm
+    cost, stage_rank = problem.cost, problem.stage_rank
+    ranks = schedule.ranks
+    p = len(ranks)
+
+    # Each op's producers, resolved once: (producer, latency added after its end).
+    deps: dict[Op, list[tuple[Op, float]]] = {}
+    for op, (r, _) in where.items():
+        deps[op] = [(d, 0.0 if stage_rank[d.stage] == r else comm) for d in producers(op, n_stages, where)]
+
+    finish: dict[Op, float] = {}
+    start: list[list[float]] = [[] for _ in range(p)]
+    end: list[list[float]] = [[] for _ in range(p)]
+    free = [0.0] * p
+    pos = [0] * p
+    waiting: dict[Op, list[int]] = {}  # unfinished op -> ranks blocked on it
+    ready = list(range(p))
+    while ready:
+        r = ready.pop()
+        ops = ranks[r]
+        while pos[r] < len(ops):
+            op = ops[pos[r]]
+            t = free[r]
+            blocked = None
+            for d, lat in deps[op]:
+                done = finish.get(d)
+                if done is None:
+                    blocked = d
+                    break
+                t = max(t, done + lat)
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            t_end = t + cost[op.kind][op.stage]
+            start[r].append(t)
+            end[r].append(t_end)
+            finish[op] = free[r] = t_end
+            pos[r] += 1
+            ready.extend(waiting.pop(op, ()))
+
+    stuck = [r for r in range(p) if pos[r] < len(ranks[r])]
+    if stuck:
+        raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(ranks, pos, stuck, deps, where)}")
+
+    memory, peaks, violations = _memory(problem, schedule)
+    return Timeline(
+        problem=problem,
+        schedule=schedule,
+        start=tuple(map(tuple, start)),
+        end=tuple(map(tuple, end)),
+        memory=memory,
+        peak_activation=peaks,
+        violations=violations,
+    )
+
+
+def _describe_wait(ranks, pos, stuck, deps, where) -> str:
+    """Which rank waits on which op, and on which rank that op sits behind what."""
+    parts = []
+    for r in stuck:
+        op = ranks[r][pos[r]]
+        blocker = next(d for d, _ in deps[op] if where[d][1] >= pos[where[d][0]])
+        br, bi = where[blocker]
+        parts.append(f"rank {r} waits at {op} for {blocker} (rank {br}, behind its {ranks[br][pos[br]]})")
+    return "; ".join(parts)
+
+
+def _memory(problem: Problem, schedule: Schedule):
+    mem, static, limits = problem.mem, problem.static_memory, problem.memory_limit
+    levels, peaks, violations = [], [], []
+    for r, ops in enumerate(schedule.ranks):
+        level = peak = 0.0
+        after = []
+        first_over = None
+        for op in ops:
+            held = max(level, level + mem[op.kind][op.stage])  # frees land at the op's end
+            level += mem[op.kind][op.stage]
+            after.append(level)
+            peak = max(peak, held)
+            if limits is not None and first_over is None and static[r] + held > limits[r] + _EPS:
+                first_over = op
+        levels.append(tuple(after))
+        peaks.append(peak)
+        if first_over is not None:
+            violations.append(MemoryViolation(r, first_over, static[r] + peak, limits[r]))
+    return tuple(levels), tuple(peaks), tuple(violations)

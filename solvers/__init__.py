@@ -1,0 +1,9 @@
+"""Everything that turns a Problem into a Schedule (imported as ``schedc.solvers``).
+
+``REGISTRY`` maps each named schedule to its builder; importing this package fills it.
+"""
+
+from schedc.solvers import heuristics  # noqa: F401  (registers the named schedules)
+from schedc.solvers.registry import REGISTRY, ScheduleSpec, build, get
+
+__all__ = ["REGISTRY", "ScheduleSpec", "build", "get"]

@@ -1,0 +1,121 @@
+from pathlib import Path
+
+import pytest
+
+from schedc import Problem, ProblemError, load_problem
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
+
+
+def base(**changes):
+    data = dict(ranks=4, microbatches=8, costs=dict(F=1.0, B=1.0, W=1.0))
+    data.update(changes)
+    return data
+
+
+def error_of(data) -> str:
+    with pytest.raises(ProblemError) as e:
+        Problem.parse(data)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_examples_cover_the_required_cases():
+    problems = {p.stem: load_problem(p) for p in EXAMPLES}
+    assert {"uniform", "uniform_comm", "heterogeneous", "memory_tight", "v_shape"} <= set(problems)
+    assert problems["uniform_comm"].comm > 0
+    f = problems["heterogeneous"].cost["F"]
+    assert f[0] > f[1] and f[-1] > f[1]
+    assert problems["memory_tight"].memory_limit is not None
+    v = problems["v_shape"]
+    assert v.chunks == 2 and v.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)
+
+
+def test_scalars_broadcast_and_defaults():
+    p = Problem.parse(base(chunks=2))
+    assert p.n_stages == 8
+    assert p.cost["BW"] == (2.0,) * 8
+    assert p.mem["F"] == (1.0,) * 8 and p.mem["B"] == (-0.5,) * 8 and p.mem["W"] == (-0.5,) * 8
+    assert p.stage_rank == (0, 1, 2, 3, 0, 1, 2, 3)
+    assert p.rank_stages[1] == (1, 5)
+
+
+@pytest.mark.parametrize(
+    "placement, expected",
+    [
+        ("v", (0, 1, 2, 3, 3, 2, 1, 0)),
+        ([0, 1, 2, 3, 3, 2, 1, 0], (0, 1, 2, 3, 3, 2, 1, 0)),
+        ([[0, 7], [1, 6], [2, 5], [3, 4]], (0, 1, 2, 3, 3, 2, 1, 0)),
+    ],
+)
+def test_placements(placement, expected):
+    assert Problem.parse(base(chunks=2, placement=placement)).stage_rank == expected
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (base(microbatchs=8), ["unknown field 'microbatchs'", "did you mean 'microbatches'"]),
+        (base(costs=dict(F=1, B=1, W=1, X=2)), ["unknown field 'costs.X'"]),
+        (base(memory=dict(limt=3)), ["unknown field 'memory.limt'", "limit"]),
+        (base(costs=dict(F=1, B=-2, W=1)), ["costs.B", "must be > 0", "-2"]),
+        (base(costs=dict(F=[1, 1, 0, 1], B=1, W=1)), ["costs.F", "must be > 0", "index 2"]),
+        (base(costs=dict(F="fast", B=1, W=1)), ["costs.F", "'fast'"]),
+        (base(costs=dict(F=[1, 1], B=1, W=1)), ["costs.F has 2 values", "4 stages"]),
+        (base(microbatches=0), ["microbatches", "got 0"]),
+        (base(comm=-1), ["comm", "got -1"]),
+        (base(placement="zigzag"), ["placement", "'zigzag'"]),
+        (base(chunks=2, placement=[[0, 7], [1, 6], [2, 5], [3]]), ["misses stages [4]"]),
+        (base(chunks=2, placement=[[0, 7], [1, 6], [2, 5], [3, 3]]), ["stage 3 appears twice"]),
+        (base(chunks=2, placement=[0, 1, 2, 3, 3, 2, 1]), ["7 entries", "8 stages", "misses"]),
+        (base(chunks=2, placement=[0, 0, 0, 3, 3, 2, 1, 1]), ["rank 0 3 stages"]),
+        (base(placement=[0, 1, 2, 9]), ["stage 3 on rank 9"]),
+        (base(memory=dict(F=2, static=10, limit=11)), ["memory.limit of rank 0 is 11", "12"]),
+        (base(memory=dict(F=1, B=-0.5, W=-0.2)), ["stage 0 sum to 0.3", "memory.W to -0.5"]),
+        (base(memory=dict(F=-1)), ["memory.F of stage 0 is -1"]),
+        (base(objective="throughput"), ["objective"]),
+        ([1, 2], ["expected a mapping"]),
+    ],
+)
+def test_bad_input_gives_one_line_naming_the_field(data, words):
+    msg = error_of(data)
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_memory_limit_must_hold_every_local_stage_of_one_microbatch():
+    # v = 2: rank 0 holds stages 0 and 4; one microbatch through both needs 2 activations.
+    ok = Problem.parse(base(chunks=2, memory=dict(F=1, limit=2)))
+    assert ok.min_memory(0) == 2
+    assert "below the 2" in error_of(base(chunks=2, memory=dict(F=1, limit=1.5)))
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ProblemError, match="cannot read"):
+        load_problem(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ranks: [4\n")
+    with pytest.raises(ProblemError, match="not valid YAML"):
+        load_problem(bad)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{")
+    with pytest.raises(ProblemError, match="not valid JSON"):
+        load_problem(bad_json)
+
+
+def test_json_and_yaml_load_the_same(tmp_path):
+    import json
+
+    data = base(costs=dict(F=[1, 2, 3, 4], B=2, W=1), comm=0.5)
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    p = load_problem(tmp_path / "a.json")
+    assert p.name == "a" and p.cost["F"] == (1, 2, 3, 4) and p.comm == 0.5
+
+
+def test_with_changes_revalidates():
+    p = Problem.parse(base(memory=dict(F=1, static=2)))
+    q = p.with_changes(memory={"limit": 8}, objective="span")
+    assert q.memory_limit == (8.0,) * 4 and q.memory.static == 2 and q.objective == "span"
+    with pytest.raises(ProblemError, match="memory.limit"):
+        p.with_changes(memory={"limit": 2.5})

@@ -1,0 +1,99 @@
+import pytest
+
+from schedc import Op, Problem, Schedule, ScheduleError, simulate
+
+
+def two_ranks(**changes):
+    data = dict(ranks=2, microbatches=2, costs=dict(F=1, B=2, W=3), comm=0.5, memory=dict(F=4, B=-1))
+    data.update(changes)
+    return Problem.parse(data)
+
+
+def sched(*ranks):
+    return Schedule.from_lists("hand", [[Op(*x) for x in r] for r in ranks])
+
+
+GOOD = (
+    [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("W", 0, 0), ("B", 0, 1), ("W", 0, 1)],
+    [("F", 1, 0), ("B", 1, 0), ("F", 1, 1), ("B", 1, 1), ("W", 1, 0), ("W", 1, 1)],
+)
+
+
+def test_times_by_hand():
+    t = simulate(two_ranks(), sched(*GOOD))
+    times = {op: (s, e) for op, (_, s, e) in t.op_times().items()}
+    # rank 0: F0 0-1, F1 1-2; rank 1: F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5, B1 5.5-7.5
+    assert times[Op("F", 1, 0)] == (1.5, 2.5)
+    assert times[Op("B", 1, 0)] == (2.5, 4.5)
+    assert times[Op("F", 1, 1)] == (4.5, 5.5)
+    # rank 0: B0 waits for B0@s1 + comm = 5.0, W0 7-10, B1 needs 7.5 + 0.5 = 8 but rank busy until 10
+    assert times[Op("B", 0, 0)] == (5.0, 7.0)
+    assert times[Op("W", 0, 0)] == (7.0, 10.0)
+    assert times[Op("B", 0, 1)] == (10.0, 12.0)
+    assert t.makespan == 15.0
+    assert t.rank_span == (15.0, 13.5 - 1.5)
+    assert t.busy == (12.0, 12.0)
+    assert t.bubble_rate("makespan") == pytest.approx(1 - 24 / 30)
+    assert t.bubble_rate("span") == pytest.approx(1 - 24 / 30)  # span is the max over ranks
+    assert t.idle("span") == (3.0, 0.0)
+
+
+def test_memory_levels_and_peak():
+    t = simulate(two_ranks(memory=dict(F=4, B=-1, static=[1, 2])), sched(*GOOD))
+    assert t.memory[0] == (4, 8, 7, 4, 3, 0)
+    assert t.peak_activation == (8, 4 + 4 - 1)
+    assert t.peak_memory == (9, 9)
+    assert t.fits
+
+
+def test_memory_violation_names_rank_op_and_amount():
+    problem = two_ranks(memory=dict(F=4, B=-1, static=1, limit=[8, 20]))
+    t = simulate(problem, sched(*GOOD))
+    assert not t.fits
+    (v,) = t.violations
+    assert (v.rank, v.op, v.peak, v.limit, v.over) == (0, Op("F", 0, 1), 9.0, 8.0, 1.0)
+    assert str(v) == "rank 0 exceeds its limit 8 from F1@s0 on, peaking at 9 (1 over)"
+
+
+def test_violation_reports_the_peak_not_the_first_excess():
+    problem = two_ranks(microbatches=4, memory=dict(F=4, B=-1, limit=[6, 100]))
+    gpipe_like = [[("F", 0, i) for i in range(4)] + [x for i in range(4) for x in (("B", 0, i), ("W", 0, i))],
+                  [x for i in range(4) for x in (("F", 1, i), ("B", 1, i), ("W", 1, i))]]
+    (v,) = simulate(problem, sched(*gpipe_like)).violations
+    assert (v.op, v.peak, v.over) == (Op("F", 0, 1), 16.0, 10.0)
+
+
+def test_fused_backward_and_no_latency_on_one_rank():
+    # V placement with p = 1: both stages on rank 0, hand-off without comm latency.
+    p = Problem.parse(dict(ranks=1, chunks=2, placement="v", microbatches=1, costs=dict(F=1, B=1, W=1), comm=9))
+    t = simulate(p, sched([("F", 0, 0), ("F", 1, 0), ("BW", 1, 0), ("BW", 0, 0)]))
+    assert t.makespan == 6.0 and t.bubble_rate() == 0.0
+
+
+def test_missing_duplicated_and_misplaced_ops():
+    p = two_ranks()
+    with pytest.raises(ScheduleError, match=r"2 ops missing: W0@s1, W1@s1"):
+        simulate(p, sched(GOOD[0], GOOD[1][:4]))
+    with pytest.raises(ScheduleError, match=r"F0@s0 is scheduled twice"):
+        simulate(p, sched(GOOD[0] + [("F", 0, 0)], GOOD[1]))
+    with pytest.raises(ScheduleError, match=r"F0@s1 is on rank 0 but stage 1 is placed on rank 1"):
+        simulate(p, sched(GOOD[0] + [("F", 1, 0)], GOOD[1][1:]))
+    with pytest.raises(ScheduleError, match="both BW and B/W"):
+        simulate(p, sched(GOOD[0] + [("BW", 0, 0)], GOOD[1]))
+    with pytest.raises(ScheduleError, match="has 1 ranks"):
+        simulate(p, sched(GOOD[0]))
+    with pytest.raises(ScheduleError, match="unknown op kind 'X'"):
+        simulate(p, sched(GOOD[0] + [("X", 0, 0)], GOOD[1]))
+
+
+def test_deadlock_names_who_waits_on_what():
+    p = two_ranks()
+    # rank 0 wants B0@s0 before sending F1@s0; rank 1 wants F1@s1 before doing B0@s1.
+    r0 = [("F", 0, 0), ("B", 0, 0), ("W", 0, 0), ("F", 0, 1), ("B", 0, 1), ("W", 0, 1)]
+    r1 = [("F", 1, 0), ("F", 1, 1), ("B", 1, 0), ("B", 1, 1), ("W", 1, 0), ("W", 1, 1)]
+    with pytest.raises(ScheduleError) as e:
+        simulate(p, sched(r0, r1))
+    msg = str(e.value)
+    assert "deadlock" in msg
+    assert "rank 0 waits at B0@s0 for B0@s1 (rank 1, behind its F1@s1)" in msg
+    assert "rank 1 waits at F1@s1 for F1@s0 (rank 0, behind its B0@s0)" in msg
