@@ -106,6 +106,11 @@ class Problem(_Strict):
         for s, (f, b, w) in enumerate(zip(*deltas)):
             if f < 0:
                 raise ValueError(f"memory.F of stage {s} is {f}: a forward allocates, it cannot be negative")
+            if not (-f - 1e-9 <= b <= 1e-9 and -f - 1e-9 <= w <= 1e-9):
+                raise ValueError(
+                    f"memory deltas of stage {s} are F {f:g}, B {b:g}, W {w:g}: B frees part of what F"
+                    f" allocated and W the rest, so each must lie in [-{f:g}, 0]"
+                )
             if abs(f + b + w) > 1e-9 * max(1.0, abs(f)):
                 raise ValueError(
                     f"memory deltas of stage {s} sum to {f + b + w:g}, not 0 (F {f:g}, B {b:g}, W {w:g}):"

@@ -74,6 +74,8 @@ def test_placements(placement, expected):
         (base(memory=dict(F=2, static=10, limit=11)), ["memory.limit of rank 0 is 11", "12"]),
         (base(memory=dict(F=1, B=-0.5, W=-0.2)), ["stage 0 sum to 0.3", "memory.W to -0.5"]),
         (base(memory=dict(F=-1)), ["memory.F of stage 0 is -1"]),
+        (base(memory=dict(F=1, B=-1.5)), ["B -1.5, W 0.5", "in [-1, 0]"]),
+        (base(memory=dict(F=1, B=0.5)), ["B 0.5", "in [-1, 0]"]),
         (base(objective="throughput"), ["objective"]),
         ([1, 2], ["expected a mapping"]),
     ],

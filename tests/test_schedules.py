@@ -137,7 +137,7 @@ def problems(draw):
             placement=placement,
             costs=dict(F=per_stage(), B=per_stage(), W=per_stage()),
             comm=comm,
-            memory=dict(F=draw(st.floats(0, 4)), B=draw(st.floats(-2, 0))),
+            memory=dict(F=(f := draw(st.floats(0, 4))), B=-f * draw(st.floats(0, 1))),
         )
     )
 
