@@ -1,0 +1,73 @@
+"""The memory-aware zero-bubble heuristic: as good as the handcrafted zero-bubble schedules at
+their memory, and never over the memory limit it is given."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import schedc.solvers as solvers
+from schedc import Problem, load_problem, simulate
+from schedc.solvers.greedy import greedy_schedule, policies, reference_limit
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
+
+
+def at_memory_of(problem, name):
+    """The problem with every rank limited to ``name``'s largest activation peak (plus static)."""
+    peak = max(simulate(problem, solvers.build(name, problem)).peak_activation)
+    return problem.with_changes(memory={"limit": [s + peak for s in problem.static_memory]})
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("memory_of, rival", [("zb-h2", "zb-h2"), ("1f1b", "zb-h1")])
+def test_no_worse_than_handcrafted_zero_bubble_at_its_memory(path, memory_of, rival):
+    problem = load_problem(path)
+    if solvers.get(rival).why_not(problem):
+        pytest.skip(solvers.get(rival).why_not(problem))
+    limited = at_memory_of(problem, memory_of)
+    theirs = simulate(limited, solvers.build(rival, limited))
+    ours = simulate(limited, solvers.build("zb-greedy", limited))
+    assert theirs.fits and ours.fits
+    assert ours.objective_value() <= theirs.objective_value() + 1e-9
+
+
+def test_zero_bubble_by_span_on_the_v_shape_with_room():
+    problem = Problem.parse(dict(ranks=4, chunks=2, placement="v", microbatches=8, costs=dict(F=1, B=1, W=1)))
+    t = simulate(problem, solvers.build("zb-greedy", problem))
+    assert t.span == 8 * 2 * 3  # one rank's work: no bubble at all
+
+
+def test_caps_follow_1f1b_memory():
+    problem = Problem.parse(dict(ranks=4, microbatches=12, costs=dict(F=1, B=1, W=1), memory=dict(F=2, static=3)))
+    assert reference_limit(problem, 4) == (11.0,) * 4
+    for name, k in (("zb-1p", 1), ("zb-2p", 2)):
+        t = simulate(problem, solvers.build(name, problem))
+        assert max(t.peak_memory) <= 3 + 2 * 4 * k
+
+
+@st.composite
+def limited_problems(draw):
+    p = draw(st.integers(1, 6))
+    v = draw(st.sampled_from([1, 2]))
+    placement = draw(st.sampled_from(["loop", "v"]))
+    m = draw(st.integers(1, 16))
+    cost = st.floats(0.1, 10)
+    problem = Problem.parse(
+        dict(
+            ranks=p, microbatches=m, chunks=v, placement=placement,
+            costs=dict(F=draw(cost), B=draw(cost), W=draw(cost)), comm=draw(st.floats(0, 2)),
+            memory=dict(F=(f := draw(st.floats(0.1, 3))), B=-f * draw(st.floats(0, 1)), static=1),
+        )
+    )
+    need = max(problem.min_memory(r) for r in range(p))
+    return problem.with_changes(memory={"limit": need * draw(st.floats(1, 4))})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limited_problems())
+def test_every_policy_completes_within_any_feasible_limit(problem):
+    for policy in policies(problem):
+        t = simulate(problem, greedy_schedule(problem, problem.memory_limit, policy, "g"))
+        assert t.fits, (policy, t.violations)
