@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from schedc.errors import SchedcError
+from schedc.errors import SchedcError, ScheduleError
 from schedc.problem import Problem, load_problem
 from schedc.simulate import Timeline, simulate
 
@@ -110,7 +110,12 @@ def schedules(as_json: bool) -> None:
 def simulate_cmd(problem: str, memory_limit, objective, name: str, as_json: bool) -> None:
     """Simulate one schedule on PROBLEM: times, bubble, memory per rank."""
     prob = _problem(problem, memory_limit, objective)
-    t = simulate(prob, _registry().build(name, prob))
+    _report(simulate(prob, _registry().build(name, prob)), prob.name or problem, as_json)
+
+
+def _report(t: Timeline, where: str, as_json: bool) -> None:
+    """What `simulate` and `import` print: a summary table, or JSON with every op's times."""
+    prob = t.problem
     if as_json:
         out = t.summary()
         out["ops"] = [
@@ -120,7 +125,7 @@ def simulate_cmd(problem: str, memory_limit, objective, name: str, as_json: bool
         click.echo(json.dumps(out, indent=2))
         return
     click.echo(
-        f"{name} on {prob.name or problem}: p={prob.ranks} m={prob.microbatches} v={prob.chunks}"
+        f"{t.schedule.name} on {where}: p={prob.ranks} m={prob.microbatches} v={prob.chunks}"
         f" objective={prob.objective}"
     )
     click.echo(
@@ -149,7 +154,11 @@ def simulate_cmd(problem: str, memory_limit, objective, name: str, as_json: bool
 @click.option("--schedules", "names", help="Comma-separated schedule names (default: the whole registry).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw every schedule's Gantt chart (.png/.svg).")
-def compare(problem: str, memory_limit, objective, names: str | None, as_json: bool, plot: str | None) -> None:
+@click.option("--torch", "with_torch", is_flag=True,
+              help="Also compare torch.distributed.pipelining's own schedules (needs torch).")
+def compare(
+    problem: str, memory_limit, objective, names: str | None, as_json: bool, plot: str | None, with_torch: bool
+) -> None:
     """Compare schedules on PROBLEM: makespan, span, bubble, peak memory, fit."""
     solvers = _registry()
     prob = _problem(problem, memory_limit, objective)
@@ -159,6 +168,14 @@ def compare(problem: str, memory_limit, objective, names: str | None, as_json: b
     for spec in (solvers.get(n) for n in wanted):
         reason = spec.why_not(prob)
         entries.append((spec.name, reason, None if reason else simulate(prob, spec.build(prob))))
+    if with_torch:
+        from schedc.interop import torch_schedules
+
+        for name, schedule, reason in torch_schedules(prob):
+            try:  # torch's order is judged like ours: an incomplete or deadlocking one is n/a
+                entries.append((name, reason, None if reason else simulate(prob, schedule)))
+            except ScheduleError as e:
+                entries.append((name, str(e).removeprefix(f"{name}: "), None))
     timelines = [t for _, _, t in entries if t is not None]
     if plot:
         from schedc.plot import draw_gantt
@@ -244,6 +261,35 @@ def show(problem: str, memory_limit, objective, name: str, output: str, trace: s
     if trace:
         write_trace(t, trace)
         click.echo(f"wrote {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
+@main.command()
+@_problem_options
+@click.option("-s", "--schedule", "name", required=True, help="A registry schedule (see `schedc schedules`).")
+@click.option("--format", "fmt", type=click.Choice(["torch-csv"]), default="torch-csv", show_default=True,
+              help="torch-csv: torch.distributed.pipelining's compute-only CSV, one row per rank.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write, e.g. FILE.csv.")
+def export(problem: str, memory_limit, objective, name: str, fmt: str, output: str) -> None:
+    """Write a registry schedule for PROBLEM in another tool's format."""
+    from schedc.interop import write_torch_csv
+
+    schedule = _registry().build(name, _problem(problem, memory_limit, objective))
+    write_torch_csv(schedule, output)
+    click.echo(f"wrote {output} ({name}: {len(schedule.ranks)} ranks, {schedule.n_ops} ops)")
+
+
+@main.command(name="import")
+@click.argument("csv_file", metavar="FILE.csv", type=click.Path(dir_okay=False))
+@_problem_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, with per-op start and end times.")
+def import_cmd(csv_file: str, problem: str, memory_limit, objective, as_json: bool) -> None:
+    """Read a torch.distributed.pipelining CSV schedule, check it on PROBLEM and simulate it."""
+    from pathlib import Path
+
+    from schedc.interop import from_torch_csv
+
+    prob = _problem(problem, memory_limit, objective)
+    _report(simulate(prob, from_torch_csv(Path(csv_file))), prob.name or problem, as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover

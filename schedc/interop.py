@@ -1,0 +1,173 @@
+"""torch.distributed.pipelining interop: its compute-only CSV, and its own schedules.
+
+torch writes a schedule as CSV with one row per rank and one cell per action,
+``{stage}{action}{microbatch}``: ``3F0`` is the forward of stage 3 on microbatch 0. Actions map as
+
+    schedc  F  B (input gradient)  W (weight gradient)  BW (fused backward)
+    torch   F  I                   W                    B
+
+An empty cell is an idle step. Reading and writing CSV is our own code and needs no torch;
+only ``torch_schedules`` imports torch, when called.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from pathlib import Path
+
+from schedc.errors import SchedcError
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule
+
+TO_TORCH = {"F": "F", "B": "I", "W": "W", "BW": "B"}
+FROM_TORCH = {t: k for k, t in TO_TORCH.items()}
+# torch actions that compute nothing: communication, FSDP unshard/reshard, data-parallel grad reduction.
+NO_COMPUTE = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"}
+_CELL = re.compile(r"(\d+)([A-Z_]+)(\d*)")
+_OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
+
+
+# ---- CSV ----
+
+
+def to_torch_csv(schedule: Schedule) -> str:
+    """One row per rank, the rank's ops in order, no idle cells (order is all a Schedule has)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for ops in schedule.ranks:
+        writer.writerow(f"{op.stage}{TO_TORCH[op.kind]}{op.mb}" for op in ops)
+    return out.getvalue()
+
+
+def write_torch_csv(schedule: Schedule, path: str | os.PathLike) -> None:
+    try:
+        Path(path).write_text(to_torch_csv(schedule))
+    except OSError as e:
+        raise SchedcError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def from_torch_csv(text_or_path: str | os.PathLike, name: str | None = None) -> Schedule:
+    """Read torch's CSV: a ``Path`` (or other path-like) is read from disk, a ``str`` is the CSV text.
+
+    Row r is rank r. Empty cells (idle steps) are dropped. Cells that compute nothing (SEND_F,
+    RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD) are skipped, so torch's lowered
+    compute+comms CSV imports as its compute order. An overlapped ``(0F1;7B0)OVERLAP_F_B`` becomes
+    its sub-actions in order, as torch's runtime runs them by default. Anything else (a malformed
+    cell, an unknown action, a compute action without microbatch) raises SchedcError naming row,
+    column and cell. The name defaults to the file's stem, or "torch-csv" for text.
+    """
+    if isinstance(text_or_path, os.PathLike):
+        path = Path(text_or_path)
+        source, name = str(path), name or path.stem
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SchedcError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    else:
+        text, source, name = text_or_path, "torch CSV", name or "torch-csv"
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        raise SchedcError(f"{source}: empty, expected one row of actions per rank")
+    per_rank = []
+    for r, row in enumerate(rows):
+        ops = []
+        for c, cell in enumerate(row):
+            try:
+                ops += _parse_cell(cell.strip())
+            except ValueError as e:
+                raise SchedcError(
+                    f"{source}: row {r + 1} (rank {r}), column {c + 1}: {e} in cell {cell!r};"
+                    f" a cell is stage, action, microbatch, e.g. 3F0 (actions F, I, W, B)"
+                ) from None
+        per_rank.append(ops)
+    return Schedule.from_lists(name, per_rank)
+
+
+def _parse_cell(cell: str) -> list[Op]:
+    if not cell:
+        return []
+    if overlap := _OVERLAP.fullmatch(cell):
+        return [op for sub in overlap.group(1).split(";") for op in _parse_cell(sub.strip())]
+    match = _CELL.fullmatch(cell)
+    if not match:
+        raise ValueError("malformed action")
+    stage, action, mb = match.groups()
+    if action in NO_COMPUTE:
+        return []
+    if action not in FROM_TORCH:
+        raise ValueError(f"unknown action {action!r}")
+    if not mb:
+        raise ValueError(f"action {action} needs a microbatch")
+    return [Op(FROM_TORCH[action], int(stage), int(mb))]
+
+
+# ---- torch's own schedules ----
+
+# torch's name -> where torch puts stage s (its placement "style").
+TORCH_SCHEDULES = {
+    "GPipe": "loop",
+    "1F1B": "loop",
+    "Interleaved1F1B": "loop",
+    "LoopedBFS": "loop",
+    "InterleavedZeroBubble": "loop",
+    "ZBVZeroBubble": "v",
+    "DualPipeV": "v",
+}
+_STYLE = {"loop": "loop-style (stage s on rank s mod p)", "v": "in a V (rank r holds stages r and 2p-1-r)"}
+
+
+def torch_schedules(problem: Problem) -> list[tuple[str, Schedule | None, str | None]]:
+    """torch's schedules for this problem's p, m and v: ``(name, schedule, None)`` where one applies,
+    ``(name, None, why not)`` where not. Names are "torch:" plus torch's name.
+
+    torch has no public call that gives a schedule's order without a process group; its own
+    schedule visualizer builds each schedule class on mocked stages (``get_schedule_ops``) and we
+    use that. It builds GPipe and 1F1B with one stage per rank, the others with two or more.
+    torch's own constraints (e.g. DualPipeV needs m >= 2p) become the reason, as does a placement
+    other than torch's. The orders are torch's as they are; what we found in torch 2.13, p=4 m=8:
+    GPipe and Interleaved1F1B (m a multiple of p) are ours op for op; LoopedBFS runs each stage's
+    backwards from the last microbatch down (ours ascend); 1F1B's order (not the one its runtime
+    runs) numbers the last rank's forwards 1..m, so our simulator rejects it as incomplete.
+    """
+    try:
+        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+    except ImportError:
+        raise SchedcError("--torch needs torch installed (pip install torch==2.13.0)") from None
+    out: list[tuple[str, Schedule | None, str | None]] = []
+    for name, style in TORCH_SCHEDULES.items():
+        label, schedule, reason = f"torch:{name}", None, None
+        single = issubclass(get_schedule_class(name), PipelineScheduleSingle)
+        if single and problem.chunks != 1:
+            reason = f"torch's {name} runs one stage per rank (chunks is {problem.chunks})"
+        elif not single and problem.chunks < 2:
+            reason = f"torch builds {name} only with 2 or more chunks per rank"
+        else:
+            try:
+                order = get_schedule_ops(name, problem.ranks, problem.microbatches, problem.chunks)
+            except (ValueError, AssertionError, RuntimeError) as e:  # torch's own constraints
+                reason = f"torch: {str(e).strip().splitlines()[0]}"
+            else:
+                schedule = Schedule.from_lists(label, ([op for a in row for op in _compute_ops(a)] for row in order))
+                placed = {op.stage: r for r, ops in enumerate(schedule.ranks) for op in ops}
+                if tuple(placed.get(s) for s in range(problem.n_stages)) != problem.stage_rank:
+                    schedule, reason = None, f"torch places stages {_STYLE[style]}, unlike this problem"
+        out.append((label, schedule, reason))
+    return out
+
+
+def _compute_ops(action) -> list[Op]:
+    """A torch ``_Action`` (or None, an idle step) as our ops: see from_torch_csv for the rules."""
+    if action is None:
+        return []
+    if action.sub_actions:  # OVERLAP_F_B
+        return [op for sub in action.sub_actions for op in _compute_ops(sub)]
+    kind = action.computation_type.value
+    if kind in NO_COMPUTE:
+        return []
+    if kind not in FROM_TORCH:
+        raise SchedcError(f"torch action {action} is unknown to schedc")
+    return [Op(FROM_TORCH[kind], action.stage_index, action.microbatch_index)]
