@@ -13,16 +13,16 @@ forward on a rank reserves what its later local stages will allocate, so that a 
 started can always finish its forwards (no deadlock on memory, with any placement).
 
 Small choices (B or F first when both are ready, W eagerly or only where it fits the gap,
-strict F/B alternation after warm-up, which stage first on a rank holding several) change the
-result from problem to problem, so every combination is built and the simulator, the one judge,
-picks the best that fits the memory limit.
+strict F/B alternation after warm-up, warm-up depth, which stage first on a rank holding several,
+how much room to reserve) change the result from problem to problem, so a coordinate search over
+these switches builds variants and the simulator, the one judge, keeps the best that fits.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
@@ -32,26 +32,33 @@ from schedc.solvers.registry import any_placement, register
 
 @dataclass(frozen=True)
 class Policy:
-    b_first: bool  # when a B and an admitted F are both ready, run the B (else the F, as 1F1B does)
-    eager_w: bool  # with nothing ready, run a W even if an arrival is due before it would end
-    alternate: bool  # after a rank's first B, strictly alternate F and B (1F1B's steady state)
+    b_first: bool = True  # when a B and an admitted F are both ready, run the B (else the F, as 1F1B does)
+    eager_w: bool = True  # with nothing ready, run a W even if an arrival is due before it would end
+    alternate: bool = False  # after a rank's first B, strictly alternate F and B (1F1B's steady state)
     late_stage_first: bool = True  # among ready ops of several local stages, prefer the later stage
     shallow_warmup: bool = False  # before its first B, a rank starts at most as many microbatches as
     # there are stages from its first to the last (1F1B's warm-up for one chunk)
+    lean: bool = False  # keep room for one microbatch's later local forwards, not for every started
+    # one's (they run in microbatch order, one at a time; safe with up to two chunks per rank)
+
+
+FLAGS = ("b_first", "eager_w", "alternate", "late_stage_first", "shallow_warmup", "lean")
+
+
+def flags_for(problem: Problem) -> tuple[str, ...]:
+    """The switches that can matter: stage order and lean reservations need several local stages."""
+    if problem.chunks == 1:
+        return ("b_first", "eager_w", "alternate", "shallow_warmup")
+    return FLAGS if problem.chunks == 2 else FLAGS[:-1]
 
 
 def policies(problem: Problem) -> list[Policy]:
-    """The variants worth trying: stage preference matters only with several stages per rank."""
-    flags = (True, False)
-    stage_orders = flags if problem.chunks > 1 else (True,)
-    return [
-        Policy(b, w, a, late, shallow)
-        for shallow in flags
-        for b in flags
-        for w in flags
-        for a in flags
-        for late in stage_orders
-    ]
+    """Every combination of the switches that matter (used by the tests)."""
+    names = flags_for(problem)
+    out = []
+    for bits in range(2 ** len(names)):
+        out.append(Policy(**{f: bool(bits >> k & 1) for k, f in enumerate(names)}))
+    return out
 
 
 def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: Policy, name: str) -> Schedule:
@@ -99,12 +106,13 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
         """May ``op`` (an F) run on rank r now? Only a microbatch's first forward on the rank is
         gated: its later local forwards were reserved and must stay free to run (or it deadlocks)."""
         if op.stage != first_local[r]:
-            return True
+            return not policy.lean or level[r] + mem["F"][op.stage] <= room[r] + 1e-9
         if policy.alternate and seen_b[r] and last_fb[r] == "F":
             return False  # steady state: a B between two new microbatches
         if policy.shallow_warmup and not seen_b[r] and started[r] >= depth[r]:
             return False
-        return level[r] + reserved[r] + need[r] <= room[r] + 1e-9
+        held = level[r] if policy.lean else level[r] + reserved[r]
+        return held + need[r] <= room[r] + 1e-9
 
     def run(op: Op, r: int, t: float) -> None:
         kind, s, _ = op
@@ -174,16 +182,32 @@ def _fits_gap(bs, fs, r, t, w, arrival, admits, cost) -> bool:
 
 
 def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) -> Schedule:
-    """The best of the policy variants by the problem's objective, preferring those that fit."""
+    """Search the policy switches one at a time (keep a flip when the simulator says it is better,
+    until no flip helps), so the cost grows with the number of switches, not 2 ** switches."""
     judged = problem if limit is None else problem.with_changes(memory={"limit": list(limit)})
-    best, best_key = None, None
-    for policy in policies(problem):
-        schedule = greedy_schedule(problem, limit, policy, name)
-        t = simulate(judged, schedule)
-        key = (not t.fits, t.objective_value(), t.makespan)
-        if best_key is None or key < best_key:
-            best, best_key = schedule, key
-    return best
+    seen: dict[Policy, tuple] = {}
+
+    def score(policy: Policy) -> tuple:
+        if policy not in seen:
+            try:
+                schedule = greedy_schedule(problem, limit, policy, name)
+            except RuntimeError:  # a lean variant stalled: not a candidate
+                seen[policy] = (True, math.inf, math.inf, None)
+            else:
+                t = simulate(judged, schedule)
+                seen[policy] = (not t.fits, t.objective_value(), t.makespan, schedule)
+        return seen[policy][:3]
+
+    starts = [Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)]
+    best = min(starts, key=score)
+    improved = True
+    while improved:
+        improved = False
+        for flag in flags_for(problem):
+            other = replace(best, **{flag: not getattr(best, flag)})
+            if score(other) < score(best):
+                best, improved = other, True
+    return seen[best][3]
 
 
 def reference_limit(problem: Problem, microbatches_per_rank: float) -> tuple[float, ...]:
