@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -194,17 +195,98 @@ def compare(
         f"{prob.name or problem}: p={prob.ranks} m={prob.microbatches} v={prob.chunks} placement={_placement(prob)}"
         f" comm={_fmt(prob.comm)} objective={prob.objective}"
     )
-    rows = [
-        [name, _fmt(t.makespan), _fmt(t.span), f"{100 * t.bubble_rate():.2f}", _peaks(t.peak_memory), _fits(t)]
-        for name, _, t in entries
-        if t is not None
-    ]
-    _print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits"], rows)
+    _timeline_table(prob, [(name, t) for name, _, t in entries if t is not None])
     for name, reason, t in entries:
         if t is None:
             click.echo(f"n/a {name}: {reason}")
     if plot:
         click.echo(f"wrote {plot}")
+
+
+def _timeline_table(prob: Problem, named: list[tuple[str, Timeline]]) -> None:
+    """The comparison table of `compare` and `solve`: one row per schedule."""
+    rows = [
+        [name, _fmt(t.makespan), _fmt(t.span), f"{100 * t.bubble_rate():.2f}", _peaks(t.peak_memory), _fits(t)]
+        for name, t in named
+    ]
+    _print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits"], rows)
+
+
+@main.command()
+@_problem_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule file to write (.json).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds the solver may search.")
+@click.option("--gap", type=click.FloatRange(min=0, max=1), default=1e-4, show_default=True,
+              help="Stop when (objective - bound) / objective is below this.")
+@click.option("--solver", type=click.Choice(["cbc", "highs", "cpsat"]), default="cbc", show_default=True,
+              help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools).")
+@click.option("--threads", type=click.IntRange(min=1), help="Solver threads (default: the solver's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
+@click.option("-q", "--quiet", is_flag=True, help="No live progress on stderr.")
+def solve(problem: str, memory_limit, objective, output: str, time_limit: float, gap: float, solver: str,
+          threads: int | None, as_json: bool, quiet: bool) -> None:
+    """Find the fastest zero-bubble schedule for PROBLEM under its memory limit (ILP), with a
+    proven lower bound, and write it to a schedule file.
+
+    The search starts from the best registry schedule that fits, so the result is never worse.
+    A memory limit no schedule can meet exits with status 2 and the smallest feasible limit.
+    """
+    from schedc.solvers.ilp import solve as solve_ilp
+
+    prob = _problem(problem, memory_limit, objective)
+
+    def show_progress(event) -> None:
+        if quiet:
+            return
+        parts = [f"{event.seconds:7.1f}s"]
+        if event.incumbent is not None:
+            parts.append(f"incumbent {_fmt(event.incumbent)}")
+        if event.bound is not None:
+            parts.append(f"bound {_fmt(event.bound)}")
+        if event.incumbent and event.bound is not None:
+            parts.append(f"gap {100 * (event.incumbent - event.bound) / event.incumbent:.2f}%")
+        click.echo("  ".join(parts), err=True)
+
+    if not quiet:
+        click.echo(f"solving {prob.name or problem} with {solver} (time limit {_fmt(time_limit)} s) ...", err=True)
+    result = solve_ilp(prob, solver=solver, time_limit=time_limit, gap=gap, threads=threads, progress=show_progress)
+    _write_schedule_file(output, prob, result)
+    if as_json:
+        click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary()}, indent=2))
+        return
+    click.echo(
+        f"{result.status}: {prob.objective} {_fmt(result.objective)}, bound {_fmt(result.bound)}"
+        f" (gap {100 * result.gap:.2f}%), bubble {100 * result.timeline.bubble_rate():.2f}%,"
+        f" {result.seconds:.1f} s; started from {result.warm_start} ({_fmt(result.warm_objective)})"
+    )
+    click.echo(f"bound: {result.bound_reason}")
+    solvers = _registry()
+    named = [("ilp", result.timeline)]
+    for spec in solvers.REGISTRY.values():
+        if spec.why_not(prob) is None:
+            t = simulate(prob, spec.build(prob))
+            if t.fits:
+                named.append((spec.name, t))
+    _timeline_table(prob, named)
+    click.echo(f"wrote {output}")
+
+
+def _write_schedule_file(path: str, prob: Problem, result) -> None:
+    """The solved schedule with its problem and solver figures. (The versioned file format with
+    the lowered per-rank program comes with the lowering issue.)"""
+    data = {
+        "schedc": __import__("schedc").__version__,
+        "command": " ".join(["schedc", *sys.argv[1:]]),
+        "problem": prob.model_dump(exclude_none=True),
+        "schedule": {"name": result.schedule.name, "ranks": [[list(op) for op in ops] for ops in result.schedule.ranks]},
+        "solver": result.summary(),
+    }
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1))
+    except OSError as e:
+        raise SchedcError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 def _placement(prob: Problem) -> str:
@@ -284,8 +366,6 @@ def export(problem: str, memory_limit, objective, name: str, fmt: str, output: s
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, with per-op start and end times.")
 def import_cmd(csv_file: str, problem: str, memory_limit, objective, as_json: bool) -> None:
     """Read a torch.distributed.pipelining CSV schedule, check it on PROBLEM and simulate it."""
-    from pathlib import Path
-
     from schedc.interop import from_torch_csv
 
     prob = _problem(problem, memory_limit, objective)

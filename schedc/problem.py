@@ -253,7 +253,7 @@ class Problem(_Strict):
                 data[key] = {**data[key], **value}
             else:
                 data[key] = value
-        return Problem.parse(data)
+        return Problem.parse(data, source=self.name or "problem")
 
     @classmethod
     def parse(cls, data: Any, *, source: str = "problem") -> "Problem":

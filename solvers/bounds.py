@@ -1,0 +1,248 @@
+"""Lower bounds on the objective that no schedule fitting the memory limit can beat.
+
+``lower_bound(problem)`` is computed from the Problem alone, independently of any solver, so
+that a solver's answer can be certified: ``best found / lower_bound`` is a proven gap. It is
+the largest of the terms below, each a lower bound on its own for *every* schedule that fits
+the memory limit, split (F, B, W) or fused (F, BW), timed as soon as possible or otherwise.
+
+Notation, per stage s: ``F, B, W`` its costs; ``mF >= 0`` what its forward allocates and
+``mW = -memory.W`` what its weight gradient frees (``mF - mW`` is freed by B); ``d(s, t)`` the
+latency between stages s and t (``comm`` when they sit on different ranks, else 0). Per rank r:
+``lo``/``hi`` its lowest / highest stage, ``work = m * sum(F + B + W)`` over its stages, ``cap =
+limit - static`` (infinite without a limit). Two chains of one microbatch, true of every
+schedule because they are data dependencies:
+
+- ``head(s) = sum_{t<s} (F(t) + d(t, t+1))``: F(s, i) cannot start before it (the forward
+  chain from stage 0; every rank starts at time 0).
+- ``rt(s) = sum_{t>s} (F(t) + B(t)) + 2 * sum_{t>=s} d(t, t+1)`` (``rt(last) = 0``): from the
+  end of F(s, i) to the start of B(s, i), the forward goes up through the later stages and the
+  input gradient comes back (a fused BW ends even later than its B part would).
+- ``down(s) = sum_{t<s} (d(t+1, t) + B(t)) + W(0)``: from the end of B(s, i) to the end of
+  W(0, i) (the gradient goes on down to stage 0, then stage 0's weight gradient).
+
+Three facts about the order on one rank r, from the dependencies alone:
+
+1. Its first op is a forward, so it starts at ``head(lo)`` or later.
+2. Its first backward is of stage ``hi`` (B(s, i) needs B(t, i) for every t > s, and those on
+   rank r would come first); likewise its last forward is of stage ``hi`` (F(t, i) for t < s
+   precede F(s, i)), and its last backward is of stage ``lo``.
+3. Memory follows the order: at any time the rank holds ``mF`` for every (stage, microbatch)
+   whose forward has started and whose B has not ended, plus ``mW`` for every one whose B has
+   ended and whose W has not (the simulator checks exactly this level against the limit, at
+   every op, so it holds at every instant). So amounts of pending work are bounded by fractional
+   knapsacks over ``cap`` (``_knapsack``).
+
+All bounds are relaxations: they may lie below the best schedule, never above a schedule that
+fits. Cost O(p * v * log v); m only multiplies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from schedc.problem import Problem
+
+_EPS = 1e-9  # the simulator's tolerance on the memory limit
+
+
+@dataclass(frozen=True)
+class Bound:
+    value: float
+    reason: str  # which term binds, in one sentence
+
+
+def lower_bound(problem: Problem, objective: str | None = None) -> Bound:
+    """The largest of ``all_bounds``: a lower bound on ``objective`` (default: the problem's)
+    for every schedule that fits the memory limit."""
+    best = None
+    for b in all_bounds(problem, objective):
+        if best is None or b.value > best.value + 1e-12:  # ties: keep the simpler, earlier term
+            best = b
+    return best
+
+
+def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
+    """Every term separately: per-rank bounds (work, idle, tail, memory-time), then the critical
+    path of one microbatch."""
+    objective = objective or problem.objective
+    if objective not in ("makespan", "span"):
+        raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
+    ch = _Chains(problem)
+    out = [_rank_bound(problem, ch, r, objective) for r in range(problem.ranks)]
+    out += [_memory_time_bound(problem, ch, r, objective) for r in range(problem.ranks)]
+    out.append(_critical_path(problem, ch, objective))
+    return [b for b in out if b is not None]
+
+
+# ---- the chains of one microbatch ----
+
+
+class _Chains:
+    def __init__(self, problem: Problem):
+        n, sr, comm = problem.n_stages, problem.stage_rank, problem.comm
+        F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+        d = [comm if sr[s] != sr[s + 1] else 0.0 for s in range(n - 1)]  # d[s] = d(s, s+1)
+        self.head = [0.0] * n
+        for s in range(1, n):
+            self.head[s] = self.head[s - 1] + F[s - 1] + d[s - 1]
+        self.rt = [0.0] * n
+        for s in range(n - 2, -1, -1):
+            self.rt[s] = self.rt[s + 1] + F[s + 1] + B[s + 1] + 2 * d[s]
+        self.down = [W[0]] * n
+        for s in range(1, n):
+            self.down[s] = self.down[s - 1] + B[s - 1] + d[s - 1]
+
+
+def _cap(problem: Problem, r: int) -> float:
+    limits = problem.memory_limit
+    return math.inf if limits is None else limits[r] - problem.static_memory[r] + _EPS
+
+
+def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
+    """An upper bound on the total value of ``count`` copies at most of each ``(value, weight)``
+    whose weights sum to ``cap`` or less: the fractional optimum, and no more than the best
+    ``floor(cap / lightest weight)`` values (no more items than that fit)."""
+    free = sum(v * c for v, w, c in items if c > 0 and v > 0 and (w <= 0 or cap == math.inf))
+    rest = sorted(((v / w, v, w, c) for v, w, c in items if c > 0 and v > 0 and w > 0), reverse=True)
+    if cap == math.inf or not rest:
+        return free
+    room, frac = cap, 0.0
+    for _, v, w, c in rest:
+        take = min(c, room / w)
+        frac += take * v
+        room -= take * w
+        if room <= 0:
+            break
+    fits = cap / min(w for _, _, w, _ in rest) * (1 + 1e-12)
+    k = sum(c for *_, c in rest)
+    k = k if fits >= k else math.floor(fits)
+    top = 0.0
+    for v, c in sorted(((v, c) for _, v, _, c in rest), reverse=True):
+        n = min(c, k)
+        top += n * v
+        k -= n
+        if k <= 0:
+            break
+    return free + min(frac, top)
+
+
+# ---- per-rank terms ----
+
+
+def _rank_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
+    """The rank's work plus idle it cannot avoid, plus (makespan) what must follow its end.
+
+    - warm-up: before the first backward, B(hi, i), the rank runs only forwards (W needs its B),
+      holding all their activations: their work is at most ``knap_F``, the most forward work
+      ``cap`` admits. B(hi, i) starts >= start F(hi, i) + F(hi) + rt(hi), and F(hi, i) starts
+      >= the rank's first start (>= head(hi) in absolute time). So the idle before it is
+      >= ``F(hi) + rt(hi) - knap_F`` after the rank's first start (span), and >= ``head(hi) +
+      F(hi) + rt(hi) - knap_F`` and >= ``head(lo)`` from time 0 (makespan).
+    - cool-down: after the last forward F(hi, i) ends, B(hi, i) starts >= rt(hi) later;
+      meanwhile the rank runs only backward work of other pairs already forwarded, each still
+      holding memory at that instant next to F(hi, i)'s ``mF(hi)``: at most ``knap_pend`` (pairs
+      before their B: B + W for mF; after it: W for mW). Idle >= ``rt(hi) - knap_pend``. Its
+      window lies after the warm-up window unless every forward fits in memory at once (then
+      only the larger of the two counts).
+    - tail (makespan): let e be the end of the rank's last backward (stage lo, its B part if
+      fused) and w the W work the rank runs after e. Then makespan >= e + max(w, down(lo)) and
+      e >= work - w + idle before e; w <= ``knap_W`` (pending W hold mW each at e). So makespan
+      >= work + idle + max(0, down(lo) - knap_W).
+    """
+    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+    mF = problem.mem["F"]
+    mW = [-x for x in problem.mem["W"]]
+    m = problem.microbatches
+    stages = problem.rank_stages[r]
+    lo, hi = stages[0], stages[-1]
+    cap = _cap(problem, r)
+    work = m * sum(F[s] + B[s] + W[s] for s in stages)
+
+    knap_f = _knapsack([(F[s], mF[s], m) for s in stages], cap)
+    pend = [(B[s] + W[s], mF[s], m - (s == hi)) for s in stages] + [(W[s], mW[s], m - (s == hi)) for s in stages]
+    knap_pend = _knapsack(pend, cap - mF[hi])
+    all_forwards_fit = m * sum(mF[s] for s in stages) <= cap
+
+    first_b = F[hi] + ch.rt[hi]  # after the rank's first start
+    if objective == "makespan":
+        first_b += ch.head[hi]  # absolute
+    warm = first_b - knap_f
+    cool = max(0.0, ch.rt[hi] - knap_pend)
+    start = ch.head[lo] if objective == "makespan" else 0.0
+
+    parts = [f"work {work:g}"]
+    if start >= warm and start > 0:
+        idle_warm = start
+        parts.append(f"start no earlier than {start:g}")
+    elif warm > 0:
+        idle_warm = warm
+        parts.append(
+            f"warm-up idle {warm:g} (first B cannot start before {first_b:g}"
+            f"{'' if objective == 'makespan' else ' after its first op'}; memory admits forwards of work {knap_f:g})"
+        )
+    else:
+        idle_warm = 0.0
+    cool_text = (
+        f"cool-down idle {cool:g} (after its last forward the gradient needs {ch.rt[hi]:g};"
+        f" memory holds backward work {knap_pend:g})"
+    )
+    if all_forwards_fit and cool > idle_warm:
+        parts = [parts[0], cool_text]
+        idle = cool
+    elif all_forwards_fit or cool <= 0:
+        idle = idle_warm
+    else:
+        parts.append(cool_text)
+        idle = idle_warm + cool
+
+    tail = 0.0
+    if objective == "makespan":
+        knap_w = _knapsack([(W[s], mW[s], m) for s in stages], cap)
+        tail = max(0.0, ch.down[lo] - knap_w)
+        if tail > 0:
+            parts.append(
+                f"tail {tail:g} (after its last B the chain to stage 0's W needs {ch.down[lo]:g};"
+                f" memory defers W work {knap_w:g})"
+            )
+    return Bound(work + idle + tail, f"rank {r}: " + " + ".join(parts))
+
+
+def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
+    """Memory x time: pair (s, i) holds mF(s) from the start of F(s, i) to the end of B(s, i),
+    at least F + rt + B later, and its mW part until W(s, i) ends, at least W more. The rank's
+    level stays <= cap from its first start to its last end, so that window is >= the total
+    area over cap (and starts >= head(lo) for makespan)."""
+    cap = _cap(problem, r)
+    if cap == math.inf:
+        return None
+    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+    mF = problem.mem["F"]
+    mW = [-x for x in problem.mem["W"]]
+    m = problem.microbatches
+    stages = problem.rank_stages[r]
+    area = m * sum(mF[s] * (F[s] + ch.rt[s] + B[s]) + mW[s] * W[s] for s in stages)
+    if area <= 0:
+        return None
+    start = ch.head[stages[0]] if objective == "makespan" else 0.0
+    held = area / cap
+    lead = f"start no earlier than {start:g} + " if start > 0 else ""
+    return Bound(
+        start + held,
+        f"rank {r}: {lead}memory-time {held:g} (activation held x time {area:g} over room {cap - _EPS:g})",
+    )
+
+
+def _critical_path(problem: Problem, ch: _Chains, objective: str) -> Bound:
+    """One microbatch on stage s: F(s, i) starts (>= head(s)), its round trip rt(s), then B(s, i)
+    and W(s, i) on the same rank. For s = 0 this is the whole forward-backward path; a stage
+    with a large W can bind instead. Span: the rank of s runs from F(s, i)'s start to W(s, i)'s
+    end, so the same length without head(s)."""
+    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+    best, arg = -1.0, 0
+    for s in range(problem.n_stages):
+        value = F[s] + ch.rt[s] + B[s] + W[s] + (ch.head[s] if objective == "makespan" else 0.0)
+        if value > best + 1e-12:
+            best, arg = value, s
+    where = "all forwards up, all input gradients back" if arg == 0 else f"through stage {arg} and back"
+    return Bound(best, f"critical path of one microbatch ({where}, then W of stage {arg}): {best:g}")

@@ -1,0 +1,321 @@
+"""The optional CP-SAT backend of ``schedc solve --solver cpsat`` (``pip install 'schedc[cpsat]'``).
+
+The same schedules as the ILP of ``ilp.py``, written for OR-Tools CP-SAT, which reasons about
+disjunctive scheduling directly instead of through big-M binaries:
+
+- one fixed-size interval per op F(s, i), B(s, i), W(s, i) on rank ``stage_rank[s]``;
+- data: an op starts after each input's end, plus ``comm`` across ranks; ops of one kind on one
+  stage run in microbatch order (as in the ILP);
+- one op at a time per rank: ``NoOverlap`` of the rank's intervals;
+- memory: per rank a reservoir whose level rises by an F's allocation at its start and falls by a
+  B's or W's free at its end, within ``limit - static``. Ops of one rank never overlap, so time
+  order is the rank's order and this is exactly the simulator's check (frees that end when an F
+  starts come before it in the order and count before it, as in the simulator);
+- objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the start of
+  r's first op, F of its lowest stage on microbatch 0).
+
+Times are integers: costs and ``comm`` are multiplied by the least ``scale`` that makes them all
+integers (their decimals as written, e.g. 1000 when they are multiples of 0.001, 1 when they are
+integers), so the model is exact. When no scale up to 10**6 does that, they are multiplied by
+1000 (or the power of ten that keeps the shortest op at least one unit) and rounded *down*: every
+real schedule then stays feasible in the model, no later than scaled, so the search bound remains
+a lower bound (minus one unit for span, whose two ends round separately). Memory is scaled the
+same way (exact up to 10**9); otherwise allocations and frees are rounded towards more memory
+held and the room down, so every schedule the model accepts fits, and no bound is reported.
+
+The order found is re-timed by the simulator in ``ilp.solve`` (so rounding only steers the
+search). For span, free start times may give a rank a shorter span than as-soon-as-possible
+timing does, so every incumbent is simulated and the best by the simulator is returned.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Callable
+
+from schedc.errors import SchedcError
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule
+from schedc.simulate import Timeline, simulate
+
+KINDS = ("F", "B", "W")
+SEED = 0  # fixed, so that a single-worker run is reproducible
+
+
+def _exact_scale(values, cap: int) -> int | None:
+    """The least D making every value * D an integer (values as written in decimal), or None."""
+    d = 1
+    for x in values:
+        f = Fraction(x).limit_denominator(10**6)
+        if abs(float(f) - x) > 1e-12 * max(1.0, abs(x)):
+            return None
+        d = d * f.denominator // math.gcd(d, f.denominator)
+        if d > cap:
+            return None
+    return d
+
+
+class _Scale:
+    """Float times or memory to integers and back."""
+
+    def __init__(self, values, cap: int, fallback: int):
+        exact = _exact_scale(values, cap)
+        self.exact = exact is not None
+        self.factor = exact if exact is not None else fallback
+
+    def down(self, x: float) -> int:
+        """x * factor, exact when the scale is; else rounded down."""
+        y = x * self.factor
+        return round(y) if self.exact else math.floor(y + 1e-9)
+
+    def up(self, x: float) -> int:
+        y = x * self.factor
+        return round(y) if self.exact else math.ceil(y - 1e-9)
+
+
+def solve_cpsat(
+    problem: Problem,
+    warm_t: Timeline,
+    time_limit: float,
+    gap: float,
+    threads: int | None,
+    progress: Callable | None,
+):
+    """Search with CP-SAT from the warm start ``warm_t``.
+
+    Returns ``(schedule or None, proven lower bound or None, history, result)`` as ``ilp.solve``
+    expects; ``result`` contains "time" when the time limit stopped the search and "Optimal" when
+    CP-SAT proved optimality (within ``gap``)."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise SchedcError("--solver cpsat needs OR-Tools: pip install 'schedc[cpsat]'") from None
+    from schedc.solvers.ilp import Progress
+
+    model = _CpModel(problem, warm_t, cp_model)
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.max_time_in_seconds = float(time_limit)
+    prm.relative_gap_limit = float(gap)
+    prm.random_seed = SEED
+    if threads:
+        prm.num_workers = int(threads)
+    prm.log_search_progress = False
+
+    history: list = []
+    callback = _make_callback(cp_model, model, history, progress, Progress)
+    status = solver.solve(model.cp, callback)
+
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = model.bound_back(solver.best_objective_bound)
+        if status == cp_model.OPTIMAL:
+            exact = solver.objective_value <= solver.best_objective_bound + 0.5
+            result = "Optimal" if exact else f"Optimal (within relative gap {gap:g})"
+        else:  # nothing but the time limit stops CP-SAT short of its gap (never stop_search here)
+            result = "time limit"
+        final = Progress(solver.wall_time, model.objective_back(solver.objective_value), bound)
+        if not history or (history[-1].incumbent, history[-1].bound) != (final.incumbent, final.bound):
+            history.append(final)
+        found = callback.best_schedule or model.schedule(solver.value)
+        return found, bound, history, result
+    if status == cp_model.INFEASIBLE:  # only with memory rounded conservatively (the warm start is feasible)
+        return None, None, history, "infeasible (memory rounded conservatively)"
+    # UNKNOWN: the time limit came first (even presolve can take it on a large model)
+    return None, None, history, f"time limit, no solution ({solver.status_name(status)})"
+
+
+class _CpModel:
+    """The CP-SAT model of one problem, hinted with the warm start."""
+
+    def __init__(self, problem: Problem, warm_t: Timeline, cp_model):
+        self.problem = problem
+        p, m, n = problem.ranks, problem.microbatches, problem.n_stages
+        cost, mem, rank_of = problem.cost, problem.mem, problem.stage_rank
+        span = problem.objective == "span"
+
+        # ---- integer times ----
+        raw = [cost[k][s] for k in KINDS for s in range(n)] + [problem.comm]
+        shortest = min(cost[k][s] for k in KINDS for s in range(n))
+        fallback = 1000
+        while shortest * fallback < 1:
+            fallback *= 10
+        self.time = _Scale(raw, 10**6, fallback)
+        comm = self.time.down(problem.comm)
+
+        self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in KINDS]
+        index = {op: k for k, op in enumerate(self.ops)}
+        self.index = index
+        dur = [max(1, self.time.down(cost[op.kind][op.stage])) for op in self.ops]
+
+        # Precedences: data dependencies (with latency) and microbatch order per kind and stage.
+        edges: list[tuple[int, int, int]] = []
+        for op in self.ops:
+            kind, s, i = op
+            deps = []
+            if kind == "F" and s > 0:
+                deps.append(Op("F", s - 1, i))
+            elif kind == "B":
+                deps += [Op("F", s, i)] + ([Op("B", s + 1, i)] if s + 1 < n else [])
+            elif kind == "W":
+                deps.append(Op("B", s, i))
+            for d in deps:
+                edges.append((index[d], index[op], 0 if rank_of[d.stage] == rank_of[s] else comm))
+            if i > 0:
+                edges.append((index[Op(kind, s, i - 1)], index[op], 0))
+        earliest, tail = _heads_and_tails(len(self.ops), dur, edges)
+
+        # ---- the warm start, in model units (rounded down when the scale is not exact) ----
+        times = warm_t.op_times()
+        hint = [self.time.down(times[op][1]) for op in self.ops]
+        on_rank: list[list[int]] = [[] for _ in range(p)]
+        for k, op in enumerate(self.ops):
+            on_rank[rank_of[op.stage]].append(k)
+        first_op = [index[Op("F", problem.rank_stages[r][0], 0)] for r in range(p)]
+        # Makespan: a rank's first op starts as soon as possible in the simulator. When the
+        # forward chain of microbatch 0 up to it runs only through stages that are each the first
+        # of their rank (always for loop and V placements), that is its earliest start whatever
+        # the order: pin it there. Not for span: there a later first start is what a rank gains
+        # by running another microbatch first, which the microbatch order above rules out (see
+        # the docstring), so free start times are kept and the span model stays a relaxation.
+        lowest = {stages[0] for stages in problem.rank_stages}
+        pinned = [
+            not span and self.time.exact and all(t in lowest for t in range(problem.rank_stages[r][0]))
+            for r in range(p)
+        ]
+        sinks = [k for k, op in enumerate(self.ops) if op.kind == "W"]  # every other op feeds one on its rank
+        if span:
+            hint_obj = max(hint[k] + dur[k] - hint[first_op[rank_of[self.ops[k].stage]]] for k in sinks)
+            horizon = max(p * (hint_obj + comm), max(hint[k] + dur[k] for k in sinks))  # ilp._span_horizon
+        else:
+            hint_obj = max(hint[k] + dur[k] for k in sinks)
+            horizon = hint_obj
+
+        # ---- variables and constraints ----
+        cp = cp_model.CpModel()
+        start, intervals = [], []
+        for k, op in enumerate(self.ops):
+            r = rank_of[op.stage]
+            lo, hi = earliest[k], horizon - tail[k]
+            if k == first_op[r] and pinned[r] or k == index[Op("F", 0, 0)]:  # F(0, 0) starts at 0 WLOG
+                hi = lo
+            x = cp.new_int_var(lo, max(lo, hi), f"s_{op.kind}{op.stage}_{op.mb}")
+            start.append(x)
+            intervals.append(cp.new_fixed_size_interval_var(x, dur[k], f"i_{op.kind}{op.stage}_{op.mb}"))
+        for a, b, lat in edges:
+            cp.add(start[b] >= start[a] + dur[a] + lat)
+        for ks in on_rank:
+            cp.add_no_overlap([intervals[k] for k in ks])
+
+        limits = problem.memory_limit
+        if limits is not None:
+            values = [mem[k][s] for k in KINDS for s in range(n)]
+            values += list(limits) + list(problem.static_memory)
+            self.memory = _Scale(values, 10**9, 10**6)
+            for r, ks in enumerate(on_rank):
+                room = self.memory.down(limits[r] - problem.static_memory[r])
+                when, change = [], []
+                for k in ks:
+                    op = self.ops[k]
+                    delta = self.memory.up(mem[op.kind][op.stage])  # conservative when not exact
+                    if delta > 0:  # an allocation counts from the op's start
+                        when.append(start[k])
+                    elif delta < 0:  # a free from its end
+                        when.append(start[k] + dur[k])
+                    else:
+                        continue
+                    change.append(delta)
+                if change:
+                    low = min(0, sum(c for c in change if c < 0))  # never binding: frees follow allocations
+                    cp.add_reservoir_constraint(when, change, low, room)
+        else:
+            self.memory = None
+
+        C = cp.new_int_var(0, hint_obj, "C")
+        for r, ks in enumerate(on_rank):
+            work = sum(dur[k] for k in ks)
+            base = start[first_op[r]]
+            if span:
+                cp.add(C >= work)
+            else:
+                cp.add(C >= base + work)
+            for k in ks:
+                if self.ops[k].kind == "W":
+                    cp.add(C >= start[k] + dur[k] - (base if span else 0))
+        cp.minimize(C)
+
+        for k, x in enumerate(start):
+            cp.add_hint(x, hint[k])
+        cp.add_hint(C, hint_obj)
+
+        self.cp, self.start, self.C, self.dur = cp, start, C, dur
+        self.on_rank, self.span = on_rank, span
+
+    # ---- back to schedc's units ----
+
+    def objective_back(self, value: float) -> float:
+        return value / self.time.factor
+
+    def bound_back(self, value: float) -> float | None:
+        """The search bound in schedc's units, valid for every real schedule (see the docstring)."""
+        if value is None or not math.isfinite(value):
+            return None
+        if self.memory is not None and not self.memory.exact:
+            return None  # memory rounded towards more held: the model may exclude real schedules
+        slack = 0 if self.time.exact or not self.span else 1
+        return max(0.0, (math.ceil(value - 1e-9) - slack) / self.time.factor)
+
+    def schedule(self, value: Callable) -> Schedule:
+        """Each rank's ops in the order of their start times (distinct: every op lasts >= 1)."""
+        starts = [value(x) for x in self.start]
+        per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (starts[k], k))] for ks in self.on_rank]
+        return Schedule.from_lists("cpsat", per_rank)
+
+
+def _heads_and_tails(count: int, dur: list[int], edges: list[tuple[int, int, int]]):
+    """Earliest starts (longest path from the sources) and tails (longest path from an op's
+    start to the end of the last op it leads to, its own duration included)."""
+    succ: list[list[tuple[int, int]]] = [[] for _ in range(count)]
+    indeg = [0] * count
+    for a, b, lat in edges:
+        succ[a].append((b, lat))
+        indeg[b] += 1
+    order = [k for k in range(count) if indeg[k] == 0]
+    earliest = [0] * count
+    for a in order:  # grows while iterating: a topological order
+        for b, lat in succ[a]:
+            earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                order.append(b)
+    tail = list(dur)
+    for a in reversed(order):
+        for b, lat in succ[a]:
+            tail[a] = max(tail[a], dur[a] + lat + tail[b])
+    return earliest, tail
+
+
+def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type):
+    """A solution callback (its base class comes from OR-Tools, imported lazily)."""
+
+    class Callback(cp_model.CpSolverSolutionCallback):
+        """Reports each incumbent; for span, keeps the best order as the simulator times it."""
+
+        def __init__(self):
+            super().__init__()
+            self.best_schedule: Schedule | None = None
+            self.best_value = math.inf
+
+        def on_solution_callback(self):
+            incumbent = model.objective_back(self.objective_value)
+            event = progress_type(self.wall_time, incumbent, model.bound_back(self.best_objective_bound))
+            if model.span:
+                schedule = model.schedule(self.value)
+                t = simulate(model.problem, schedule)
+                if t.fits and t.span < self.best_value:
+                    self.best_schedule, self.best_value = schedule, t.span
+            history.append(event)
+            if progress is not None:
+                progress(event)
+
+    return Callback()

@@ -1,0 +1,478 @@
+"""The ILP: the fastest zero-bubble schedule under the memory limit, with a proven bound.
+
+Variables: a start time per op (F, B, W of every stage and microbatch) and, for each pair of
+ops on one rank whose order no dependency fixes, a binary "a before b". Constraints:
+
+- data: an op starts after each input's end, plus ``comm`` across ranks;
+- one op at a time per rank: each free pair is ordered one way or the other (big-M with the
+  horizon as M); ops of one kind on one stage run in microbatch order (fixes most pairs);
+- memory: at every F, static memory plus the deltas of the ops ordered before it, plus its own,
+  stays within the limit (a linear function of the same binaries);
+- objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
+  which is always F of the rank's first stage on microbatch 0).
+
+The order found is re-timed by the simulator (as soon as possible), which is never later than
+the ILP's times, so the reported objective is the simulator's, the one judge. The bound is the
+larger of the solver's and schedc's own independent lower bound; "optimal" is said only when
+the schedule's objective meets it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from schedc.errors import SchedcError
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule
+from schedc.simulate import Timeline, simulate
+
+SOLVERS = ("cbc", "highs", "cpsat")
+FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
+WINDOW_OPS = 36  # ops per rank a neighbourhood reorders (about 12 microbatches' F, B, W)
+
+
+@dataclass(frozen=True)
+class Progress:
+    seconds: float
+    incumbent: float | None
+    bound: float | None
+
+
+@dataclass
+class SolveResult:
+    schedule: Schedule
+    timeline: Timeline
+    status: str  # "optimal", "feasible" (gap left), "time limit", or "warm start" (solver found nothing better)
+    objective: float
+    bound: float
+    bound_reason: str
+    warm_start: str
+    warm_objective: float
+    solver: str
+    seconds: float
+    binaries: int
+    history: list[Progress] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
+
+    def summary(self) -> dict:
+        t = self.timeline
+        return {
+            "status": self.status,
+            "objective": self.objective,
+            "objective_kind": self.timeline.problem.objective,
+            "bound": self.bound,
+            "bound_reason": self.bound_reason,
+            "gap": self.gap,
+            "makespan": t.makespan,
+            "span": t.span,
+            "bubble": t.bubble_rate(),
+            "peak_memory": list(t.peak_memory),
+            "fits": t.fits,
+            "warm_start": self.warm_start,
+            "warm_objective": self.warm_objective,
+            "solver": self.solver,
+            "seconds": self.seconds,
+            "binaries": self.binaries,
+        }
+
+
+def _meets(objective: float, bound: float) -> bool:
+    """The objective equals the bound up to float noise (sums of many float costs)."""
+    return objective - bound <= 1e-7 * max(1.0, abs(objective))
+
+
+def split_backward(schedule: Schedule) -> Schedule:
+    """The same schedule with every fused BW as B then W (identical times, memory and order)."""
+    per_rank = []
+    for ops in schedule.ranks:
+        out = []
+        for op in ops:
+            out += [Op("B", op.stage, op.mb), Op("W", op.stage, op.mb)] if op.kind == "BW" else [op]
+        per_rank.append(out)
+    return Schedule.from_lists(schedule.name, per_rank)
+
+
+def best_registry_schedule(problem: Problem) -> tuple[str, Timeline] | None:
+    """The registry schedule with the best objective among those that fit the memory limit."""
+    import schedc.solvers as solvers
+
+    best = None
+    for spec in solvers.REGISTRY.values():
+        if spec.why_not(problem):
+            continue
+        t = simulate(problem, split_backward(spec.build(problem)))
+        if t.fits and (best is None or t.objective_value() < best[1].objective_value() - 1e-12):
+            best = (spec.name, t)
+    return best
+
+
+class _Model:
+    """The ILP of one problem, built with PuLP.
+
+    With ``keep`` (a schedule) and ``window`` (per rank, a range of positions in keep's order),
+    it is a neighbourhood of ``keep``: only the ops in each rank's window may be reordered, among
+    themselves; every other pair keeps keep's order (large neighbourhood search).
+    """
+
+    def __init__(
+        self,
+        problem: Problem,
+        horizon: float,
+        lower: float = 0.0,
+        keep: Schedule | None = None,
+        window: list[range] | None = None,
+    ):
+        import pulp
+
+        self.problem = problem
+        p, m, n = problem.ranks, problem.microbatches, problem.n_stages
+        cost, mem, rank_of = problem.cost, problem.mem, problem.stage_rank
+        self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in ("F", "B", "W")]
+        index = {op: k for k, op in enumerate(self.ops)}
+        dur = [cost[op.kind][op.stage] for op in self.ops]
+
+        # Edges that fix an order: data dependencies (with their latency) and microbatch order.
+        edges: list[tuple[int, int, float]] = []
+        for op in self.ops:
+            kind, s, i = op
+            deps = []
+            if kind == "F" and s > 0:
+                deps.append(Op("F", s - 1, i))
+            elif kind == "B":
+                deps += [Op("F", s, i)] + ([Op("B", s + 1, i)] if s + 1 < n else [])
+            elif kind == "W":
+                deps.append(Op("B", s, i))
+            for d in deps:
+                edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[s] else problem.comm))
+            if i > 0:
+                edges.append((index[Op(kind, s, i - 1)], index[op], 0.0))
+        free = set(range(len(self.ops)))  # ops whose order on their rank is open
+        if keep is not None:
+            free = set()
+            for order, w in zip(keep.ranks, window):
+                ks = [index[op] for op in order]
+                free.update(ks[k] for k in w)
+                edges += [(ks[k], ks[k + 1], 0.0) for k in range(len(ks) - 1) if k + 1 < w.start or k >= w.stop]
+                if w and w.start > 0:
+                    edges += [(ks[w.start - 1], ks[k], 0.0) for k in w]
+                if w and w.stop < len(ks):
+                    edges += [(ks[k], ks[w.stop], 0.0) for k in w]
+        # Earliest starts (longest path from the sources) tighten the LP.
+        succ: list[list[tuple[int, float]]] = [[] for _ in self.ops]
+        indeg = [0] * len(self.ops)
+        for a, b, lat in edges:
+            succ[a].append((b, lat))
+            indeg[b] += 1
+        order = [k for k in range(len(self.ops)) if indeg[k] == 0]
+        earliest = [0.0] * len(self.ops)
+        for a in order:  # grows while iterating: a topological order
+            for b, lat in succ[a]:
+                earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    order.append(b)
+        # Which same-rank pairs the edges already order: descendants as bit sets.
+        reach = [0] * len(self.ops)
+        for a in reversed(order):
+            bits = 0
+            for b, _ in succ[a]:
+                bits |= reach[b] | (1 << b)
+            reach[a] = bits
+
+        lp = pulp.LpProblem("schedc", pulp.LpMinimize)
+        start = [
+            lp.add_variable(f"s{k}", lowBound=earliest[k], upBound=max(earliest[k], horizon - dur[k]))
+            for k in range(len(self.ops))
+        ]
+        for a, b, lat in edges:
+            lp += start[b] >= start[a] + dur[a] + lat
+        self.before: dict[tuple[int, int], pulp.LpVariable] = {}  # (a, b) with a < b: 1 if a first
+        on_rank: list[list[int]] = [[] for _ in range(p)]
+        for k, op in enumerate(self.ops):
+            on_rank[rank_of[op.stage]].append(k)
+        for ks in on_rank:
+            open_ks = [k for k in ks if k in free]  # other pairs are fixed by keep's order
+            for x, a in enumerate(open_ks):
+                for b in open_ks[x + 1 :]:
+                    if reach[a] >> b & 1 or reach[b] >> a & 1:
+                        continue
+                    y = lp.add_variable(f"y{a}_{b}", cat="Binary")
+                    self.before[a, b] = y
+                    lp += start[b] >= start[a] + dur[a] - horizon * (1 - y)
+                    lp += start[a] >= start[b] + dur[b] - horizon * y
+
+        def first(a: int, b: int):
+            """1 if op a runs before op b on their rank (a constant when an edge fixes it)."""
+            if reach[a] >> b & 1:
+                return 1
+            if reach[b] >> a & 1:
+                return 0
+            return self.before[a, b] if a < b else 1 - self.before[b, a]
+
+        limits = problem.memory_limit
+        if limits is not None:
+            for r, ks in enumerate(on_rank):
+                room = limits[r] - problem.static_memory[r]
+                for o in ks:
+                    op = self.ops[o]
+                    if op.kind != "F" or o not in free:  # outside the window its level is keep's
+                        continue
+                    held = mem["F"][op.stage] + pulp.lpSum(
+                        mem[self.ops[a].kind][self.ops[a].stage] * first(a, o) for a in ks if a != o
+                    )
+                    lp += held <= room
+
+        slack = 1e-6 * max(1.0, abs(lower))  # float noise must not make the model infeasible
+        self.C = lp.add_variable("C", lowBound=lower - slack, upBound=horizon + slack)
+        first_op = [index[Op("F", min(problem.rank_stages[r]), 0)] for r in range(p)]
+        for r, ks in enumerate(on_rank):
+            # Sum-of-durations cuts (valid for every schedule, they tighten the LP a lot): what
+            # runs after op o on its rank ends by C; what runs before o fits after the rank's start.
+            origin = 0 if problem.objective == "makespan" else start[first_op[r]]
+            for o in ks:
+                if o not in free:
+                    continue
+                after = pulp.lpSum(dur[b] * first(o, b) for b in ks if b != o)
+                before = pulp.lpSum(dur[a] * first(a, o) for a in ks if a != o)
+                lp += self.C >= start[o] + dur[o] + after - origin
+                lp += start[o] >= start[first_op[r]] + before
+        lp += self.C
+        self.lp, self.start, self.on_rank, self.index = lp, start, on_rank, index
+
+    def warm(self, timeline: Timeline) -> None:
+        times = {op: s for op, (_, s, _) in timeline.op_times().items()}
+        for k, op in enumerate(self.ops):
+            self.start[k].setInitialValue(times[op])
+        for (a, b), y in self.before.items():
+            y.setInitialValue(1 if times[self.ops[a]] < times[self.ops[b]] else 0)
+        self.C.setInitialValue(timeline.objective_value())
+
+    def schedule(self, name: str) -> Schedule | None:
+        values = [v.value() for v in self.start]
+        if any(v is None for v in values):
+            return None
+        per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (values[k], k))] for ks in self.on_rank]
+        return Schedule.from_lists(name, per_rank)
+
+
+# CBC's log: incumbents and the bound as it goes, and the final bound.
+_CBC_PROGRESS = re.compile(r"best solution, best possible (\S+) \((\S+) seconds\)")
+_CBC_SOLUTION = re.compile(r"Integer solution of (\S+) found .*\((\S+) seconds\)")
+_CBC_NODES = re.compile(r"After \d+ nodes, \d+ on tree, (\S+) best solution, best possible (\S+) \((\S+) seconds\)")
+_CBC_FINAL_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.M)
+_CBC_RESULT = re.compile(r"^Result - (.*)$", re.M)
+
+
+def _parse_cbc(text: str) -> tuple[list[Progress], float | None, str]:
+    history = []
+    for line in text.splitlines():
+        if mt := _CBC_NODES.search(line):
+            inc, bound, sec = mt.groups()
+            history.append(Progress(float(sec), _num(inc), _num(bound)))
+        elif mt := _CBC_SOLUTION.search(line):
+            history.append(Progress(float(mt.group(2)), _num(mt.group(1)), None))
+    bound = _CBC_FINAL_BOUND.search(text)
+    result = _CBC_RESULT.search(text)
+    return history, (float(bound.group(1)) if bound else None), (result.group(1) if result else "")
+
+
+def _num(text: str) -> float | None:
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) and abs(x) < 1e50 else None
+
+
+def solve(
+    problem: Problem,
+    *,
+    solver: str = "cbc",
+    time_limit: float = 60.0,
+    gap: float = 1e-4,
+    threads: int | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> SolveResult:
+    """Search the fastest split-backward schedule that fits ``problem``'s memory limit."""
+    from schedc.solvers.bounds import lower_bound
+
+    if solver not in SOLVERS:
+        raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    t0 = time.perf_counter()
+    warm = best_registry_schedule(problem)
+    if warm is None:
+        raise SchedcError(
+            "no registry schedule fits the memory limit to start from; raise the limit"
+            f" (each rank needs at least {', '.join(f'{problem.min_memory(r):g}' for r in range(problem.ranks))})"
+        )
+    warm_name, warm_t = warm
+    own = lower_bound(problem)
+    best_schedule, best_t = warm_t.schedule, warm_t
+    history: list[Progress] = []
+    solver_bound, result = None, ""
+    binaries = 0
+    if not _meets(warm_t.objective_value(), own.value):  # else the warm start is already proven optimal
+        if solver == "cpsat":
+            from schedc.solvers.cpsat import solve_cpsat
+
+            found, solver_bound, history, result = solve_cpsat(problem, warm_t, time_limit, gap, threads, progress)
+        else:
+            if len(problem.rank_stages[0]) * problem.microbatches * 3 * problem.ranks <= FULL_MODEL_OPS:
+                found, solver_bound, history, result, binaries = _solve_pulp(
+                    problem, warm_t, own.value, solver, time_limit, gap, threads, progress
+                )
+            else:  # too big for one model: improve the warm start window by window
+                found, history, binaries = _neighbourhoods(
+                    problem, warm_t, own.value, solver, t0 + time_limit, threads, progress
+                )
+                solver_bound, result = None, "time limit" if time.perf_counter() >= t0 + time_limit else ""
+        if found is not None:
+            t = simulate(problem, found.renamed("ilp"))
+            if t.fits and t.objective_value() < best_t.objective_value() - 1e-9:
+                best_schedule, best_t = t.schedule, t
+    objective = best_t.objective_value()
+    bound = max(own.value, solver_bound if solver_bound is not None else -math.inf)
+    reason = own.reason if own.value >= (solver_bound or -math.inf) else f"{solver} search bound"
+    if bound > objective + 1e-6 * max(1.0, objective):
+        raise RuntimeError(f"bug: lower bound {bound} ({reason}) above a found schedule's {objective}")
+    bound = min(bound, objective)  # solver tolerance
+    if _meets(objective, bound):
+        status = "optimal"
+    elif "time" in result.lower():
+        status = "time limit"
+    else:
+        status = "feasible"
+    if best_schedule is warm_t.schedule and status != "optimal":
+        status = "warm start"
+    return SolveResult(
+        schedule=best_schedule.renamed("ilp"),
+        timeline=simulate(problem, best_schedule.renamed("ilp")),
+        status=status,
+        objective=objective,
+        bound=bound,
+        bound_reason=reason,
+        warm_start=warm_name,
+        warm_objective=warm_t.objective_value(),
+        solver=solver,
+        seconds=time.perf_counter() - t0,
+        binaries=binaries,
+        history=history,
+    )
+
+
+def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress):
+    """Large neighbourhood search: sweep a window of microbatches across the schedule; in each,
+    the ops of those microbatches (and whatever lies between them on a rank) may be reordered,
+    the rest keeps the incumbent's order. Stops at the deadline, at the lower bound, or after a
+    sweep without improvement. Gives no bound of its own."""
+    best = warm_t
+    k = max(2, WINDOW_OPS // (3 * problem.chunks))
+    starts = list(range(0, max(1, problem.microbatches - k + 1), max(1, k // 2)))
+    history: list[Progress] = []
+    binaries = 0
+    t_start = time.perf_counter()
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for w0 in starts:
+            left = deadline - time.perf_counter()
+            if left <= 1 or best.objective_value() <= lower + 1e-9:
+                return best.schedule, history, binaries
+            window = []
+            for ops in best.schedule.ranks:
+                pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
+                window.append(range(min(pos), max(pos) + 1) if pos else range(0))
+            found, _, _, _, n_bin = _solve_pulp(
+                problem, best, lower, solver, min(left, 20.0), 0.0, threads, None, keep=best.schedule, window=window
+            )
+            binaries = max(binaries, n_bin)
+            t = simulate(problem, found) if found is not None else None
+            if t is not None and t.fits and t.objective_value() < best.objective_value() - 1e-9:
+                best, improved = t, True
+                event = Progress(time.perf_counter() - t_start, best.objective_value(), None)
+                history.append(event)
+                if progress:
+                    progress(event)
+    return best.schedule, history, binaries
+
+
+def _solve_pulp(problem, warm_t, lower, solver, time_limit, gap, threads, progress, keep=None, window=None):
+    import pulp
+
+    horizon = warm_t.objective_value() if problem.objective == "makespan" else _span_horizon(problem, warm_t)
+    model = _Model(problem, horizon, lower, keep=keep, window=window)
+    model.warm(warm_t)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "solver.log"
+        if solver == "cbc":
+            backend = cbc(timeLimit=time_limit, gapRel=gap, threads=threads, warmStart=True, logPath=str(log))
+        else:
+            backend = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=threads, log_file=str(log))
+        done = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(log, done, progress), daemon=True)
+        watcher.start()
+        try:
+            model.lp.solve(backend)
+        except pulp.PulpSolverError as e:  # the solver died: keep the incumbent, say why
+            return None, None, [], f"solver error: {e}", len(model.before)
+        finally:
+            done.set()
+            watcher.join()
+        text = log.read_text() if log.exists() else ""
+    if solver == "cbc":
+        history, bound, result = _parse_cbc(text)
+        if result.startswith("Optimal") and model.C.value() is not None:
+            # Proven optimal, or stopped within the relative gap: best possible >= C (1 - gap).
+            proven = model.C.value() * (1 - gap if "gap" in result else 1)
+            bound = max(bound if bound is not None else -math.inf, proven)
+    else:
+        history, result = [], text
+        bound = _num(str(model.lp.solverModel.getInfo().mip_dual_bound)) if getattr(model.lp, "solverModel", None) else None
+        if pulp.LpStatus[model.lp.status] == "Optimal" and bound is None:
+            bound = model.C.value()
+    return model.schedule("ilp"), bound, history, result, len(model.before)
+
+
+def cbc(**options):
+    """The CBC bundled with PuLP. PuLP 3.3 marks this command deprecated for 4.0 (where CBC
+    becomes a separate install); it is still the bundled solver here, so the warning is muted."""
+    import warnings
+
+    import pulp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, **options)
+
+
+def _span_horizon(problem: Problem, warm_t: Timeline) -> float:
+    """A horizon that keeps every schedule with a span below the warm start's.
+
+    Shift each rank's window of ops as early as its inputs allow: a window then starts no later
+    than the end of the window feeding its binding input, plus ``comm``. Windows are at most C
+    long and the chain visits each rank once, so everything ends by p (C + comm)."""
+    return problem.ranks * (warm_t.span + problem.comm)
+
+
+def _watch(log: Path, done: threading.Event, progress) -> None:
+    """Report CBC's incumbent and bound while it runs (the log is read every half second)."""
+    if progress is None:
+        return
+    seen = 0
+    while not done.wait(0.5):
+        if not log.exists():
+            continue
+        history, _, _ = _parse_cbc(log.read_text())
+        for event in history[seen:]:
+            progress(event)
+        seen = len(history)

@@ -1,0 +1,416 @@
+"""The optimal schedule of a small Problem by exhaustive search: the oracle the ILP is tested against.
+
+Written independently of schedc: it reads only the Problem's plain data (ranks, stages and their
+placement, costs, memory deltas, static memory and limits, comm, objective) and has its own timing
+model, so a bug shared with the simulator or the ILP cannot hide here. The model:
+
+- ops F(s, i), B(s, i), W(s, i) for every stage s and microbatch i, on rank ``stage_rank[s]``;
+- F(s, i) needs F(s-1, i); B(s, i) needs F(s, i) and B(s+1, i); W(s, i) needs B(s, i); a result
+  reaches another rank ``comm`` after its producer ends, its own rank at once;
+- a schedule is one total order per rank; every op starts as soon as possible: at the latest of
+  the end of the op before it on its rank and the arrival of each input (cyclic waits: infeasible);
+- memory: per rank, walking its order from ``static_memory[r]``, each op adds its delta; the level
+  after every F must stay within ``memory_limit[r]``;
+- objective: makespan (the last end) or span (max over ranks of own last end - own first start).
+
+The search (depth-first branch and bound over all per-rank orders, each visited at most once)
+--------------------------------------------------------------------------------------------
+A node fixes a prefix of every rank's order. Every op in a prefix is *timed* (its start is known)
+except possibly the last op of a rank, which may be *pending*: committed as the rank's next op but
+waiting for an input that is not timed yet. At each node the rank to extend is a function of the
+node alone -- the rank with no pending op that is free earliest (ties: lowest rank) -- and the
+node branches over *every* op that rank could run next, ready or not (choosing a not-ready op
+while another is ready is a deliberate idle, which memory limits or the span objective may need).
+So each full set of orders is reached along exactly one path, and every one is reached: nothing is
+assumed about the order of ops of one kind. Timing a pending op's last input times the op
+(cascading). The only pruning that drops orders never drops a feasible or better one:
+
+- an op is not chosen while one of its ancestors on the same rank is unplaced (that ancestor
+  would come after it: deadlock), nor when pending ops would wait on each other in a cycle;
+- an F is not chosen when it would lift the rank's memory over its limit;
+- symmetry: microbatches are interchangeable (all data is per stage), so any schedule can be
+  relabelled to run F(0, i) in increasing i; only such orders are searched;
+- bound: a node is dropped when a lower bound on every completion is no better than the best
+  schedule found. The bound: earliest starts ("heads") of untimed ops by propagating timed ends,
+  rank free times and comm through the dependencies; then per rank r, the last end on r is at
+  least (a) the one-machine bound (the pending op first, the rest in order of heads) and (b) the
+  head of any untimed op plus the longest path from it to an op on r. Makespan: max over r;
+  span: max over started r of that end minus r's first start (or r's total work if not started);
+- dominance: two nodes with the same placed ops (per rank as sets) and the same pending ops
+  have the same memory levels and the same feasible completions; for makespan, a node whose
+  relevant times (rank free times, ends of timed ops still feeding untimed ones) are all >= those
+  of a node already visited is dropped (as-soon-as-possible times are monotone in these). For
+  span the first starts must also match and every rank must have started (else equality only).
+
+Costs and comm are scaled to integers when they are decimals (e.g. 0.1), so all times are exact;
+otherwise floats with a 1e-9 tolerance are used. Memory is compared with a 1e-9 tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from fractions import Fraction
+
+KINDS = ("F", "B", "W")
+NEG = -(10**18)  # "no path"
+
+
+class BudgetExceeded(RuntimeError):
+    """The search did not finish within its time budget: no optimum is claimed."""
+
+
+def exhaustive_optimum(problem, *, objective=None, time_budget=60.0):
+    """The minimum objective over all deadlock-free per-rank orders that fit, and one optimal order.
+
+    Returns ``(value, orders)`` with ``orders[rank]`` a list of ``(kind, stage, mb)``. Raises
+    BudgetExceeded after ``time_budget`` seconds, and ValueError when no order fits the memory limit.
+    """
+    objective = objective or problem.objective
+    if objective not in ("makespan", "span"):
+        raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
+    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget)
+    search.dfs()
+    if search.best_orders is None:
+        raise ValueError("no order of the ops is deadlock-free and fits the memory limit")
+    value = search.best / search.scale
+    orders = {r: [search.names[o] for o in ops] for r, ops in enumerate(search.best_orders)}
+    return value, orders
+
+
+def _integer_scale(values):
+    """The least D making every value * D an integer (values given as decimals), or None."""
+    d = 1
+    for x in values:
+        f = Fraction(x).limit_denominator(10**6)
+        if abs(float(f) - x) > 1e-12 * max(1.0, abs(x)):
+            return None
+        d = d * f.denominator // math.gcd(d, f.denominator)
+    return d if d <= 10**9 else None
+
+
+class _Search:
+    def __init__(self, problem, objective, deadline, budget):
+        p, m, n = problem.ranks, problem.microbatches, problem.n_stages
+        stage_rank = problem.stage_rank
+        comm = problem.comm
+        raw = [problem.cost[k][s] for k in KINDS for s in range(n)] + [comm]
+        scale = _integer_scale(raw)
+        if scale is None:
+            self.scale, conv, self.eps = 1, float, 1e-9
+        else:
+            self.scale, conv, self.eps = scale, (lambda x: round(x * scale)), 0
+        self.objective, self.deadline, self.budget = objective, deadline, budget
+        self.p = p
+
+        # Ops are numbered o = (kind * n + stage) * m + mb.
+        def op(k, s, i):
+            return (k * n + s) * m + i
+
+        N = 3 * n * m
+        self.N = N
+        self.names = [None] * N
+        self.rank_of, self.cost, self.mem = [0] * N, [0] * N, [0.0] * N
+        self.deps = [[] for _ in range(N)]  # (producer, latency)
+        self.succs = [[] for _ in range(N)]
+        for k, kind in enumerate(KINDS):
+            for s in range(n):
+                for i in range(m):
+                    o = op(k, s, i)
+                    self.names[o] = (kind, s, i)
+                    self.rank_of[o] = stage_rank[s]
+                    self.cost[o] = conv(problem.cost[kind][s])
+                    self.mem[o] = problem.mem[kind][s]
+                    if kind == "F":
+                        producers = [op(0, s - 1, i)] if s > 0 else []
+                    elif kind == "B":
+                        producers = [op(0, s, i)] + ([op(1, s + 1, i)] if s + 1 < n else [])
+                    else:
+                        producers = [op(1, s, i)]
+                    for d in producers:
+                        lat = 0 if stage_rank[d // m % n] == stage_rank[s] else conv(comm)
+                        self.deps[o].append((d, lat))
+                        self.succs[d].append((o, lat))
+        # A topological order: forwards by stage, backwards by stage descending, then weights.
+        self.topo = [op(0, s, i) for s in range(n) for i in range(m)]
+        self.topo += [op(1, s, i) for s in reversed(range(n)) for i in range(m)]
+        self.topo += [op(2, s, i) for s in range(n) for i in range(m)]
+        self.rank_ops = [[o for o in range(N) if self.rank_of[o] == r] for r in range(p)]
+
+        # Ancestors (bitmasks); those on the op's own rank must precede it in the rank's order.
+        anc = [0] * N
+        for o in self.topo:
+            for d, _ in self.deps[o]:
+                anc[o] |= anc[d] | (1 << d)
+        self.anc = anc
+        self.forward_of = [o % (n * m) for o in range(N)]  # F(s, i) of B(s, i) and W(s, i)
+        rank_mask = [sum(1 << o for o in ops) for ops in self.rank_ops]
+        self.anc_same = [anc[o] & rank_mask[self.rank_of[o]] for o in range(N)]
+        self.succ_mask = [sum(1 << t for t, _ in self.succs[o]) for o in range(N)]
+        # Symmetry breaking: F(0, i) only after F(0, i - 1).
+        self.sym_prev = [op(0, 0, o % m - 1) if o < m and o % m > 0 else -1 for o in range(N)]
+
+        # tail_to[r][o]: longest path from the start of o to the end of an op on rank r it leads to.
+        self.tail_to = [[NEG] * N for _ in range(p)]
+        for o in reversed(self.topo):
+            for r in range(p):
+                best = self.cost[o] if self.rank_of[o] == r else NEG
+                for t, lat in self.succs[o]:
+                    if self.tail_to[r][t] > NEG:
+                        best = max(best, self.cost[o] + lat + self.tail_to[r][t])
+                self.tail_to[r][o] = best
+        # For bound (b): per target and rank, the rank's ops with a path to the target, by the
+        # length of that path after the op's own end, longest first (target 0 of makespan: any rank).
+        tails = [[max(t[o] for t in self.tail_to) for o in range(N)]] if objective == "makespan" else self.tail_to
+        self.by_after = [
+            [sorted(((o, tail[o] - self.cost[o]) for o in ops if tail[o] > NEG), key=lambda x: -x[1]) for ops in self.rank_ops]
+            for tail in tails
+        ]
+        # Span of a rank that has not started yet: at least its work and its longest own path.
+        self.unstarted_span = [
+            max(sum(self.cost[o] for o in self.rank_ops[r]), max(self.tail_to[r][o] for o in self.rank_ops[r]))
+            for r in range(p)
+        ]
+        self.limit = problem.memory_limit
+        self.level = list(problem.static_memory)
+
+        # Search state.
+        self.end = [None] * N
+        self.start = [None] * N
+        self.placed = 0  # committed ops (timed or pending)
+        self.timed = 0
+        self.free = [0] * p
+        self.first = [None] * p
+        self.pending = [-1] * p
+        self.orders = [[] for _ in range(p)]
+        self.left = [len(ops) for ops in self.rank_ops]  # ops not yet timed, per rank
+        self.heads = [0] * N
+        self.best = math.inf
+        self.best_orders = None
+        self.memo = {}
+        self.nodes = 0
+
+    # ---- state changes (each returns what undo needs) ----
+
+    def _time(self, o, log):
+        """Time op o (all inputs timed) and then every pending op that this completes."""
+        stack = [o]
+        while stack:
+            o = stack.pop()
+            r = self.rank_of[o]
+            t = self.free[r]
+            for d, lat in self.deps[o]:
+                t = max(t, self.end[d] + lat)
+            log.append((o, self.free[r], self.first[r], self.pending[r]))
+            self.start[o], self.end[o] = t, t + self.cost[o]
+            self.free[r] = self.end[o]
+            if self.first[r] is None:
+                self.first[r] = t
+            self.pending[r] = -1
+            self.timed |= 1 << o
+            self.left[r] -= 1
+            for s, _ in self.succs[o]:
+                rs = self.rank_of[s]
+                if self.pending[rs] == s and all(self.end[d] is not None for d, _ in self.deps[s]):
+                    stack.append(s)
+
+    def _untime(self, log):
+        for o, free, first, pending in reversed(log):
+            r = self.rank_of[o]
+            self.start[o] = self.end[o] = None
+            self.free[r], self.first[r], self.pending[r] = free, first, pending
+            self.timed &= ~(1 << o)
+            self.left[r] += 1
+
+    def _waits_in_cycle(self, r):
+        """Would rank r's pending op and the other pending ops wait on each other in a cycle?"""
+        seen, frontier = set(), [r]
+        while frontier:
+            q = self.pending[frontier.pop()]
+            blocking = self.anc[q] & ~self.timed  # untimed ancestors: q waits for their ranks
+            for r2 in range(self.p):
+                if self.pending[r2] >= 0 and any(blocking >> o & 1 for o in self.rank_ops[r2]):
+                    if r2 == r:
+                        return True
+                    if r2 not in seen:
+                        seen.add(r2)
+                        frontier.append(r2)
+        return False
+
+    # ---- bounds ----
+
+    def _heads(self, floor):
+        """Earliest starts of the untimed ops (in self.heads); returns them per rank."""
+        end, heads, cost, free, deps, rank_of = self.end, self.heads, self.cost, self.free, self.deps, self.rank_of
+        by_rank = [[] for _ in range(self.p)]
+        for o in self.topo:
+            if end[o] is not None:
+                continue
+            h = max(free[rank_of[o]], floor.get(o, 0))
+            for d, lat in deps[o]:
+                e = end[d]
+                a = (heads[d] + cost[d] if e is None else e) + lat
+                if a > h:
+                    h = a
+            heads[o] = h
+            by_rank[rank_of[o]].append(o)
+        return by_rank
+
+    def _bound(self):
+        """A lower bound on the objective of every completion of this node (inf: none completes)."""
+        end, heads, cost, free, p, pending = self.end, self.heads, self.cost, self.free, self.p, self.pending
+        by_rank = self._heads({})
+        # Floors, then heads again: a rank's other ops wait for its pending op; an F that does
+        # not fit waits until enough of the rank's B and W (of forwards already placed) can end.
+        floor = {}
+        for q in range(p):
+            if pending[q] >= 0:
+                after = heads[pending[q]] + cost[pending[q]]
+                for o in by_rank[q]:
+                    if o != pending[q]:
+                        floor[o] = after
+            if self.limit is None:
+                continue
+            over = self.level[q] - self.limit[q] - 1e-9
+            forwards = [o for o in by_rank[q] if self.mem[o] > 0 and not self.placed >> o & 1]
+            if not forwards or over + max(self.mem[o] for o in forwards) <= 0:
+                continue
+            frees = sorted(
+                (heads[o] + cost[o], -self.mem[o])
+                for o in by_rank[q]
+                if self.mem[o] < 0 and self.placed >> self.forward_of[o] & 1
+            )
+            for o in forwards:
+                need, t = over + self.mem[o], 0
+                for ends, freed in frees:
+                    if need <= 0:
+                        break
+                    need, t = need - freed, ends
+                if need > 0:
+                    return math.inf  # this F can never fit: the node deadlocks on memory
+                floor[o] = max(floor.get(o, 0), t)
+        if floor:
+            by_rank = self._heads(floor)
+        # Targets whose last end is bounded: makespan, any rank (index 0); span, each started rank.
+        if self.objective == "makespan":
+            last_end, targets = [max(free)], [0]
+        else:
+            last_end, targets = list(free), [r for r in range(p) if self.first[r] is not None]
+        for q in range(p):
+            ops = by_rank[q]
+            if not ops:
+                continue
+            # (a) rank q alone: its ops one after the other, each no earlier than its head.
+            t = free[q]
+            for o in sorted(ops, key=heads.__getitem__):
+                t = max(t, heads[o]) + cost[o]
+            r = 0 if self.objective == "makespan" else q
+            last_end[r] = max(last_end[r], t)
+            # (b) any set S of rank q's ops runs on q after min head(S), and after the last of S
+            # ends, the longest path from it to the target follows: S = the ops whose path
+            # after their own end is >= tau, for each tau (ops pre-sorted by that path).
+            for r in targets:
+                acc, low, best = 0, math.inf, last_end[r]
+                for o, after in self.by_after[r][q]:
+                    if end[o] is None:
+                        h, c = heads[o], cost[o]
+                        acc += c
+                        if h < low:
+                            low = h
+                        best = max(best, low + acc + after, h + c + after)
+                last_end[r] = best
+        if self.objective == "makespan":
+            return last_end[0]
+        return max(
+            self.unstarted_span[r] if self.first[r] is None else last_end[r] - self.first[r] for r in range(p)
+        )
+
+    def _dominated(self):
+        timed = self.timed
+        times = tuple(self.free) + tuple(
+            self.end[o] for o in range(self.N) if timed >> o & 1 and self.succ_mask[o] & ~timed
+        )
+        key = (self.placed, tuple(self.pending))
+        if self.objective == "span":
+            key += (tuple(self.first),)
+            if None in self.first:
+                key += (times,)  # equality only
+        seen = self.memo.setdefault(key, [])
+        for old in seen:
+            if all(a <= b for a, b in zip(old, times)):
+                return True
+        seen[:] = [old for old in seen if not all(b <= a for a, b in zip(old, times))]
+        seen.append(times)
+        return False
+
+    # ---- the search ----
+
+    def dfs(self):
+        self.nodes += 1
+        if self.nodes % 2048 == 0 and time.monotonic() > self.deadline:
+            raise BudgetExceeded(
+                f"exhaustive search ran out of its {self.budget:g} s budget after {self.nodes} nodes"
+                f" (best so far {self.best / self.scale:g}, not proven optimal): use a smaller problem"
+                " or a larger time_budget"
+            )
+        if self.timed == (1 << self.N) - 1:
+            value = self._value()
+            if value < self.best:
+                self.best, self.best_orders = value, [list(x) for x in self.orders]
+            return
+        if self._dominated() or self._bound() >= self.best - self.eps:
+            return
+        # The rank to extend: no pending op, ops left, free earliest.
+        choices = [(self.free[r], r) for r in range(self.p) if self.pending[r] < 0 and self.left[r] > 0]
+        if not choices:
+            return  # every rank waits on an op that cannot run: deadlock
+        r = min(choices)[1]
+        for o, ready in self._candidates(r):
+            self.placed |= 1 << o
+            self.orders[r].append(o)
+            level = self.level[r]
+            self.level[r] += self.mem[o]
+            log = []
+            if ready:
+                self._time(o, log)
+                self.dfs()
+                self._untime(log)
+            else:
+                self.pending[r] = o
+                if not self._waits_in_cycle(r):
+                    self.dfs()
+                self.pending[r] = -1
+            self.level[r] = level
+            self.orders[r].pop()
+            self.placed &= ~(1 << o)
+
+    def _candidates(self, r):
+        """Every op rank r may run next, ready ones first by start time (B, F, W on ties)."""
+        placed, end, limit = self.placed, self.end, self.limit
+        out, w_stages = [], set()
+        for o in self.rank_ops[r]:
+            if placed >> o & 1 or self.anc_same[o] & ~placed:
+                continue
+            kind, stage, _ = self.names[o]
+            if kind == "W":  # interchangeable: only the lowest microbatch of each stage
+                if stage in w_stages:
+                    continue
+                w_stages.add(stage)
+            prev = self.sym_prev[o]
+            if prev >= 0 and not placed >> prev & 1:
+                continue
+            if limit is not None and self.mem[o] > 0 and self.level[r] + self.mem[o] > limit[r] + 1e-9:
+                continue
+            ready = all(end[d] is not None for d, _ in self.deps[o])
+            start = self.free[r]
+            if ready:
+                for d, lat in self.deps[o]:
+                    start = max(start, end[d] + lat)
+            out.append((not ready, start, "BFW".index(kind), o))
+        out.sort()
+        return [(o, not notready) for notready, _, _, o in out]
+
+    def _value(self):
+        if self.objective == "makespan":
+            return max(self.free)
+        return max(self.free[r] - self.first[r] for r in range(self.p))

@@ -1,0 +1,156 @@
+"""The CP-SAT backend (solvers/cpsat.py) against the exhaustive search of tests/exhaustive.py."""
+
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("ortools")
+
+from schedc import Problem, simulate  # noqa: E402
+from schedc.errors import SchedcError  # noqa: E402
+from schedc.solvers.bounds import lower_bound  # noqa: E402
+from schedc.solvers.cpsat import _CpModel, solve_cpsat  # noqa: E402
+from schedc.solvers.ilp import Progress, best_registry_schedule, solve  # noqa: E402
+from tests.exhaustive import exhaustive_optimum  # noqa: E402
+from tests.test_ilp import SMALL  # noqa: E402
+
+
+def check_against_truth(problem, result, truth):
+    assert result.timeline.fits
+    assert result.bound <= truth + 1e-6
+    assert result.objective <= result.warm_objective + 1e-9
+    assert result.objective >= truth - 1e-6
+
+
+@pytest.mark.parametrize("data", SMALL, ids=range(len(SMALL)))
+def test_cpsat_is_optimal_on_small_problems(data):
+    problem = Problem.parse(data)
+    truth, _ = exhaustive_optimum(problem, time_budget=60)
+    result = solve(problem, solver="cpsat", time_limit=60, threads=1)
+    check_against_truth(problem, result, truth)
+    assert result.objective == pytest.approx(truth, abs=1e-6)
+    assert result.solver == "cpsat"
+    if problem.objective == "makespan":
+        assert result.status == "optimal" and result.gap == pytest.approx(0, abs=1e-6)
+
+
+@pytest.mark.parametrize("data", SMALL[-2:], ids=["makespan", "span"])
+def test_solve_cpsat_improves_a_suboptimal_warm_start(data):
+    problem = Problem.parse(data)
+    truth, _ = exhaustive_optimum(problem, time_budget=60)
+    _, warm = best_registry_schedule(problem)
+    assert warm.objective_value() > truth + 1e-6  # the point of these two problems
+    events = []
+    found, bound, history, result = solve_cpsat(problem, warm, 60, 0.0, 1, events.append)
+    t = simulate(problem, found)
+    assert t.fits
+    assert not any(op.kind == "BW" for ops in found.ranks for op in ops)
+    assert t.objective_value() == pytest.approx(truth, abs=1e-6)
+    assert bound is not None and bound <= truth + 1e-6
+    assert "Optimal" in result and "time" not in result
+    assert events and all(isinstance(e, Progress) for e in events)
+    if problem.objective == "makespan":
+        assert events[-1].incumbent == pytest.approx(truth)
+    else:  # the model's span (free start times) can only be shorter than the simulator's
+        assert events[-1].incumbent <= truth + 1e-6
+    assert history[: len(events)] == events
+    assert [e.seconds for e in history] == sorted(e.seconds for e in history)
+
+
+def test_memory_limit_is_respected_where_it_binds():
+    problem = Problem.parse(
+        dict(ranks=3, microbatches=4, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]),
+             memory=dict(F=[2, 1.5, 1], B=[-1, -0.5, -0.5], static=[1, 0.5, 0], limit=[5, 4, 2]))
+    )
+    truth, _ = exhaustive_optimum(problem, time_budget=60)
+    unlimited, _ = exhaustive_optimum(problem.with_changes(memory={"limit": 100}), time_budget=60)
+    assert truth > unlimited  # the limit binds (25 against 21)
+    assert lower_bound(problem).value < truth - 1e-6  # so solve() runs CP-SAT rather than stopping at its bound
+    result = solve(problem, solver="cpsat", time_limit=30, threads=1)
+    assert all(peak <= limit + 1e-9 for peak, limit in zip(result.timeline.peak_memory, problem.memory_limit))
+    check_against_truth(problem, result, truth)
+    assert result.status == "optimal" and result.objective == pytest.approx(truth)
+
+
+def test_decimal_costs_are_scaled_exactly():
+    problem = Problem.parse(
+        dict(ranks=2, microbatches=3, costs=dict(F=[0.1, 0.25], B=[0.3, 0.125], W=[0.2, 0.05]), comm=0.05,
+             memory=dict(F=0.3, limit=0.6))
+    )
+    _, warm = best_registry_schedule(problem)
+    model = _CpModel(problem, warm, pytest.importorskip("ortools.sat.python.cp_model"))
+    assert model.time.exact and model.time.factor == 40  # the least common denominator of 1/10, 1/4, 1/8, 1/20
+    assert model.memory.exact and model.memory.factor == 20  # F 0.3, B and W -0.15
+    truth, _ = exhaustive_optimum(problem, time_budget=60)
+    result = solve(problem, solver="cpsat", time_limit=30, threads=1)
+    check_against_truth(problem, result, truth)
+    assert result.objective == pytest.approx(truth, abs=1e-9) and result.status == "optimal"
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_costs_without_a_small_scale_are_rounded_down_and_the_bound_stays_valid(objective):
+    root2, pi = 2**0.5, 3.141592653589793
+    problem = Problem.parse(
+        dict(ranks=2, microbatches=3, costs=dict(F=[root2, 1], B=[pi / 2, root2], W=[1, pi / 3]), comm=pi / 10,
+             objective=objective, memory=dict(F=1, limit=2))
+    )
+    _, warm = best_registry_schedule(problem)
+    found, bound, _, _ = solve_cpsat(problem, warm, 30, 0.0, 1, None)
+    truth, _ = exhaustive_optimum(problem, time_budget=60)
+    t = simulate(problem, found)
+    assert t.fits and t.objective_value() >= truth - 1e-9
+    assert bound is not None and bound <= truth + 1e-9
+    assert truth - bound < 0.01 * truth  # rounding at 1/1000 costs little
+
+
+@st.composite
+def small_problems(draw):
+    p = draw(st.integers(1, 3))
+    m = draw(st.integers(1, 3 if p == 3 else 4))
+    cost = st.lists(st.integers(1, 4), min_size=p, max_size=p)
+    problem = Problem.parse(
+        dict(
+            ranks=p, microbatches=m, costs=dict(F=draw(cost), B=draw(cost), W=draw(cost)),
+            comm=draw(st.sampled_from([0, 0.5])), objective=draw(st.sampled_from(["makespan", "span"])),
+            memory=dict(F=1, B=-0.5),
+        )
+    )
+    if draw(st.booleans()):
+        problem = problem.with_changes(memory={"limit": draw(st.sampled_from([1, 1.5, 2, 3]))})
+    return problem
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems())
+def test_random_small_problems_against_exhaustive_search(problem):
+    truth, _ = exhaustive_optimum(problem, time_budget=30)
+    result = solve(problem, solver="cpsat", time_limit=20, threads=1)
+    check_against_truth(problem, result, truth)
+    if problem.objective == "makespan":
+        assert result.objective == pytest.approx(truth, abs=1e-6) and result.status == "optimal"
+
+
+def test_time_limit_is_reported():
+    problem = Problem.parse(
+        dict(ranks=4, microbatches=12, costs=dict(F=[14, 10, 10, 18], B=[13, 10, 10, 22], W=[9, 7, 7, 12]),
+             comm=0.4, memory=dict(F=[2.5, 2, 2, 3], B=[-1.5, -1.2, -1.2, -2], limit=[10, 8, 8, 12]))
+    )
+    _, warm = best_registry_schedule(problem)
+    found, bound, history, result = solve_cpsat(problem, warm, 0.5, 0.0, 1, None)
+    if "Optimal" not in result:  # not expected in half a second, but not an error either
+        assert "time" in result
+    if found is not None:
+        t = simulate(problem, found)
+        assert t.fits and t.objective_value() <= warm.objective_value() + 1e-9
+    if bound is not None:
+        assert bound <= warm.objective_value() + 1e-9
+
+
+def test_missing_ortools_says_how_to_install(monkeypatch):
+    problem = Problem.parse(SMALL[0])
+    _, warm = best_registry_schedule(problem)
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    with pytest.raises(SchedcError, match=r"pip install 'schedc\[cpsat\]'"):
+        solve_cpsat(problem, warm, 1, 0.0, 1, None)

@@ -1,0 +1,276 @@
+"""The exhaustive-search oracle (tests/exhaustive.py) checked on its own, before the ILP is judged by it:
+
+- against a brute force that tries literally every per-rank order on tiny problems;
+- against hand-worked optima and published closed forms;
+- as a lower bound on every applicable registry schedule (judged by schedc's simulator), and its
+  own optimal orders replayed by that simulator give the value it claims.
+"""
+
+import itertools
+import random
+
+import pytest
+
+import schedc.solvers as S
+from schedc import Problem, Schedule, simulate
+from schedc.analytic import FORMULAS
+
+from exhaustive import BudgetExceeded, exhaustive_optimum
+
+TOL = 1e-9
+
+
+def problem(p, m, F=1, B=1, W=1, *, comm=0.0, v=1, placement="loop", objective="makespan", **memory):
+    return Problem.parse(
+        dict(ranks=p, microbatches=m, chunks=v, placement=placement, costs=dict(F=F, B=B, W=W),
+             comm=comm, memory=dict(F=2, B=-1, **memory), objective=objective)
+    )
+
+
+def replay(prob, orders, objective):
+    """The oracle's orders judged by schedc's simulator: (objective value, fits)."""
+    t = simulate(prob, Schedule.from_lists("oracle", [orders[r] for r in range(prob.ranks)]))
+    return t.objective_value(objective), t.fits
+
+
+def optimum(prob, objective=None):
+    objective = objective or prob.objective
+    value, orders = exhaustive_optimum(prob, objective=objective, time_budget=60)
+    got, fits = replay(prob, orders, objective)
+    assert fits and got == pytest.approx(value, abs=TOL)
+    return value
+
+
+# ---- a brute force over every per-rank order (tiny problems only) ----
+
+def brute_force(prob, objective):
+    n, m, comm, rank = prob.n_stages, prob.microbatches, prob.comm, prob.stage_rank
+    ops = [(k, s, i) for k in "FBW" for s in range(n) for i in range(m)]
+
+    def inputs(op):
+        k, s, i = op
+        if k == "F":
+            return [("F", s - 1, i)] if s else []
+        if k == "W":
+            return [("B", s, i)]
+        return [("F", s, i)] + ([("B", s + 1, i)] if s + 1 < n else [])
+
+    def same_rank_orders(r):
+        """Every order of rank r's ops (those that run an op before its own input on r deadlock anyway)."""
+        mine = [op for op in ops if rank[op[1]] == r]
+        before = {op: {d for d in inputs(op) if rank[d[1]] == r} for op in mine}
+        out = []
+
+        def extend(prefix, done):
+            if len(prefix) == len(mine):
+                out.append(list(prefix))
+            for op in mine:
+                if op not in done and before[op] <= done:
+                    extend(prefix + [op], done | {op})
+
+        extend([], frozenset())
+        return out
+
+    def fits(r, order):
+        level = prob.static_memory[r]
+        for k, s, _ in order:
+            level += prob.mem[k][s]
+            if k == "F" and prob.memory_limit and level > prob.memory_limit[r] + TOL:
+                return False
+        return True
+
+    def evaluate(orders):
+        end, start, pos = {}, {}, [0] * len(orders)
+        free = [0.0] * len(orders)
+        progress = True
+        while progress:
+            progress = False
+            for r, order in enumerate(orders):
+                while pos[r] < len(order) and all(d in end for d in inputs(order[pos[r]])):
+                    op = order[pos[r]]
+                    t = max([free[r]] + [end[d] + (comm if rank[d[1]] != r else 0) for d in inputs(op)])
+                    start[op], end[op] = t, t + prob.cost[op[0]][op[1]]
+                    free[r] = end[op]
+                    pos[r] += 1
+                    progress = True
+        if len(end) < len(ops):
+            return None  # deadlock
+        if objective == "makespan":
+            return max(end.values())
+        return max(end[o[-1]] - start[o[0]] for o in orders)
+
+    per_rank = [[o for o in same_rank_orders(r) if fits(r, o)] for r in range(prob.ranks)]
+    values = [evaluate(c) for c in itertools.product(*per_rank)]
+    return min(v for v in values if v is not None)
+
+
+def tiny_problems(seed=2024, count=40):
+    """Seeded random tiny problems: costs (integers or decimals), comm, limits, both objectives."""
+    rng = random.Random(seed)
+    shapes = [(1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 2), (2, 1, 1), (2, 2, 1), (3, 1, 1), (3, 2, 1),
+              (2, 1, 2), (4, 1, 1)]
+    out = []
+    for k in range(count):
+        p, m, v = shapes[k % len(shapes)]
+        n = p * v
+
+        def costs():
+            return [rng.choice([1, 2, 3]) if k % 3 else rng.choice([0.1, 0.2, 0.3, 0.7]) for _ in range(n)]
+
+        f_mem = [rng.choice([1, 2, 3]) for _ in range(n)]
+        prob = Problem.parse(dict(
+            ranks=p, microbatches=m, chunks=v, placement=rng.choice(["loop", "v"]),
+            costs=dict(F=costs(), B=costs(), W=costs()), comm=rng.choice([0, 0, 0.5, 0.25]),
+            memory=dict(F=f_mem, B=[-rng.choice([0.5, 1]) * f for f in f_mem], static=1),
+            objective=rng.choice(["makespan", "span"]),
+        ))
+        need = max(prob.min_memory(r) for r in range(p))
+        roomy = max(prob.static_memory) + sum(f_mem) * m
+        limit = rng.choice([None, need, need + 1, (need + roomy) / 2])
+        if limit is not None:
+            prob = prob.with_changes(memory={"limit": limit})
+        out.append(pytest.param(prob, id=f"{k}-p{p}m{m}v{v}-{prob.objective}-lim{limit}"))
+    return out
+
+
+@pytest.mark.parametrize("prob", tiny_problems())
+def test_matches_brute_force(prob):
+    assert optimum(prob) == pytest.approx(brute_force(prob, prob.objective), abs=TOL)
+
+
+# ---- hand-worked optima ----
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_one_rank_is_its_total_work(m, objective):
+    prob = problem(1, m, F=2, B=3, W=1.5, objective=objective)
+    assert optimum(prob) == pytest.approx(m * 6.5, abs=TOL)
+    assert optimum(problem(1, m, F=2, B=3, W=1.5, v=2, objective=objective)) == pytest.approx(2 * m * 6.5)
+
+
+def test_two_ranks_one_microbatch_is_the_critical_path():
+    # F0 0-1 | F1 1-2 | B1 2-3 | B0 3-4 | W0 4-5 (W1 3-4 beside it); comm c adds 2c.
+    assert optimum(problem(2, 1)) == 5
+    assert optimum(problem(2, 1, comm=0.5)) == 6
+    assert optimum(problem(2, 1, objective="span")) == 5  # rank 0 runs 0-5
+    assert optimum(problem(2, 1, F=1, B=2, W=3, comm=0.5)) == 1 + 0.5 + 1 + 2 + 0.5 + 2 + 3
+
+
+def test_two_ranks_two_microbatches():
+    # Makespan: rank 1 cannot start before 1 and has 6 units of work: 7, and 7 is reached.
+    assert optimum(problem(2, 2)) == 7
+    # Span: rank 0 starts at 0 with F0 F1 (0-2) and has nothing else to do before B0 of
+    # stage 1 ends at 3 (F 1-2, B 2-3): idle at least 1, so 7 again.
+    assert optimum(problem(2, 2, objective="span")) == 7
+    # With comm 0.5: rank 1 starts at 1.5 with 6 units of work: 7.5 is not reached since
+    # W0 of stage 0 comes after B0 of stage 1 (ends >= 3.5) + 0.5 + B 1: rank 0 idles too.
+    assert optimum(problem(2, 2, comm=0.5)) == 8
+
+
+# ---- published closed forms (upper bounds; equal where they meet a lower bound) ----
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 3), (2, 4), (3, 3), (3, 4), (4, 4)])
+@pytest.mark.parametrize("costs", [(1, 1, 1), (2, 2, 1), (1, 2, 1)])
+def test_never_worse_than_closed_forms(p, m, costs):
+    F, B, W = costs
+    work = m * (F + B + W)
+    best = {obj: optimum(problem(p, m, F, B, W), obj) for obj in ("makespan", "span")}
+    assert best["span"] <= best["makespan"] + TOL
+    assert best["span"] >= work - TOL  # no rank can beat its own work
+    for f in FORMULAS:
+        if f.schedule in ("interleaved-1f1b", "looped-bfs") or (f.schedule in ("zb-h1", "zb-h2") and m < p):
+            continue
+        objective = "span" if f.schedule == "zb-h2" else "makespan"
+        if f.schedule == "zb-h2" and (m < 2 * p - 1 or F + B < 2 * W):
+            continue
+        assert best[objective] <= work + f.bubble(p, m, 1, F, B, W) + TOL, f.schedule
+    if m >= 2 * p - 1 and F + B >= 2 * W:  # ZB-H2's bubble (p-1)(F+B-2W) is 0 when F+B = 2W
+        if F + B == 2 * W:
+            assert best["span"] == work
+
+
+def test_zero_bubble_by_span_for_two_ranks():
+    # ZB-H2 (Qi et al. 2024) has no bubble by span at p=2, m>=3, F=B=W: the oracle finds it,
+    # while makespan keeps the one-unit start-up delay of rank 1.
+    assert optimum(problem(2, 3, objective="span")) == 9
+    assert optimum(problem(2, 3)) == 10
+
+
+# ---- registry schedules are upper bounds ----
+
+def as_split(schedule):
+    """Fused BW -> B then W at once: a valid split order with the same times."""
+    return Schedule.from_lists(schedule.name, [
+        [x for op in ops for x in ([("B", op.stage, op.mb), ("W", op.stage, op.mb)] if op.kind == "BW" else [op])]
+        for ops in schedule.ranks
+    ])
+
+
+REGISTRY_PROBLEMS = [
+    problem(2, 2), problem(2, 4, comm=0.5), problem(3, 3, F=1, B=2, W=1), problem(4, 2),
+    problem(2, 3, F=[1, 2], B=[2, 2], W=[1, 2], objective="span"),
+    problem(2, 2, v=2, placement="v"), problem(2, 2, v=2), problem(3, 3, limit=4),
+    problem(2, 4, F=2, B=2, W=1, static=1, limit=6, objective="span"),
+]
+
+
+@pytest.mark.parametrize("prob", REGISTRY_PROBLEMS)
+def test_registry_schedules_are_no_better(prob):
+    best = optimum(prob)
+    checked = 0
+    for name, spec in S.REGISTRY.items():
+        if spec.why_not(prob) is not None:
+            continue
+        t = simulate(prob, as_split(spec.build(prob)))
+        if t.fits:
+            checked += 1
+            assert t.objective_value() >= best - TOL, name
+    assert checked > 0
+
+
+# ---- memory limits ----
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_one_activation_on_one_rank_is_sequential(m):
+    # static + one F: every microbatch must run F, B, W before the next F: total work.
+    prob = problem(1, m, F=1, B=2, W=3, static=5, limit=7)
+    assert optimum(prob) == m * 6
+    _, orders = exhaustive_optimum(prob)
+    assert orders[0] == [(k, 0, i) for i in range(m) for k in "FBW"]
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (3, 2), (2, 3)])
+def test_one_activation_per_rank_runs_microbatches_one_at_a_time(p, m):
+    # Each rank holds one activation: microbatch i+1 enters when rank 0 finished W of i, which
+    # waits for the whole chain F...F B...B through the p ranks: m (p (F + B) + W) in all.
+    F, B, W = 1, 2, 1
+    tight = problem(p, m, F, B, W, static=3, limit=5)
+    assert optimum(tight) == m * (p * (F + B) + W)
+    assert optimum(tight) > optimum(problem(p, m, F, B, W, static=3)) + TOL  # the limit costs time
+
+
+def test_a_limit_between_strictly_increases_the_optimum():
+    free = optimum(problem(2, 4))
+    one_and_a_half = optimum(problem(2, 4, limit=3))  # F then B leave 1: a second F fits (3), a third not
+    tight = optimum(problem(2, 4, limit=2))
+    assert free < one_and_a_half < tight
+
+
+# ---- span where running everything as early as possible is optimal ----
+
+def test_span_with_nothing_delayed():
+    # p=2, m=4, F=B=W=1: rank 1 runs without a gap from its first F (span 12 = its work) and
+    # rank 0 too, so the span is the work of one rank; the makespan adds rank 1's start (1).
+    span_value, orders = exhaustive_optimum(problem(2, 4, objective="span"))
+    assert span_value == 12
+    t = simulate(problem(2, 4), Schedule.from_lists("o", [orders[0], orders[1]]))
+    assert t.rank_span == (12, 12) and all(b == 12 for b in t.busy)
+    assert optimum(problem(2, 4)) == 13
+
+
+# ---- the budget ----
+
+def test_budget_exceeded_raises_instead_of_guessing():
+    hard = problem(4, 6, F=[1, 2, 3, 1], B=[2, 2, 3, 2], W=[1, 2, 1, 2], comm=0.5, limit=5)
+    with pytest.raises(BudgetExceeded, match="not proven optimal"):
+        exhaustive_optimum(hard, time_budget=0.0)
