@@ -127,7 +127,7 @@ def main() -> None:
         )
     print("\n".join(lines))
     if args.write:
-        write_section(f"solve-{args.grid}", "\n".join(lines))
+        write_section(f"solve-{args.grid}-{'-'.join(names)}", "\n".join(lines))
 
 
 if __name__ == "__main__":

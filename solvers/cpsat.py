@@ -38,6 +38,7 @@ from schedc.errors import SchedcError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
+from schedc.solvers.ilp import order_edges
 
 KINDS = ("F", "B", "W")
 SEED = 0  # fixed, so that a single-worker run is reproducible
@@ -89,7 +90,12 @@ def solve_cpsat(
     CP-SAT proved optimality (within ``gap``)."""
     try:
         from ortools.sat.python import cp_model
-    except ImportError:
+    except ImportError as e:
+        if "undefined symbol" in str(e):  # highspy's HiGHS loaded first (PuLP imports it)
+            raise SchedcError(
+                "OR-Tools cannot load in a process that already loaded highspy (both bundle HiGHS):"
+                " run --solver cpsat in a fresh process, or uninstall highspy"
+            ) from None
         raise SchedcError("--solver cpsat needs OR-Tools: pip install 'schedc[cpsat]'") from None
     from schedc.solvers.ilp import Progress
 
@@ -149,20 +155,7 @@ class _CpModel:
         dur = [max(1, self.time.down(cost[op.kind][op.stage])) for op in self.ops]
 
         # Precedences: data dependencies (with latency) and microbatch order per kind and stage.
-        edges: list[tuple[int, int, int]] = []
-        for op in self.ops:
-            kind, s, i = op
-            deps = []
-            if kind == "F" and s > 0:
-                deps.append(Op("F", s - 1, i))
-            elif kind == "B":
-                deps += [Op("F", s, i)] + ([Op("B", s + 1, i)] if s + 1 < n else [])
-            elif kind == "W":
-                deps.append(Op("B", s, i))
-            for d in deps:
-                edges.append((index[d], index[op], 0 if rank_of[d.stage] == rank_of[s] else comm))
-            if i > 0:
-                edges.append((index[Op(kind, s, i - 1)], index[op], 0))
+        edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, index)]
         earliest, tail = _heads_and_tails(len(self.ops), dur, edges)
 
         # ---- the warm start, in model units (rounded down when the scale is not exact) ----

@@ -30,7 +30,7 @@ from typing import Callable
 
 from schedc.errors import SchedcError
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import Timeline, simulate
 
 SOLVERS = ("cbc", "highs", "cpsat")
@@ -116,6 +116,20 @@ def best_registry_schedule(problem: Problem) -> tuple[str, Timeline] | None:
     return best
 
 
+def order_edges(problem: Problem, ops: list[Op], index: dict[Op, int]) -> list[tuple[int, int, float]]:
+    """Edges ``(a, b, latency)`` that fix "a ends before b starts" in every schedule the models
+    consider: data dependencies (latency ``comm`` across ranks) and microbatch order among the
+    ops of one kind on one stage."""
+    rank_of = problem.stage_rank
+    edges = []
+    for op in ops:
+        for d in producers(op, problem.n_stages, index):
+            edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
+        if op.mb > 0:
+            edges.append((index[op._replace(mb=op.mb - 1)], index[op], 0.0))
+    return edges
+
+
 class _Model:
     """The ILP of one problem, built with PuLP.
 
@@ -141,21 +155,7 @@ class _Model:
         index = {op: k for k, op in enumerate(self.ops)}
         dur = [cost[op.kind][op.stage] for op in self.ops]
 
-        # Edges that fix an order: data dependencies (with their latency) and microbatch order.
-        edges: list[tuple[int, int, float]] = []
-        for op in self.ops:
-            kind, s, i = op
-            deps = []
-            if kind == "F" and s > 0:
-                deps.append(Op("F", s - 1, i))
-            elif kind == "B":
-                deps += [Op("F", s, i)] + ([Op("B", s + 1, i)] if s + 1 < n else [])
-            elif kind == "W":
-                deps.append(Op("B", s, i))
-            for d in deps:
-                edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[s] else problem.comm))
-            if i > 0:
-                edges.append((index[Op(kind, s, i - 1)], index[op], 0.0))
+        edges = order_edges(problem, self.ops, index)
         free = set(range(len(self.ops)))  # ops whose order on their rank is open
         if keep is not None:
             free = set()
@@ -386,14 +386,15 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
         improved = False
         for w0 in starts:
             left = deadline - time.perf_counter()
-            if left <= 1 or best.objective_value() <= lower + 1e-9:
+            # CBC checks its clock only between nodes and overshoots on a large root LP: keep a margin.
+            if left <= 10 or _meets(best.objective_value(), lower):
                 return best.schedule, history, binaries
             window = []
             for ops in best.schedule.ranks:
                 pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
                 window.append(range(min(pos), max(pos) + 1) if pos else range(0))
             found, _, _, _, n_bin = _solve_pulp(
-                problem, best, lower, solver, min(left, 20.0), 0.0, threads, None, keep=best.schedule, window=window
+                problem, best, lower, solver, min(left / 2, 15.0), 0.0, threads, None, keep=best.schedule, window=window
             )
             binaries = max(binaries, n_bin)
             t = simulate(problem, found) if found is not None else None
@@ -418,6 +419,11 @@ def _solve_pulp(problem, warm_t, lower, solver, time_limit, gap, threads, progre
             backend = cbc(timeLimit=time_limit, gapRel=gap, threads=threads, warmStart=True, logPath=str(log))
         else:
             backend = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=threads, log_file=str(log))
+            if not backend.available():
+                raise SchedcError(
+                    "--solver highs needs highspy: pip install 'schedc[highs]' (it cannot share a process"
+                    " with OR-Tools, which bundles its own HiGHS)"
+                )
         done = threading.Event()
         watcher = threading.Thread(target=_watch, args=(log, done, progress), daemon=True)
         watcher.start()

@@ -13,37 +13,49 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
   after every F must stay within ``memory_limit[r]``;
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start).
 
-The search (depth-first branch and bound over all per-rank orders, each visited at most once)
---------------------------------------------------------------------------------------------
+The search: depth-first branch and bound over all per-rank orders
+-----------------------------------------------------------------
 A node fixes a prefix of every rank's order. Every op in a prefix is *timed* (its start is known)
 except possibly the last op of a rank, which may be *pending*: committed as the rank's next op but
 waiting for an input that is not timed yet. At each node the rank to extend is a function of the
 node alone -- the rank with no pending op that is free earliest (ties: lowest rank) -- and the
-node branches over *every* op that rank could run next, ready or not (choosing a not-ready op
-while another is ready is a deliberate idle, which memory limits or the span objective may need).
-So each full set of orders is reached along exactly one path, and every one is reached: nothing is
-assumed about the order of ops of one kind. Timing a pending op's last input times the op
-(cascading). The only pruning that drops orders never drops a feasible or better one:
+node branches over every op that rank could run next, whether its inputs are timed or not (so a
+rank may wait for a later input while another op is ready). Each full set of orders is thus
+reached along exactly one path, and every one is reached: nothing is assumed about the order of
+ops of one kind. Timing a pending op's last input times the op (cascading).
 
-- an op is not chosen while one of its ancestors on the same rank is unplaced (that ancestor
-  would come after it: deadlock), nor when pending ops would wait on each other in a cycle;
-- an F is not chosen when it would lift the rank's memory over its limit;
-- symmetry: microbatches are interchangeable (all data is per stage), so any schedule can be
-  relabelled to run F(0, i) in increasing i; only such orders are searched;
-- bound: a node is dropped when a lower bound on every completion is no better than the best
-  schedule found. The bound: earliest starts ("heads") of untimed ops by propagating timed ends,
-  rank free times and comm through the dependencies; then per rank r, the last end on r is at
-  least (a) the one-machine bound (the pending op first, the rest in order of heads) and (b) the
-  head of any untimed op plus the longest path from it to an op on r. Makespan: max over r;
-  span: max over started r of that end minus r's first start (or r's total work if not started);
-- dominance: two nodes with the same placed ops (per rank as sets) and the same pending ops
-  have the same memory levels and the same feasible completions; for makespan, a node whose
-  relevant times (rank free times, ends of timed ops still feeding untimed ones) are all >= those
-  of a node already visited is dropped (as-soon-as-possible times are monotone in these). For
-  span the first starts must also match and every rank must have started (else equality only).
+Pruning never loses the optimum: it drops only orders that cannot complete, or orders for which
+another order that is searched is at least as good.
 
-Costs and comm are scaled to integers when they are decimals (e.g. 0.1), so all times are exact;
-otherwise floats with a 1e-9 tolerance are used. Memory is compared with a 1e-9 tolerance.
+- Deadlock and memory: an op is not chosen while one of its ancestors on the same rank is
+  unplaced (it would come later), nor when pending ops would wait on each other in a cycle, nor
+  (an F) when it would lift the rank's memory over its limit.
+- Symmetry: microbatches are interchangeable (all data is per stage), so orders are searched
+  only with F(0, i) after F(0, i - 1); and of two W of one stage that could run next (no op
+  consumes a W), only the lower microbatch is tried.
+- Gap filling: o is not tried next if some ready op x would end before o can start and x frees
+  memory (or there is no limit): moving x from later into that gap delays nothing, as
+  as-soon-as-possible times are monotone. For span, only once every rank has started (moving x
+  could otherwise start a rank sooner).
+- Bound: a node is dropped when a lower bound on all its completions is no better than the best
+  schedule found. Earliest starts ("heads") of the untimed ops propagate timed ends, rank free
+  times and comm through the dependencies, with two floors: a rank's other ops follow its pending
+  op, and an F that does not fit in memory waits until enough of the rank's B and W (of forwards
+  already placed) can have ended. Then per rank r, its last end is at least (a) the one-machine
+  bound (the rank's ops in order of heads) and (b) for any rank q and any set S of q's untimed
+  ops: min head(S) + work(S) + the shortest of their longest paths onward to an op on r (S
+  taken as the ops whose onward path is at least tau, for each tau). Makespan: max over r;
+  span: over started ranks, that end minus the first start (else the rank's own work or path).
+- Dominance: nodes with the same placed ops (per rank, as sets) and the same pending ops have
+  the same memory levels and the same completions; for makespan a node whose relevant times
+  (rank free times, ends of timed ops that feed untimed ones) are all >= those of a node already
+  visited is dropped. For span the first starts must match and every rank must have started
+  (else only equal times count).
+
+Costs and comm are scaled to integers when they are simple fractions (0.1, 1/3), so all times are
+exact; otherwise floats with a 1e-9 tolerance are used. Memory is compared with a 1e-9 tolerance.
+``in_order=True`` restricts the search to orders that run each stage's ops of one kind by
+increasing microbatch, e.g. to check an ILP that makes that assumption.
 """
 
 from __future__ import annotations
@@ -60,16 +72,18 @@ class BudgetExceeded(RuntimeError):
     """The search did not finish within its time budget: no optimum is claimed."""
 
 
-def exhaustive_optimum(problem, *, objective=None, time_budget=60.0):
+def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=False):
     """The minimum objective over all deadlock-free per-rank orders that fit, and one optimal order.
 
-    Returns ``(value, orders)`` with ``orders[rank]`` a list of ``(kind, stage, mb)``. Raises
-    BudgetExceeded after ``time_budget`` seconds, and ValueError when no order fits the memory limit.
+    Returns ``(value, orders)`` with ``orders[rank]`` a list of ``(kind, stage, mb)``. ``objective``
+    overrides the problem's. ``in_order=True`` searches only orders that run each stage's ops of
+    one kind by increasing microbatch (what an ILP may assume; by default nothing is assumed).
+    Raises BudgetExceeded after ``time_budget`` seconds, ValueError when no order fits.
     """
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
-    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget)
+    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget, in_order)
     search.dfs()
     if search.best_orders is None:
         raise ValueError("no order of the ops is deadlock-free and fits the memory limit")
@@ -79,18 +93,18 @@ def exhaustive_optimum(problem, *, objective=None, time_budget=60.0):
 
 
 def _integer_scale(values):
-    """The least D making every value * D an integer (values given as decimals), or None."""
+    """The least D that makes every value times D an integer (for values such as 0.1 or 1/3), or None."""
     d = 1
     for x in values:
         f = Fraction(x).limit_denominator(10**6)
-        if abs(float(f) - x) > 1e-12 * max(1.0, abs(x)):
+        if float(f) != x:
             return None
         d = d * f.denominator // math.gcd(d, f.denominator)
     return d if d <= 10**9 else None
 
 
 class _Search:
-    def __init__(self, problem, objective, deadline, budget):
+    def __init__(self, problem, objective, deadline, budget, in_order=False):
         p, m, n = problem.ranks, problem.microbatches, problem.n_stages
         stage_rank = problem.stage_rank
         comm = problem.comm
@@ -147,8 +161,9 @@ class _Search:
         rank_mask = [sum(1 << o for o in ops) for ops in self.rank_ops]
         self.anc_same = [anc[o] & rank_mask[self.rank_of[o]] for o in range(N)]
         self.succ_mask = [sum(1 << t for t, _ in self.succs[o]) for o in range(N)]
-        # Symmetry breaking: F(0, i) only after F(0, i - 1).
-        self.sym_prev = [op(0, 0, o % m - 1) if o < m and o % m > 0 else -1 for o in range(N)]
+        # Symmetry breaking: F(0, i) only after F(0, i - 1); with in_order, every op after the
+        # same kind and stage of the microbatch before.
+        self.prev = [o - 1 if o % m > 0 and (in_order or o < m) else -1 for o in range(N)]
 
         # tail_to[r][o]: longest path from the start of o to the end of an op on rank r it leads to.
         self.tail_to = [[NEG] * N for _ in range(p)]
@@ -190,7 +205,7 @@ class _Search:
         self.memo = {}
         self.nodes = 0
 
-    # ---- state changes (each returns what undo needs) ----
+    # ---- state changes (undone in reverse) ----
 
     def _time(self, o, log):
         """Time op o (all inputs timed) and then every pending op that this completes."""
@@ -317,7 +332,10 @@ class _Search:
                         acc += c
                         if h < low:
                             low = h
-                        best = max(best, low + acc + after, h + c + after)
+                        if low + acc + after > best:
+                            best = low + acc + after
+                        if h + c + after > best:
+                            best = h + c + after
                 last_end[r] = best
         if self.objective == "makespan":
             return last_end[0]
@@ -326,10 +344,9 @@ class _Search:
         )
 
     def _dominated(self):
-        timed = self.timed
-        times = tuple(self.free) + tuple(
-            self.end[o] for o in range(self.N) if timed >> o & 1 and self.succ_mask[o] & ~timed
-        )
+        timed, end, succ_mask = self.timed, self.end, self.succ_mask
+        untimed = ~timed
+        times = tuple(self.free) + tuple([e for o, e in enumerate(end) if e is not None and succ_mask[o] & untimed])
         key = (self.placed, tuple(self.pending))
         if self.objective == "span":
             key += (tuple(self.first),)
@@ -347,7 +364,7 @@ class _Search:
 
     def dfs(self):
         self.nodes += 1
-        if self.nodes % 2048 == 0 and time.monotonic() > self.deadline:
+        if self.nodes % 1024 == 1 and time.monotonic() > self.deadline:
             raise BudgetExceeded(
                 f"exhaustive search ran out of its {self.budget:g} s budget after {self.nodes} nodes"
                 f" (best so far {self.best / self.scale:g}, not proven optimal): use a smaller problem"
@@ -396,18 +413,27 @@ class _Search:
                 if stage in w_stages:
                     continue
                 w_stages.add(stage)
-            prev = self.sym_prev[o]
+            prev = self.prev[o]
             if prev >= 0 and not placed >> prev & 1:
                 continue
             if limit is not None and self.mem[o] > 0 and self.level[r] + self.mem[o] > limit[r] + 1e-9:
                 continue
             ready = all(end[d] is not None for d, _ in self.deps[o])
-            start = self.free[r]
             if ready:
-                for d, lat in self.deps[o]:
-                    start = max(start, end[d] + lat)
+                start = max([self.free[r]] + [end[d] + lat for d, lat in self.deps[o]])
+            else:
+                start = self.heads[o]  # a lower bound on its start (computed by _bound)
             out.append((not ready, start, "BFW".index(kind), o))
         out.sort()
+        # Gap filling: if a ready op x that frees memory (or any, without a limit) would end before
+        # o can start, running x first delays nothing (as-soon-as-possible times are monotone), so
+        # o is not tried next. Not for span while a rank has not started (x may start one sooner).
+        if self.objective == "makespan" or None not in self.first:
+            fillers = sorted(
+                (start + self.cost[o], o) for notready, start, _, o in out
+                if not notready and (limit is None or self.mem[o] <= 0)
+            )[:2]
+            out = [c for c in out if not any(e <= c[1] and x != c[3] for e, x in fillers)]
         return [(o, not notready) for notready, _, _, o in out]
 
     def _value(self):

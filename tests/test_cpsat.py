@@ -13,7 +13,8 @@ from schedc.errors import SchedcError  # noqa: E402
 from schedc.solvers.bounds import lower_bound  # noqa: E402
 from schedc.solvers.cpsat import _CpModel, solve_cpsat  # noqa: E402
 from schedc.solvers.ilp import Progress, best_registry_schedule, solve  # noqa: E402
-from tests.exhaustive import exhaustive_optimum  # noqa: E402
+from tests.exhaustive import exhaustive_optimum
+from tests.strategies import small_problems  # noqa: E402
 from tests.test_ilp import SMALL  # noqa: E402
 
 
@@ -105,25 +106,8 @@ def test_costs_without_a_small_scale_are_rounded_down_and_the_bound_stays_valid(
     assert truth - bound < 0.01 * truth  # rounding at 1/1000 costs little
 
 
-@st.composite
-def small_problems(draw):
-    p = draw(st.integers(1, 3))
-    m = draw(st.integers(1, 3 if p == 3 else 4))
-    cost = st.lists(st.integers(1, 4), min_size=p, max_size=p)
-    problem = Problem.parse(
-        dict(
-            ranks=p, microbatches=m, costs=dict(F=draw(cost), B=draw(cost), W=draw(cost)),
-            comm=draw(st.sampled_from([0, 0.5])), objective=draw(st.sampled_from(["makespan", "span"])),
-            memory=dict(F=1, B=-0.5),
-        )
-    )
-    if draw(st.booleans()):
-        problem = problem.with_changes(memory={"limit": draw(st.sampled_from([1, 1.5, 2, 3]))})
-    return problem
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_problems())
+@given(small_problems(max_microbatches=lambda p: 3 if p == 3 else 4))
 def test_random_small_problems_against_exhaustive_search(problem):
     truth, _ = exhaustive_optimum(problem, time_budget=30)
     result = solve(problem, solver="cpsat", time_limit=20, threads=1)

@@ -6,13 +6,13 @@ import json
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.cli import main
 from schedc.solvers.ilp import _Model, best_registry_schedule, cbc, solve
 from tests.exhaustive import exhaustive_optimum
+from tests.strategies import small_problems
 
 # Small problems where the best registry schedule is not always optimal: heterogeneous costs,
 # latency, tight memory, both objectives, one and two chunks.
@@ -76,23 +76,6 @@ def test_the_ilp_beats_heuristics_somewhere():
         _, warm = best_registry_schedule(problem)
         gains.append(warm.objective_value() - solve(problem, time_limit=60).objective)
     assert max(gains) > 1e-6, gains
-
-
-@st.composite
-def small_problems(draw):
-    p = draw(st.integers(1, 3))
-    m = draw(st.integers(1, 4))
-    cost = st.lists(st.integers(1, 4), min_size=p, max_size=p)
-    problem = Problem.parse(
-        dict(
-            ranks=p, microbatches=m, costs=dict(F=draw(cost), B=draw(cost), W=draw(cost)),
-            comm=draw(st.sampled_from([0, 0.5])), objective=draw(st.sampled_from(["makespan", "span"])),
-            memory=dict(F=1, B=-0.5),
-        )
-    )
-    if draw(st.booleans()):
-        problem = problem.with_changes(memory={"limit": draw(st.sampled_from([1, 1.5, 2, 3]))})
-    return problem
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
