@@ -4,15 +4,15 @@ The same schedules as the ILP of ``ilp.py``, written for OR-Tools CP-SAT, which 
 disjunctive scheduling directly instead of through big-M binaries:
 
 - one fixed-size interval per op F(s, i), B(s, i), W(s, i) on rank ``stage_rank[s]``;
-- data: an op starts after each input's end, plus ``comm`` across ranks; ops of one kind on one
-  stage run in microbatch order (as in the ILP);
+- data: an op starts after each input's end, plus ``comm`` across ranks; microbatches are
+  numbered in the order they enter stage 0 (as in the ILP; no schedule is lost);
 - one op at a time per rank: ``NoOverlap`` of the rank's intervals;
 - memory: per rank a reservoir whose level rises by an F's allocation at its start and falls by a
   B's or W's free at its end, within ``limit - static``. Ops of one rank never overlap, so time
   order is the rank's order and this is exactly the simulator's check (frees that end when an F
   starts come before it in the order and count before it, as in the simulator);
-- objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the start of
-  r's first op, F of its lowest stage on microbatch 0).
+- objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the earliest
+  start on rank r).
 
 Times are integers: costs and ``comm`` are multiplied by the least ``scale`` that makes them all
 integers (their decimals as written, e.g. 1000 when they are multiples of 0.001, 1 when they are
@@ -154,7 +154,7 @@ class _CpModel:
         self.index = index
         dur = [max(1, self.time.down(cost[op.kind][op.stage])) for op in self.ops]
 
-        # Precedences: data dependencies (with latency) and microbatch order per kind and stage.
+        # Precedences: data dependencies (with latency) and stage 0's microbatch numbering.
         edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, index)]
         earliest, tail = _heads_and_tails(len(self.ops), dur, edges)
 
@@ -164,21 +164,10 @@ class _CpModel:
         on_rank: list[list[int]] = [[] for _ in range(p)]
         for k, op in enumerate(self.ops):
             on_rank[rank_of[op.stage]].append(k)
-        first_op = [index[Op("F", problem.rank_stages[r][0], 0)] for r in range(p)]
-        # Makespan: a rank's first op starts as soon as possible in the simulator. When the
-        # forward chain of microbatch 0 up to it runs only through stages that are each the first
-        # of their rank (always for loop and V placements), that is its earliest start whatever
-        # the order: pin it there. Not for span: there a later first start is what a rank gains
-        # by running another microbatch first, which the microbatch order above rules out (see
-        # the docstring), so free start times are kept and the span model stays a relaxation.
-        lowest = {stages[0] for stages in problem.rank_stages}
-        pinned = [
-            not span and self.time.exact and all(t in lowest for t in range(problem.rank_stages[r][0]))
-            for r in range(p)
-        ]
         sinks = [k for k, op in enumerate(self.ops) if op.kind == "W"]  # every other op feeds one on its rank
         if span:
-            hint_obj = max(hint[k] + dur[k] - hint[first_op[rank_of[self.ops[k].stage]]] for k in sinks)
+            first_hint = [min(hint[k] for k in ks) for ks in on_rank]
+            hint_obj = max(hint[k] + dur[k] - first_hint[rank_of[self.ops[k].stage]] for k in sinks)
             horizon = max(p * (hint_obj + comm), max(hint[k] + dur[k] for k in sinks))  # ilp._span_horizon
         else:
             hint_obj = max(hint[k] + dur[k] for k in sinks)
@@ -190,7 +179,7 @@ class _CpModel:
         for k, op in enumerate(self.ops):
             r = rank_of[op.stage]
             lo, hi = earliest[k], horizon - tail[k]
-            if k == first_op[r] and pinned[r] or k == index[Op("F", 0, 0)]:  # F(0, 0) starts at 0 WLOG
+            if k == index[Op("F", 0, 0)]:  # microbatches are numbered as they enter stage 0: the first op
                 hi = lo
             x = cp.new_int_var(lo, max(lo, hi), f"s_{op.kind}{op.stage}_{op.mb}")
             start.append(x)
@@ -227,7 +216,8 @@ class _CpModel:
         C = cp.new_int_var(0, hint_obj, "C")
         for r, ks in enumerate(on_rank):
             work = sum(dur[k] for k in ks)
-            base = start[first_op[r]]
+            base = cp.new_int_var(0, horizon, f"first_{r}")  # the rank's first start, whichever op it is
+            cp.add_min_equality(base, [start[k] for k in ks])
             if span:
                 cp.add(C >= work)
             else:

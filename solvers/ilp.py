@@ -5,11 +5,12 @@ ops on one rank whose order no dependency fixes, a binary "a before b". Constrai
 
 - data: an op starts after each input's end, plus ``comm`` across ranks;
 - one op at a time per rank: each free pair is ordered one way or the other (big-M with the
-  horizon as M); ops of one kind on one stage run in microbatch order (fixes most pairs);
+  horizon as M); microbatches are numbered in the order they enter stage 0 (no loss: they are
+  interchangeable), which breaks the symmetry between them;
 - memory: at every F, static memory plus the deltas of the ops ordered before it, plus its own,
   stays within the limit (a linear function of the same binaries);
 - objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
-  which is always F of the rank's first stage on microbatch 0).
+  a variable below every start on the rank).
 
 The order found is re-timed by the simulator (as soon as possible), which is never later than
 the ILP's times, so the reported objective is the simulator's, the one judge. The bound is the
@@ -116,16 +117,22 @@ def best_registry_schedule(problem: Problem) -> tuple[str, Timeline] | None:
     return best
 
 
-def order_edges(problem: Problem, ops: list[Op], index: dict[Op, int]) -> list[tuple[int, int, float]]:
-    """Edges ``(a, b, latency)`` that fix "a ends before b starts" in every schedule the models
-    consider: data dependencies (latency ``comm`` across ranks) and microbatch order among the
-    ops of one kind on one stage."""
+def order_edges(
+    problem: Problem, ops: list[Op], index: dict[Op, int], in_order: bool = False
+) -> list[tuple[int, int, float]]:
+    """Edges ``(a, b, latency)`` that fix "a ends before b starts": data dependencies (latency
+    ``comm`` across ranks) and a microbatch order.
+
+    Microbatches are interchangeable, so numbering them in the order they enter stage 0 loses
+    no schedule: F(0, i) before F(0, i+1) is always added. ``in_order`` also runs every kind on
+    every stage in microbatch order: a restriction (some optimal schedules reorder microbatches,
+    tests/test_exhaustive.py has one), so only searches that claim no bound may use it."""
     rank_of = problem.stage_rank
     edges = []
     for op in ops:
         for d in producers(op, problem.n_stages, index):
             edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
-        if op.mb > 0:
+        if op.mb > 0 and (in_order or (op.kind == "F" and op.stage == 0)):
             edges.append((index[op._replace(mb=op.mb - 1)], index[op], 0.0))
     return edges
 
@@ -155,7 +162,7 @@ class _Model:
         index = {op: k for k, op in enumerate(self.ops)}
         dur = [cost[op.kind][op.stage] for op in self.ops]
 
-        edges = order_edges(problem, self.ops, index)
+        edges = order_edges(problem, self.ops, index, in_order=keep is not None)
         free = set(range(len(self.ops)))  # ops whose order on their rank is open
         if keep is not None:
             free = set()
@@ -234,18 +241,23 @@ class _Model:
 
         slack = 1e-6 * max(1.0, abs(lower))  # float noise must not make the model infeasible
         self.C = lp.add_variable("C", lowBound=lower - slack, upBound=horizon + slack)
-        first_op = [index[Op("F", min(problem.rank_stages[r]), 0)] for r in range(p)]
         for r, ks in enumerate(on_rank):
-            # Sum-of-durations cuts (valid for every schedule, they tighten the LP a lot): what
-            # runs after op o on its rank ends by C; what runs before o fits after the rank's start.
-            origin = 0 if problem.objective == "makespan" else start[first_op[r]]
+            # The rank's first start, whichever op that is: at most every start on the rank.
+            first_start = lp.add_variable(f"first{r}", lowBound=min(earliest[k] for k in ks))
             for o in ks:
+                lp += first_start <= start[o]
+            origin = 0 if problem.objective == "makespan" else first_start
+            for o in ks:
+                if self.ops[o].kind == "W":  # every other op feeds one on its rank: W ends last
+                    lp += self.C >= start[o] + dur[o] - origin
                 if o not in free:
                     continue
+                # Sum-of-durations cuts (valid for every schedule, they tighten the LP a lot): what
+                # runs after o on its rank ends by C; what runs before o fits after the rank's start.
                 after = pulp.lpSum(dur[b] * first(o, b) for b in ks if b != o)
                 before = pulp.lpSum(dur[a] * first(a, o) for a in ks if a != o)
                 lp += self.C >= start[o] + dur[o] + after - origin
-                lp += start[o] >= start[first_op[r]] + before
+                lp += start[o] >= first_start + before
         lp += self.C
         self.lp, self.start, self.on_rank, self.index = lp, start, on_rank, index
 

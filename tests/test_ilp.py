@@ -26,6 +26,11 @@ SMALL = [
     # found by a random search: every registry schedule is 10% and 14% above the optimum here
     dict(ranks=3, microbatches=3, costs=dict(F=[1, 1, 3], B=[2, 1, 3], W=[4, 3, 3]), memory=dict(F=1, limit=2)),
     dict(ranks=3, microbatches=3, costs=dict(F=1, B=[4, 2, 1], W=[1, 2, 1]), memory=dict(F=1, limit=2), objective="span"),
+    # every optimal schedule here runs some stage's microbatches out of order (optimum 43, 44 in
+    # order): the model may fix only stage 0's numbering
+    dict(ranks=2, microbatches=2, chunks=2, placement="loop", objective="span",
+         costs=dict(F=[3, 1, 4, 4], B=[2, 4, 2, 4], W=[3, 4, 4, 3]),
+         memory=dict(F=1, B=[-0.5, -0.5, -0.5, -1], static=1)),
 ]
 
 
@@ -48,11 +53,13 @@ def test_model_optimum_equals_exhaustive_search(data):
     truth, _ = exhaustive_optimum(problem, time_budget=60)
     value, timeline = bare_model_optimum(problem)
     assert timeline.fits
-    assert timeline.objective_value() == pytest.approx(truth, abs=1e-6)
     if problem.objective == "makespan":
         assert value == pytest.approx(truth, abs=1e-6)
-    else:  # free start times may shorten a rank's span below what as-soon-as-possible timing gives
-        assert value <= truth + 1e-6
+        assert timeline.objective_value() == pytest.approx(truth, abs=1e-6)
+    else:
+        # The model may start a rank late on purpose to shorten its span; schedules run as soon as
+        # possible. So its optimum is a lower bound, and its order may time out above the best.
+        assert value <= truth + 1e-6 <= timeline.objective_value() + 2e-6
 
 
 @pytest.mark.parametrize("data", SMALL, ids=range(len(SMALL)))
@@ -60,12 +67,13 @@ def test_solve_is_optimal_and_proven_on_small_problems(data):
     problem = Problem.parse(data)
     truth, _ = exhaustive_optimum(problem, time_budget=60)
     result = solve(problem, time_limit=60)
-    assert result.objective == pytest.approx(truth, abs=1e-6)
-    assert result.bound <= truth + 1e-6
+    assert result.bound <= truth + 1e-6 <= result.objective + 2e-6
     assert result.timeline.fits
     assert result.objective <= result.warm_objective + 1e-9
+    if result.status == "optimal":
+        assert result.objective == pytest.approx(truth, abs=1e-6)
     if problem.objective == "makespan":
-        assert result.status == "optimal" and result.gap == pytest.approx(0, abs=1e-6)
+        assert result.status == "optimal" and result.objective == pytest.approx(truth, abs=1e-6)
 
 
 def test_the_ilp_beats_heuristics_somewhere():
