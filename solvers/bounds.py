@@ -9,8 +9,8 @@ Notation, per stage s: ``F, B, W`` its costs; ``mF >= 0`` what its forward alloc
 ``mW = -memory.W`` what its weight gradient frees (``mF - mW`` is freed by B); ``d(s, t)`` the
 latency between stages s and t (``comm`` when they sit on different ranks, else 0). Per rank r:
 ``lo``/``hi`` its lowest / highest stage, ``work = m * sum(F + B + W)`` over its stages, ``cap =
-limit - static`` (infinite without a limit). Two chains of one microbatch, true of every
-schedule because they are data dependencies:
+limit - static`` plus the simulator's 1e-9 tolerance (infinite without a limit). Three chains
+of one microbatch, true of every schedule because they are data dependencies:
 
 - ``head(s) = sum_{t<s} (F(t) + d(t, t+1))``: F(s, i) cannot start before it (the forward
   chain from stage 0; every rank starts at time 0).

@@ -177,7 +177,6 @@ class _CpModel:
         cp = cp_model.CpModel()
         start, intervals = [], []
         for k, op in enumerate(self.ops):
-            r = rank_of[op.stage]
             lo, hi = earliest[k], horizon - tail[k]
             if k == index[Op("F", 0, 0)]:  # microbatches are numbered as they enter stage 0: the first op
                 hi = lo

@@ -25,7 +25,7 @@ import re
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -278,7 +278,6 @@ class _Model:
 
 
 # CBC's log: incumbents and the bound as it goes, and the final bound.
-_CBC_PROGRESS = re.compile(r"best solution, best possible (\S+) \((\S+) seconds\)")
 _CBC_SOLUTION = re.compile(r"Integer solution of (\S+) found .*\((\S+) seconds\)")
 _CBC_NODES = re.compile(r"After \d+ nodes, \d+ on tree, (\S+) best solution, best possible (\S+) \((\S+) seconds\)")
 _CBC_FINAL_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.M)
@@ -339,7 +338,7 @@ def solve(
 
             found, solver_bound, history, result = solve_cpsat(problem, warm_t, time_limit, gap, threads, progress)
         else:
-            if len(problem.rank_stages[0]) * problem.microbatches * 3 * problem.ranks <= FULL_MODEL_OPS:
+            if problem.n_stages * problem.microbatches * 3 <= FULL_MODEL_OPS:
                 found, solver_bound, history, result, binaries = _solve_pulp(
                     problem, warm_t, own.value, solver, time_limit, gap, threads, progress
                 )
@@ -366,9 +365,10 @@ def solve(
         status = "feasible"
     if best_schedule is warm_t.schedule and status != "optimal":
         status = "warm start"
+    named = best_schedule.renamed("ilp")
     return SolveResult(
-        schedule=best_schedule.renamed("ilp"),
-        timeline=simulate(problem, best_schedule.renamed("ilp")),
+        schedule=named,
+        timeline=replace(best_t, schedule=named),
         status=status,
         objective=objective,
         bound=bound,
@@ -394,21 +394,23 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
     binaries = 0
     t_start = time.perf_counter()
     improved = True
+    last = 0.0  # wall time of the last window: building the model is outside CBC's time limit
     while improved and time.perf_counter() < deadline:
         improved = False
         for w0 in starts:
             left = deadline - time.perf_counter()
-            # CBC checks its clock only between nodes and overshoots on a large root LP: keep a margin.
-            if left <= 10 or _meets(best.objective_value(), lower):
+            if left <= max(5.0, 1.5 * last) or _meets(best.objective_value(), lower):
                 return best.schedule, history, binaries
+            began = time.perf_counter()
             window = []
             for ops in best.schedule.ranks:
                 pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
                 window.append(range(min(pos), max(pos) + 1) if pos else range(0))
             found, _, _, _, n_bin = _solve_pulp(
-                problem, best, lower, solver, min(left / 2, 15.0), 0.0, threads, None, keep=best.schedule, window=window
+                problem, best, lower, solver, min(left / 3, 15.0), 0.0, threads, None, keep=best.schedule, window=window
             )
             binaries = max(binaries, n_bin)
+            last = time.perf_counter() - began
             t = simulate(problem, found) if found is not None else None
             if t is not None and t.fits and t.objective_value() < best.objective_value() - 1e-9:
                 best, improved = t, True

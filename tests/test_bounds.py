@@ -1,13 +1,18 @@
 """Lower bounds (solvers/bounds.py): never above a schedule that fits, exact where the optimum
 is known."""
 
+import itertools
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import schedc.solvers as solvers
-from schedc import Problem, simulate
+from schedc import Op, Problem, Schedule, ScheduleError, load_problem, simulate
 from schedc.solvers.bounds import Bound, all_bounds, lower_bound
+
+EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
 
 
 def uniform(p, m, v=1, placement="loop", comm=0.0, limit=None, objective="makespan", costs=(1, 1, 1)):
@@ -96,6 +101,76 @@ def test_bound_below_registry_on_uniform_grid(p, m, v, placement, limit):
                 assert b.value <= t.objective_value(objective) + 1e-9, (name, objective, b)
 
 
+# ---- validity against every schedule, on problems small enough to enumerate ----
+
+
+def rank_orders(problem, r, fused):
+    """Every order of rank r's ops that respects the dependencies among them (any other order
+    deadlocks), all split (F, B, W) or all fused (F, BW)."""
+    stages, m = problem.rank_stages[r], problem.microbatches
+    back = "BW" if fused else "B"
+    before = {}
+    for s in stages:
+        for i in range(m):
+            before[Op("F", s, i)] = {Op("F", t, i) for t in stages if t < s}
+            before[Op(back, s, i)] = {Op("F", s, i)} | {Op(back, t, i) for t in stages if t > s}
+            if not fused:
+                before[Op("W", s, i)] = {Op("B", s, i)}
+    out = []
+
+    def extend(prefix, done):
+        if len(prefix) == len(before):
+            out.append(tuple(prefix))
+        for op, needs in before.items():
+            if op not in done and needs <= done:
+                extend(prefix + [op], done | {op})
+
+    extend([], frozenset())
+    return out
+
+
+def optimum(problem):
+    """objective -> the best value over every split and every fused schedule that fits."""
+    best = {"makespan": float("inf"), "span": float("inf")}
+    for fused in (False, True):
+        for ranks in itertools.product(*(rank_orders(problem, r, fused) for r in range(problem.ranks))):
+            try:
+                t = simulate(problem, Schedule("any", ranks))
+            except ScheduleError:  # deadlock: the ranks wait on each other
+                continue
+            if t.fits:
+                for objective in best:
+                    best[objective] = min(best[objective], t.objective_value(objective))
+    return best
+
+
+@st.composite
+def tiny_problems(draw):
+    p, v, m = draw(st.sampled_from([(1, 1, 1), (1, 1, 2), (1, 1, 3), (2, 1, 1), (2, 1, 2), (3, 1, 1),
+                                    (3, 1, 2), (1, 2, 1), (1, 2, 2), (2, 2, 1)]))
+    n = p * v
+    costs = st.lists(st.floats(0.1, 10), min_size=n, max_size=n)
+    f = draw(st.lists(st.floats(0, 3), min_size=n, max_size=n))
+    problem = Problem.parse(
+        dict(
+            ranks=p, microbatches=m, chunks=v, placement=draw(st.sampled_from(["loop", "v"])),
+            costs=dict(F=draw(costs), B=draw(costs), W=draw(costs)), comm=draw(st.floats(0, 3)),
+            memory=dict(F=f, B=[-x * draw(st.floats(0, 1)) for x in f]),
+        )
+    )
+    if draw(st.booleans()):
+        extra = [draw(st.sampled_from([0, 0.5, 1, 3])) * max(f) for _ in range(p)]
+        problem = problem.with_changes(memory={"limit": [problem.min_memory(r) + x for r, x in enumerate(extra)]})
+    return problem
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_problems())
+def test_bound_never_above_the_true_optimum(problem):
+    for objective, value in optimum(problem).items():
+        assert lower_bound(problem, objective).value <= value + 1e-9, objective
+
+
 # ---- tightness where the optimum is known ----
 
 
@@ -167,3 +242,32 @@ def test_one_microbatch_at_a_time_is_proven_optimal():
     # No W can be deferred past rank 3's last B but one, so its tail term shows (not binding).
     rank3 = all_bounds(problem, "makespan")[3]
     assert rank3.value == 18 and "tail 3" in rank3.reason
+
+
+def test_memory_tight_example_is_proven_optimal():
+    """examples/problems/memory_tight.yaml (p=4, m=12, F 1, B 1.1, W 0.8, comm 0.05, room for 4
+    activations): rank 0 has work 12 x 2.9 = 34.8; its first B waits 1 + 6.3 + 0.3 = 7.6 with 4
+    forwards done (warm-up idle 3.6); after its last forward the gradient needs 6.6 while memory
+    holds 3 other microbatches' B + W = 5.7 (cool-down idle 0.9): 39.3, which ZB-H1 reaches."""
+    problem = load_problem(EXAMPLES / "memory_tight.yaml")
+    b = lower_bound(problem)
+    assert b.value == pytest.approx(39.3, abs=1e-9)
+    assert "warm-up idle 3.6" in b.reason and "cool-down idle 0.9" in b.reason
+    assert best(problem, "makespan") == pytest.approx(39.3, abs=1e-9)
+
+
+# Where the bound meets the best registry schedule, that schedule is proven optimal.
+PROVEN = {"uniform", "uniform_comm", "heterogeneous", "memory_tight", "v_shape"}
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_examples(path):
+    """Below every registry schedule on the example problems, and equal to the best one on the
+    examples in PROVEN, by makespan and by span."""
+    problem = load_problem(path)
+    for objective in ("makespan", "span"):
+        bound = lower_bound(problem, objective).value
+        found = best(problem, objective)
+        assert bound <= found + 1e-9
+        if path.stem in PROVEN:
+            assert bound == pytest.approx(found, abs=1e-9), objective

@@ -4,7 +4,6 @@ import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 pytest.importorskip("ortools")
 
@@ -37,7 +36,7 @@ def test_cpsat_is_optimal_on_small_problems(data):
         assert result.status == "optimal" and result.gap == pytest.approx(0, abs=1e-6)
 
 
-@pytest.mark.parametrize("data", SMALL[-2:], ids=["makespan", "span"])
+@pytest.mark.parametrize("data", SMALL[6:], ids=range(6, len(SMALL)))  # warm start not optimal
 def test_solve_cpsat_improves_a_suboptimal_warm_start(data):
     problem = Problem.parse(data)
     truth, _ = exhaustive_optimum(problem, time_budget=60)
