@@ -38,7 +38,7 @@ from schedc.errors import SchedcError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.ilp import order_edges
+from schedc.solvers.ilp import longest_paths, order_edges
 
 KINDS = ("F", "B", "W")
 SEED = 0  # fixed, so that a single-worker run is reproducible
@@ -156,7 +156,7 @@ class _CpModel:
 
         # Precedences: data dependencies (with latency) and stage 0's microbatch numbering.
         edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, index)]
-        earliest, tail = _heads_and_tails(len(self.ops), dur, edges)
+        _, earliest, tail, _ = longest_paths(dur, edges)
 
         # ---- the warm start, in model units (rounded down when the scale is not exact) ----
         times = warm_t.op_times()
@@ -252,29 +252,6 @@ class _CpModel:
         starts = [value(x) for x in self.start]
         per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (starts[k], k))] for ks in self.on_rank]
         return Schedule.from_lists("cpsat", per_rank)
-
-
-def _heads_and_tails(count: int, dur: list[int], edges: list[tuple[int, int, int]]):
-    """Earliest starts (longest path from the sources) and tails (longest path from an op's
-    start to the end of the last op it leads to, its own duration included)."""
-    succ: list[list[tuple[int, int]]] = [[] for _ in range(count)]
-    indeg = [0] * count
-    for a, b, lat in edges:
-        succ[a].append((b, lat))
-        indeg[b] += 1
-    order = [k for k in range(count) if indeg[k] == 0]
-    earliest = [0] * count
-    for a in order:  # grows while iterating: a topological order
-        for b, lat in succ[a]:
-            earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
-            indeg[b] -= 1
-            if indeg[b] == 0:
-                order.append(b)
-    tail = list(dur)
-    for a in reversed(order):
-        for b, lat in succ[a]:
-            tail[a] = max(tail[a], dur[a] + lat + tail[b])
-    return earliest, tail
 
 
 def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type):

@@ -137,6 +137,30 @@ def order_edges(
     return edges
 
 
+def longest_paths(dur: list, edges: list[tuple[int, int, float]]):
+    """Over the DAG of ``edges`` ``(a, b, latency)`` with op durations ``dur``: a topological
+    order, each op's earliest start (longest path from the sources), its tail (longest path from
+    its start to the end of the last op it leads to, its own duration included), and successors."""
+    succ: list[list[tuple[int, float]]] = [[] for _ in dur]
+    indeg = [0] * len(dur)
+    for a, b, lat in edges:
+        succ[a].append((b, lat))
+        indeg[b] += 1
+    order = [k for k in range(len(dur)) if indeg[k] == 0]
+    earliest = [0 * d for d in dur]  # zeros of the durations' type (CP-SAT works in integers)
+    for a in order:  # grows while iterating: a topological order
+        for b, lat in succ[a]:
+            earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                order.append(b)
+    tail = list(dur)
+    for a in reversed(order):
+        for b, lat in succ[a]:
+            tail[a] = max(tail[a], dur[a] + lat + tail[b])
+    return order, earliest, tail, succ
+
+
 class _Model:
     """The ILP of one problem, built with PuLP.
 
@@ -175,19 +199,7 @@ class _Model:
                 if w and w.stop < len(ks):
                     edges += [(ks[k], ks[w.stop], 0.0) for k in w]
         # Earliest starts (longest path from the sources) tighten the LP.
-        succ: list[list[tuple[int, float]]] = [[] for _ in self.ops]
-        indeg = [0] * len(self.ops)
-        for a, b, lat in edges:
-            succ[a].append((b, lat))
-            indeg[b] += 1
-        order = [k for k in range(len(self.ops)) if indeg[k] == 0]
-        earliest = [0.0] * len(self.ops)
-        for a in order:  # grows while iterating: a topological order
-            for b, lat in succ[a]:
-                earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    order.append(b)
+        order, earliest, _, succ = longest_paths(dur, edges)
         # Which same-rank pairs the edges already order: descendants as bit sets.
         reach = [0] * len(self.ops)
         for a in reversed(order):
