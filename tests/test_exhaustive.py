@@ -16,7 +16,7 @@ import schedc.solvers as S
 from schedc import Problem, Schedule, simulate
 from schedc.analytic import FORMULAS
 
-from exhaustive import BudgetExceeded, exhaustive_optimum
+from tests.exhaustive import BudgetExceeded, exhaustive_optimum
 
 TOL = 1e-9
 
