@@ -103,7 +103,7 @@ def main() -> None:
             t0 = time.perf_counter()
             r = solve(problem, solver=solver, time_limit=time_limit_for(p))
             seconds = time.perf_counter() - t0
-            warm_bubble = simulate(problem, solvers.build(r.warm_start, problem)).bubble_rate()
+            warm_bubble = dict(r.registry)[r.warm_start].bubble_rate()
             rows.append((p, m, v, profile, limit, solver, r, warm_bubble, ref, seconds))
             print(
                 f"p={p} m={m} v={v} {profile} limit {limit}x {solver}: {r.status}, bubble"

@@ -261,14 +261,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         f" {result.seconds:.1f} s; started from {result.warm_start} ({_fmt(result.warm_objective)})"
     )
     click.echo(f"bound: {result.bound_reason}")
-    solvers = _registry()
-    named = [("ilp", result.timeline)]
-    for spec in solvers.REGISTRY.values():
-        if spec.why_not(prob) is None:
-            t = simulate(prob, spec.build(prob))
-            if t.fits:
-                named.append((spec.name, t))
-    _timeline_table(prob, named)
+    _timeline_table(prob, [("ilp", result.timeline), *result.registry])
     click.echo(f"wrote {output}")
 
 

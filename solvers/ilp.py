@@ -60,6 +60,7 @@ class SolveResult:
     seconds: float
     binaries: int
     history: list[Progress] = field(default_factory=list)
+    registry: list[tuple[str, Timeline]] = field(default_factory=list)  # the fitting registry schedules
 
     @property
     def gap(self) -> float:
@@ -103,17 +104,28 @@ def split_backward(schedule: Schedule) -> Schedule:
     return Schedule.from_lists(schedule.name, per_rank)
 
 
-def best_registry_schedule(problem: Problem) -> tuple[str, Timeline] | None:
-    """The registry schedule with the best objective among those that fit the memory limit."""
+def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
+    """Every registry schedule that applies and fits the memory limit, judged (backward split)."""
     import schedc.solvers as solvers
 
-    best = None
+    named = []
     for spec in solvers.REGISTRY.values():
-        if spec.why_not(problem):
-            continue
-        t = simulate(problem, split_backward(spec.build(problem)))
-        if t.fits and (best is None or t.objective_value() < best[1].objective_value() - 1e-12):
-            best = (spec.name, t)
+        if spec.why_not(problem) is None:
+            t = simulate(problem, split_backward(spec.build(problem)))
+            if t.fits:
+                named.append((spec.name, t))
+    return named
+
+
+def best_registry_schedule(
+    problem: Problem, fitting: list[tuple[str, Timeline]] | None = None
+) -> tuple[str, Timeline] | None:
+    """The registry schedule with the best objective among those that fit the memory limit
+    (the first of equals, in registry order)."""
+    best = None
+    for name, t in fitting_registry_schedules(problem) if fitting is None else fitting:
+        if best is None or t.objective_value() < best[1].objective_value() - 1e-12:
+            best = (name, t)
     return best
 
 
@@ -332,7 +344,8 @@ def solve(
     if solver not in SOLVERS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     t0 = time.perf_counter()
-    warm = best_registry_schedule(problem)
+    fitting = fitting_registry_schedules(problem)
+    warm = best_registry_schedule(problem, fitting)
     if warm is None:
         raise SchedcError(
             "no registry schedule fits the memory limit to start from; raise the limit"
@@ -391,6 +404,7 @@ def solve(
         seconds=time.perf_counter() - t0,
         binaries=binaries,
         history=history,
+        registry=fitting,
     )
 
 
