@@ -16,7 +16,7 @@ FREE_HALF_AT_B = dict(F=1, B=-0.5)  # the default: B frees half of the activatio
 FREE_AT_W = dict(F=1, B=0)  # as the controllable-memory paper counts: W frees it all
 
 
-def v_problem(p, m, f=1, b=1, w=1, comm=0.0, memory=FREE_HALF_AT_B):
+def v_problem(p, m, f=1, b=1, w=1, comm=0.0, memory=FREE_HALF_AT_B, objective="span"):
     return Problem.parse(
         dict(
             ranks=p,
@@ -26,7 +26,7 @@ def v_problem(p, m, f=1, b=1, w=1, comm=0.0, memory=FREE_HALF_AT_B):
             costs=dict(F=f, B=b, W=w),
             comm=comm,
             memory=memory,
-            objective="span",
+            objective=objective,
         )
     )
 
@@ -162,20 +162,15 @@ def test_requirements_are_clear_errors():
 
 def heterogeneous(p, m, comm):
     n = 2 * p
-    return Problem.parse(
-        dict(
-            ranks=p,
-            microbatches=m,
-            chunks=2,
-            placement="v",
-            costs=dict(
-                F=[1 + s % 3 for s in range(n)],
-                B=[2 + s % 2 for s in range(n)],
-                W=[0.5 + s % 4 for s in range(n)],
-            ),
-            comm=comm,
-            memory=dict(F=[1 + s % 2 for s in range(n)], B=[-0.5] * n),
-        )
+    return v_problem(
+        p,
+        m,
+        f=[1 + s % 3 for s in range(n)],
+        b=[2 + s % 2 for s in range(n)],
+        w=[0.5 + s % 4 for s in range(n)],
+        comm=comm,
+        memory=dict(F=[1 + s % 2 for s in range(n)], B=[-0.5] * n),
+        objective="makespan",
     )
 
 
