@@ -1,5 +1,5 @@
 # Two entry points, each doing all set-up on a fresh machine:
-#   make demo   create .venv if missing, install schedc, solve an example and compare the schedules
+#   make demo   create .venv if missing, install schedc, solve an example, check the schedule file, compare
 #   make test   create .venv if missing, install schedc, run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/schedc solve examples/problems/skewed.yaml -o out/skewed.json --time-limit 60
+	$(BIN)/schedc check out/skewed.json
 	$(BIN)/schedc compare examples/problems/uniform.yaml --plot out/compare.png
 	$(BIN)/schedc show examples/problems/uniform.yaml --schedule zb-h1 -o out/zb-h1.png --trace out/zb-h1.trace.json
 

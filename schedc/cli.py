@@ -9,8 +9,10 @@ from typing import Any
 
 import click
 
+from schedc.compiler import CompiledSchedule
 from schedc.errors import SchedcError, ScheduleError
 from schedc.problem import Problem, load_problem
+from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 
 
@@ -41,7 +43,10 @@ def _registry():
 
 
 def _problem(path: str, memory_limit: float | None, objective: str | None) -> Problem:
-    problem = load_problem(path)
+    return _override(load_problem(path), memory_limit, objective)
+
+
+def _override(problem: Problem, memory_limit: float | None, objective: str | None) -> Problem:
     changes: dict[str, Any] = {}
     if memory_limit is not None:
         changes["memory"] = {"limit": memory_limit}
@@ -50,14 +55,38 @@ def _problem(path: str, memory_limit: float | None, objective: str | None) -> Pr
     return problem.with_changes(**changes) if changes else problem
 
 
-def _problem_options(fn):
+def _schedule_input(path: str, name: str | None, memory_limit, objective) -> tuple[Problem, Schedule]:
+    """INPUT is a schedule file (its problem and schedule) or a problem file with ``-s NAME``."""
+    from schedc.schedfile import load_any
+
+    loaded = load_any(path)
+    if isinstance(loaded, Problem):
+        if name is None:
+            raise click.UsageError(f"{path} is a problem file: name a schedule with -s/--schedule")
+        problem = _override(loaded, memory_limit, objective)
+        return problem, _registry().build(name, problem)
+    if name is not None:
+        raise click.UsageError(f"{path} is a schedule file (it holds {loaded.name!r}); -s applies to problem files")
+    return _override(loaded.problem, memory_limit, objective), loaded.schedule
+
+
+_INPUT_HELP = "A registry schedule (see `schedc schedules`); needed when INPUT is a problem file."
+
+
+def _input_options(fn):
+    """INPUT (a schedule file, or a problem file with -s NAME) and the problem overrides."""
+    fn = click.option("-s", "--schedule", "name", help=_INPUT_HELP)(fn)
+    return _problem_options(fn, metavar="INPUT")
+
+
+def _problem_options(fn, metavar: str = "PROBLEM"):
     fn = click.option(
         "--objective", type=click.Choice(["makespan", "span"]), help="Override the problem's objective."
     )(fn)
     fn = click.option(
         "--memory-limit", type=float, help="Override the memory limit (every rank), same unit as the problem."
     )(fn)
-    return click.argument("problem", metavar="PROBLEM")(fn)
+    return click.argument("problem", metavar=metavar)(fn)
 
 
 def _fmt(x: float) -> str:
@@ -105,13 +134,15 @@ def schedules(as_json: bool) -> None:
 
 
 @main.command(name="simulate")
-@_problem_options
-@click.option("-s", "--schedule", "name", required=True, help="A registry schedule (see `schedc schedules`).")
+@_input_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, with per-op start and end times.")
-def simulate_cmd(problem: str, memory_limit, objective, name: str, as_json: bool) -> None:
-    """Simulate one schedule on PROBLEM: times, bubble, memory per rank."""
-    prob = _problem(problem, memory_limit, objective)
-    _report(simulate(prob, _registry().build(name, prob)), prob.name or problem, as_json)
+def simulate_cmd(problem: str, memory_limit, objective, name: str | None, as_json: bool) -> None:
+    """Simulate one schedule: times, bubble, memory per rank.
+
+    INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
+    """
+    prob, schedule = _schedule_input(problem, name, memory_limit, objective)
+    _report(simulate(prob, schedule), prob.name or problem, as_json)
 
 
 def _report(t: Timeline, where: str, as_json: bool) -> None:
@@ -251,7 +282,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
     if not quiet:
         click.echo(f"solving {prob.name or problem} with {solver} (time limit {_fmt(time_limit)} s) ...", err=True)
     result = solve_ilp(prob, solver=solver, time_limit=time_limit, gap=gap, threads=threads, progress=show_progress)
-    _write_schedule_file(output, prob, result)
+    CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
         click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary()}, indent=2))
         return
@@ -263,23 +294,6 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
     click.echo(f"bound: {result.bound_reason}")
     _timeline_table(prob, [("ilp", result.timeline), *result.registry])
     click.echo(f"wrote {output}")
-
-
-def _write_schedule_file(path: str, prob: Problem, result) -> None:
-    """The solved schedule with its problem and solver figures. (The versioned file format with
-    the lowered per-rank program comes with the lowering issue.)"""
-    data = {
-        "schedc": __import__("schedc").__version__,
-        "command": " ".join(["schedc", *sys.argv[1:]]),
-        "problem": prob.model_dump(exclude_none=True),
-        "schedule": {"name": result.schedule.name, "ranks": [[list(op) for op in ops] for ops in result.schedule.ranks]},
-        "solver": result.summary(),
-    }
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1))
-    except OSError as e:
-        raise SchedcError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 def _placement(prob: Problem) -> str:
@@ -321,16 +335,17 @@ def bubble(p: int, m: int, v: int, F: float, B: float, W: float, as_json: bool) 
 
 
 @main.command()
-@_problem_options
-@click.option("-s", "--schedule", "name", required=True, help="A registry schedule (see `schedc schedules`).")
+@_input_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Figure file: .png, .svg or .pdf.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Also write a Chrome/Perfetto trace JSON here.")
-def show(problem: str, memory_limit, objective, name: str, output: str, trace: str | None) -> None:
-    """Draw the Gantt chart (and memory per rank) of a schedule on PROBLEM."""
+def show(problem: str, memory_limit, objective, name: str | None, output: str, trace: str | None) -> None:
+    """Draw the Gantt chart (and memory per rank) of a schedule.
+
+    INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
+    """
     from schedc.plot import draw_gantt, write_trace
 
-    prob = _problem(problem, memory_limit, objective)
-    t = simulate(prob, _registry().build(name, prob))
+    t = simulate(*_schedule_input(problem, name, memory_limit, objective))
     draw_gantt([t], output)
     click.echo(f"wrote {output}")
     if trace:
@@ -339,18 +354,77 @@ def show(problem: str, memory_limit, objective, name: str, output: str, trace: s
 
 
 @main.command()
-@_problem_options
-@click.option("-s", "--schedule", "name", required=True, help="A registry schedule (see `schedc schedules`).")
+@_input_options
 @click.option("--format", "fmt", type=click.Choice(["torch-csv"]), default="torch-csv", show_default=True,
               help="torch-csv: torch.distributed.pipelining's compute-only CSV, one row per rank.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write, e.g. FILE.csv.")
-def export(problem: str, memory_limit, objective, name: str, fmt: str, output: str) -> None:
-    """Write a registry schedule for PROBLEM in another tool's format."""
+def export(problem: str, memory_limit, objective, name: str | None, fmt: str, output: str) -> None:
+    """Write a schedule in another tool's format.
+
+    INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
+    """
     from schedc.interop import write_torch_csv
 
-    schedule = _registry().build(name, _problem(problem, memory_limit, objective))
+    _, schedule = _schedule_input(problem, name, memory_limit, objective)
     write_torch_csv(schedule, output)
-    click.echo(f"wrote {output} ({name}: {len(schedule.ranks)} ranks, {schedule.n_ops} ops)")
+    click.echo(f"wrote {output} ({schedule.name}: {len(schedule.ranks)} ranks, {schedule.n_ops} ops)")
+
+
+@main.command(name="compile")
+@_problem_options
+@click.option("-s", "--schedule", "name", required=True, help="A registry schedule (see `schedc schedules`).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule file to write (.json).")
+def compile_cmd(problem: str, memory_limit, objective, name: str, output: str) -> None:
+    """Lower a registry schedule on PROBLEM to a schedule file (`schedc solve` writes the same
+    format for the ILP's schedule)."""
+    compiled = CompiledSchedule.build(*_schedule_input(problem, name, memory_limit, objective))
+    compiled.save(output)
+    t = compiled.timeline
+    click.echo(
+        f"wrote {output}: {name}, {compiled.program.n_instructions} instructions on {len(t.schedule.ranks)} ranks,"
+        f" {t.problem.objective} {_fmt(t.objective_value())}, bubble {100 * t.bubble_rate():.2f}%"
+        + ("" if t.fits else f" (over the memory limit: {t.violations[0]})")
+    )
+
+
+@main.command()
+@click.argument("schedule_file", metavar="SCHEDULE.json")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--print", "show", is_flag=True, help="Also print the program, one instruction per line.")
+@click.option("--rank", type=click.IntRange(min=0), help="With --print: only this rank.")
+def check(schedule_file: str, as_json: bool, show: bool, rank: int | None) -> None:
+    """Verify a schedule file: its problem, schedule and timeline agree, and its per-rank program
+    pairs every send with one receive in the same order and cannot deadlock (a send waits until
+    its receive is posted). A failure names the first problem, or the cycle of waiting ranks."""
+    from schedc.check import check as check_program
+    from schedc.schedfile import load
+
+    compiled = load(schedule_file)  # verifies everything; raises with one line if anything is off
+    report = check_program(compiled.problem, compiled.program, compiled.schedule)
+    if as_json:
+        click.echo(json.dumps({"file": schedule_file, "ok": True, "schedule": compiled.name, **report.summary()}, indent=2))
+    else:
+        click.echo(f"{schedule_file}: ok: {compiled.name}, {compiled.program.n_instructions} instructions, no deadlock")
+        _print_table(
+            ["rank", "instructions", "sends", "receives", "local", "max receive buffers"],
+            [
+                [str(r), str(report.instructions[r]), str(report.sends[r]), str(report.receives[r]),
+                 str(report.local[r]), str(report.receive_buffers[r])]
+                for r in range(len(report.instructions))
+            ],
+        )
+    if show:
+        if rank is not None and rank >= compiled.problem.ranks:
+            raise SchedcError(f"--rank {rank}: the program has ranks 0..{compiled.problem.ranks - 1}")
+        click.echo(compiled.program.listing(rank))
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of the schedule file."""
+    from schedc.schedfile import schema as file_schema
+
+    click.echo(json.dumps(file_schema(), indent=2))
 
 
 @main.command(name="import")

@@ -11,3 +11,11 @@ class ProblemError(SchedcError):
 
 class ScheduleError(SchedcError):
     """A schedule that is incomplete, deadlocks, or does not apply to a problem."""
+
+
+class ProgramError(SchedcError):
+    """A per-rank instruction Program that is malformed, mismatched or can deadlock."""
+
+
+class ScheduleFileError(SchedcError):
+    """A schedule file that cannot be read: corrupt, truncated, inconsistent or too new."""

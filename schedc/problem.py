@@ -297,13 +297,14 @@ def load_problem(path: str | Path) -> Problem:
     return problem if problem.name else problem.model_copy(update={"name": path.stem})
 
 
-def format_validation_error(e: ValidationError) -> str:
-    """pydantic's errors as one line: ``field: what is wrong (got value)``; typos get a suggestion."""
+def format_validation_error(e: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """pydantic's errors as one line: ``field: what is wrong (got value)``; typos get a suggestion.
+    ``root`` is the model validated (default Problem), to name the known fields of a typo."""
     parts = []
     for err in e.errors():
         loc = _format_loc(err["loc"])
         if err["type"] == "extra_forbidden":
-            parent = _model_at(Problem, err["loc"][:-1])
+            parent = _model_at(root or Problem, err["loc"][:-1])
             known = list(parent.model_fields) if parent else []
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
@@ -320,7 +321,8 @@ def format_validation_error(e: ValidationError) -> str:
         if key not in seen:
             seen.add(key)
             unique.append(p)
-    return "; ".join(unique)
+    more = f"; and {len(unique) - 3} more" if len(unique) > 3 else ""
+    return "; ".join(unique[:3]) + more
 
 
 def _format_loc(loc: tuple) -> str:

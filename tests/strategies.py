@@ -21,3 +21,31 @@ def small_problems(draw, max_microbatches=lambda p: 4):
     if draw(st.booleans()):
         problem = problem.with_changes(memory={"limit": draw(st.sampled_from([1, 1.5, 2, 3]))})
     return problem
+
+
+@st.composite
+def pipeline_problems(draw, max_microbatches: int = 24):
+    """Problems for the schedule zoo: p <= 8, v in {1, 2}, loop, V or explicit placement, float costs."""
+    p = draw(st.integers(1, 8))
+    v = draw(st.sampled_from([1, 2]))
+    m = draw(st.integers(1, max_microbatches))
+    n = p * v
+    kind = draw(st.sampled_from(["loop", "v", "explicit"]))
+    if kind == "explicit":
+        placement = draw(st.permutations([s % p for s in range(n)]))
+    else:
+        placement = kind
+    cost = st.floats(0.05, 20, allow_nan=False, allow_infinity=False)
+    per_stage = lambda: draw(st.one_of(cost, st.lists(cost, min_size=n, max_size=n)))  # noqa: E731
+    comm = draw(st.one_of(st.just(0.0), st.floats(0, 5)))
+    return Problem.parse(
+        dict(
+            ranks=p,
+            microbatches=m,
+            chunks=v,
+            placement=placement,
+            costs=dict(F=per_stage(), B=per_stage(), W=per_stage()),
+            comm=comm,
+            memory=dict(F=(f := draw(st.floats(0, 4))), B=-f * draw(st.floats(0, 1))),
+        )
+    )

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 
+import schedc
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.cli import main
@@ -109,13 +110,12 @@ def test_solve_cli_writes_file_and_reports(tmp_path):
     result = CliRunner().invoke(main, ["solve", str(path), "-o", str(out), "--time-limit", "30", "-q"])
     assert result.exit_code == 0, result.output
     assert "optimal" in result.output and "ilp" in result.output and "1f1b" in result.output
-    data = json.loads(out.read_text())
-    problem = Problem.parse(data["problem"])
-    ranks = [[tuple(op) for op in ops] for ops in data["schedule"]["ranks"]]
-    from schedc import Schedule
-
-    t = simulate(problem, Schedule.from_lists("loaded", ranks))
-    assert t.objective_value() == pytest.approx(data["solver"]["objective"])
+    compiled = schedc.load(out)  # the schedule file: verified on load (program, timeline, problem)
+    assert compiled.problem == Problem.parse(dict(SMALL[2], name="small"))
+    assert compiled.solver["status"] == "optimal"
+    t = simulate(compiled.problem, compiled.schedule)
+    assert t.objective_value() == pytest.approx(compiled.solver["objective"])
+    assert compiled.program.compute_order() == compiled.schedule.ranks
     js = json.loads(CliRunner().invoke(main, ["solve", str(path), "-o", str(out), "--json", "-q"]).output)
     assert js["status"] == "optimal" and js["bound"] == pytest.approx(js["objective"])
 

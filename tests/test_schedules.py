@@ -3,11 +3,11 @@ on random problems (hypothesis)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Problem, ScheduleError, simulate
 from schedc.analytic import FORMULAS, bubble_table
+from tests.strategies import pipeline_problems
 
 FORMULA = {f.schedule: f for f in FORMULAS}
 
@@ -115,33 +115,6 @@ def test_not_applicable_is_a_clear_error():
 # ---- properties on random problems ----
 
 
-@st.composite
-def problems(draw):
-    p = draw(st.integers(1, 8))
-    v = draw(st.sampled_from([1, 2]))
-    m = draw(st.integers(1, 24))
-    n = p * v
-    kind = draw(st.sampled_from(["loop", "v", "explicit"]))
-    if kind == "explicit":
-        placement = draw(st.permutations([s % p for s in range(n)]))
-    else:
-        placement = kind
-    cost = st.floats(0.05, 20, allow_nan=False, allow_infinity=False)
-    per_stage = lambda: draw(st.one_of(cost, st.lists(cost, min_size=n, max_size=n)))  # noqa: E731
-    comm = draw(st.one_of(st.just(0.0), st.floats(0, 5)))
-    return Problem.parse(
-        dict(
-            ranks=p,
-            microbatches=m,
-            chunks=v,
-            placement=placement,
-            costs=dict(F=per_stage(), B=per_stage(), W=per_stage()),
-            comm=comm,
-            memory=dict(F=(f := draw(st.floats(0, 4))), B=-f * draw(st.floats(0, 1))),
-        )
-    )
-
-
 def producers_of(op, kinds_present):
     """The dependency rule, written again independently of schedc.schedule.producers."""
     kind, s, i = op
@@ -154,7 +127,7 @@ def producers_of(op, kinds_present):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems())
+@given(pipeline_problems())
 def test_every_schedule_is_complete_deadlock_free_and_respects_dependencies(problem):
     applicable = [s for s in solvers.REGISTRY.values() if s.why_not(problem) is None]
     assert applicable  # looped-bfs applies to every placement

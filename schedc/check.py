@@ -1,0 +1,238 @@
+"""check(problem, program): an interpretation of a Program that is independent of lowering.
+
+It checks that the instructions are well formed and on the right ranks, that every compute op of
+the problem runs exactly once, that each tensor a compute op needs reaches it (by a RECV or a
+LOCAL earlier on its rank) from a producer that ran before the SEND or LOCAL, that the sends of
+one rank and the receives of the other pair one to one in the same order, and then runs the
+ranks under strict rules until all finish or none can move:
+
+- RECV posts a receive and never waits;
+- SEND waits until the peer has posted the matching RECV;
+- a compute op waits until the SEND of each tensor it received has happened.
+
+If the ranks stop short, the wait-for graph has a cycle, which the error names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedc.errors import ProgramError, ScheduleError
+from schedc.problem import Problem
+from schedc.program import COMPUTE, OPCODES, TENSORS, Instr, Message, Program, consumed, produced
+from schedc.schedule import Op, Schedule
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    instructions: tuple[int, ...]  # per rank
+    sends: tuple[int, ...]
+    receives: tuple[int, ...]
+    local: tuple[int, ...]
+    receive_buffers: tuple[int, ...]  # per rank, most receives posted and not yet used at once
+
+    def summary(self) -> dict:
+        return {
+            "instructions": list(self.instructions),
+            "sends": list(self.sends),
+            "receives": list(self.receives),
+            "local_handoffs": list(self.local),
+            "max_receive_buffers": list(self.receive_buffers),
+        }
+
+
+def check(problem: Problem, program: Program, schedule: Schedule | None = None) -> CheckReport:
+    """Raise ProgramError naming the first thing wrong; with ``schedule``, the compute order of
+    every rank must also equal it. Returns per-rank counts."""
+    p = problem.ranks
+    if len(program.ranks) != p:
+        raise ProgramError(f"the program has {len(program.ranks)} ranks, the problem has {p}")
+    for r, instrs in enumerate(program.ranks):
+        for k, instr in enumerate(instrs):
+            _check_fields(problem, r, k, instr)
+        steps = [k for k, i in enumerate(instrs) if i.op == "STEP"]
+        if steps != [len(instrs) - 1]:
+            raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {len(steps)})")
+
+    order = Schedule.from_lists("program", program.compute_order())
+    try:
+        order.check_complete(problem)
+    except ScheduleError as e:
+        raise ProgramError(str(e).replace("program: ", "compute ops: ", 1)) from None
+    if schedule is not None:
+        for r, (mine, theirs) in enumerate(zip(order.ranks, schedule.ranks)):
+            if mine != theirs:
+                k = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+                got = str(mine[k]) if k < len(mine) else "nothing"
+                want = str(theirs[k]) if k < len(theirs) else "nothing"
+                raise ProgramError(
+                    f"rank {r}: compute op {k} is {got} but the schedule {schedule.name!r} has {want}"
+                )
+
+    feeds = _check_dataflow(problem, program)
+    buffers = _run(program, _pair(program), feeds)
+    count = lambda op: tuple(sum(i.op == op for i in instrs) for instrs in program.ranks)  # noqa: E731
+    return CheckReport(
+        instructions=tuple(len(instrs) for instrs in program.ranks),
+        sends=count("SEND"),
+        receives=count("RECV"),
+        local=count("LOCAL"),
+        receive_buffers=buffers,
+    )
+
+
+def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
+    where = f"rank {r} instruction {k} ({instr})"
+    n, m = problem.n_stages, problem.microbatches
+    stage_rank = problem.stage_rank
+    if instr.op not in OPCODES:
+        raise ProgramError(f"rank {r} instruction {k}: unknown op {instr.op!r} (expected one of {', '.join(OPCODES)})")
+    if instr.op == "STEP":
+        return
+    if not (0 <= instr.stage < n and 0 <= instr.mb < m):
+        raise ProgramError(f"{where}: stage or microbatch outside {n} stages x {m} microbatches")
+    if stage_rank[instr.stage] != r:
+        raise ProgramError(f"{where}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
+    if instr.op in COMPUTE:
+        return
+    if instr.tensor not in TENSORS:
+        raise ProgramError(f"{where}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
+    msg = instr.message
+    if not 0 <= instr.peer_stage < n or msg.dst != msg.src + (1 if msg.tensor == "act" else -1):
+        raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{'+' if msg.tensor == 'act' else '-'}1")
+    peer_rank = stage_rank[instr.peer_stage]
+    if instr.op == "LOCAL":
+        if peer_rank != r:
+            raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank")
+    elif instr.peer != peer_rank or instr.peer == r:
+        raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
+
+
+def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
+    """Every message moves exactly once, after its producer ran, and reaches its consumer first.
+    Returns, per rank, compute index -> index of the RECV that brings its input."""
+    n = problem.n_stages
+    moved: dict[Message, str] = {}
+    feeds: list[dict[int, int]] = []
+    for r, instrs in enumerate(program.ranks):
+        done: set[Op] = set()
+        arrived: dict[Message, int] = {}  # -> index of its RECV, or -1 for a LOCAL
+        feeds.append({})
+        for k, instr in enumerate(instrs):
+            if instr.op in ("SEND", "LOCAL"):
+                msg = instr.message
+                if msg in moved:
+                    raise ProgramError(f"rank {r}: {msg} is moved twice ({moved[msg]} and {instr})")
+                moved[msg] = str(instr)
+                maker = _maker(msg, done)
+                if maker is None:
+                    raise ProgramError(f"rank {r}: {instr} comes before the op that computes it")
+                if instr.op == "LOCAL":
+                    arrived[msg] = -1
+            elif instr.op == "RECV":
+                arrived[instr.message] = k
+            elif instr.op in COMPUTE:
+                op = instr.compute
+                need = consumed(op, n)
+                if need is not None and need not in arrived:
+                    raise ProgramError(f"rank {r}: {op} needs {need}, which no earlier RECV or LOCAL on rank {r} brings")
+                if need is not None and arrived[need] >= 0:
+                    feeds[r][k] = arrived[need]
+                local = {"B": ("F",), "BW": ("F",), "W": ("B",)}.get(op.kind, ())
+                for kind in local:
+                    if Op(kind, op.stage, op.mb) not in done:
+                        raise ProgramError(f"rank {r}: {op} runs before {Op(kind, op.stage, op.mb)}")
+                done.add(op)
+    expected = {msg for ops in program.compute_order() for op in ops if (msg := produced(op, n)) is not None}
+    missing = expected - moved.keys()
+    if missing:
+        raise ProgramError(f"{min(missing)} is computed but never sent or handed off")
+    return feeds
+
+
+def _maker(msg: Message, done: set[Op]) -> Op | None:
+    kinds = ("F",) if msg.tensor == "act" else ("B", "BW")
+    return next((Op(k, msg.src, msg.mb) for k in kinds if Op(k, msg.src, msg.mb) in done), None)
+
+
+def _pair(program: Program) -> dict[tuple[int, int], int]:
+    """(rank, index of a SEND or RECV) -> (peer rank, index of its partner), after checking that
+    each channel's sends and receives list the same messages in the same order."""
+    sends: dict[tuple[int, int], list[tuple[int, Message]]] = {}
+    recvs: dict[tuple[int, int], list[tuple[int, Message]]] = {}
+    for r, instrs in enumerate(program.ranks):
+        for k, instr in enumerate(instrs):
+            if instr.op == "SEND":
+                sends.setdefault((r, instr.peer), []).append((k, instr.message))
+            elif instr.op == "RECV":
+                recvs.setdefault((instr.peer, r), []).append((k, instr.message))
+    partner: dict[tuple[int, int], tuple[int, int]] = {}
+    for src, dst in sorted(sends.keys() | recvs.keys()):
+        out, into = sends.get((src, dst), []), recvs.get((src, dst), [])
+        for j in range(max(len(out), len(into))):
+            sent = out[j][1] if j < len(out) else None
+            got = into[j][1] if j < len(into) else None
+            if sent != got:
+                raise ProgramError(
+                    f"rank {src}'s send #{j} to rank {dst} is {sent or 'missing'} but rank {dst}'s receive #{j}"
+                    f" from rank {src} is {got or 'missing'}: sends and receives must pair in the same order"
+                )
+            partner[(src, out[j][0])] = (dst, into[j][0])
+            partner[(dst, into[j][0])] = (src, out[j][0])
+    return partner
+
+
+def _run(program: Program, partner: dict[tuple[int, int], tuple[int, int]], feeds: list[dict[int, int]]):
+    """Interpret all ranks under the strict rules; raise ProgramError on deadlock. Returns each
+    rank's largest number of posted, not yet used receives."""
+    ranks = program.ranks
+    p = len(ranks)
+    pc = [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pc[r] < len(ranks[r]) and _blocker(ranks, pc, partner, feeds, r) is None:
+                pc[r] += 1
+                progress = True
+    stuck = [r for r in range(p) if pc[r] < len(ranks[r])]
+    if stuck:
+        raise ProgramError(f"deadlock: {_cycle(ranks, pc, partner, feeds, stuck[0])}")
+    return tuple(_buffers(instrs, fed) for instrs, fed in zip(ranks, feeds))
+
+
+def _blocker(ranks, pc, partner, feeds, r) -> tuple[int, str] | None:
+    """(rank, what it has not done yet) that rank r waits for at its current instruction, or None."""
+    k = pc[r]
+    if ranks[r][k].op == "SEND":
+        peer, j = partner[(r, k)]
+        return None if pc[peer] > j else (peer, f"post {ranks[peer][j]}")
+    if k in feeds[r]:  # a compute op whose input comes by RECV: wait for the matching SEND
+        peer, j = partner[(r, feeds[r][k])]
+        return None if pc[peer] > j else (peer, f"run {ranks[peer][j]}")
+    return None
+
+
+def _cycle(ranks, pc, partner, feeds, r) -> str:
+    """Follow who waits for whom from rank r until a rank repeats; describe that cycle."""
+    seen: list[int] = []
+    while r not in seen:
+        seen.append(r)
+        r = _blocker(ranks, pc, partner, feeds, r)[0]
+    cycle = seen[seen.index(r):]
+    parts = []
+    for q in cycle:
+        peer, what = _blocker(ranks, pc, partner, feeds, q)
+        parts.append(f"rank {q} at instruction {pc[q]} ({ranks[q][pc[q]]}) waits for rank {peer} to {what}")
+    return "; ".join(parts) + f" (a cycle of {len(cycle)} ranks)"
+
+
+def _buffers(instrs: tuple[Instr, ...], fed: dict[int, int]) -> int:
+    held = most = 0
+    for k, instr in enumerate(instrs):
+        if instr.op == "RECV":
+            held += 1
+            most = max(most, held)
+        elif k in fed:
+            held -= 1
+    return most

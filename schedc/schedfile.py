@@ -1,0 +1,193 @@
+"""The schedule file: one JSON document with everything the runtime needs, never pickled.
+
+    {"format": "schedc.schedule", "version": 1,
+     "provenance": {"schedc": ..., "command": ..., "created": ...},
+     "problem": {...}, "schedule": {"name": ..., "ranks": [[["F", stage, mb], ...], ...]},
+     "program": [[{"op": "F", "stage": 0, "mb": 0}, {"op": "SEND", ...}, ...], ...],
+     "timeline": {makespan, span, bubble, peak memory, ...}, "solver": {...} or null}
+
+Reading checks more than the shape: the schedule must be complete for the problem, the program
+must pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
+timeline must be what the schedule simulates to. A file edited into an inconsistent state, a
+truncated one and one from a newer schedc each fail with one line saying which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
+from schedc.problem import Problem, format_validation_error
+from schedc.program import OPCODES, Instr, Program
+from schedc.schedule import Schedule
+
+FORMAT = "schedc.schedule"
+VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InstrModel(_Strict):
+    op: Literal[OPCODES]  # type: ignore[valid-type]
+    stage: int = Field(default=-1, ge=-1)
+    mb: int = Field(default=-1, ge=-1)
+    tensor: Literal["", "act", "grad"] = ""
+    peer: int = Field(default=-1, ge=-1)
+    peer_stage: int = Field(default=-1, ge=-1)
+
+
+class ScheduleModel(_Strict):
+    name: str
+    ranks: list[list[tuple[Literal["F", "B", "W", "BW"], int, int]]]
+
+
+class Provenance(_Strict):
+    schedc: str
+    command: str
+    created: str
+
+
+class ScheduleFile(_Strict):
+    """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
+
+    format: Literal["schedc.schedule"]
+    version: Literal[1]
+    provenance: Provenance
+    problem: Problem
+    schedule: ScheduleModel
+    program: list[list[InstrModel]]
+    timeline: dict[str, Any] = Field(description="simulate(problem, schedule).summary() when written")
+    solver: Optional[dict[str, Any]] = Field(default=None, description="solver statistics; null for a named schedule")
+
+
+def schema() -> dict:
+    return ScheduleFile.model_json_schema()
+
+
+def dump(compiled) -> str:
+    """The file's text: JSON, one op or instruction per line so that a person can read it."""
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "provenance": compiled.provenance,
+        "problem": compiled.problem.model_dump(exclude_none=True),
+        "schedule": {"name": compiled.schedule.name, "ranks": [[list(op) for op in ops] for ops in compiled.schedule.ranks]},
+        "program": compiled.program.to_data(),
+        "timeline": compiled.timeline.summary(),
+        "solver": compiled.solver,
+    }
+    compact = lambda x: json.dumps(x, separators=(",", ":"))  # noqa: E731
+
+    def per_rank(rows: list[list], indent: str) -> str:
+        ranks = [f"{indent} [\n" + ",\n".join(f"{indent}  {compact(x)}" for x in items) + f"\n{indent} ]" for items in rows]
+        return "[\n" + ",\n".join(ranks) + f"\n{indent}]"
+
+    schedule = data.pop("schedule")
+    fields = [f" {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')}" for k, v in data.items()]
+    fields.insert(4, f' "schedule": {{"name": {json.dumps(schedule["name"])}, "ranks": {per_rank(schedule["ranks"], "  ")}}}')
+    fields[5] = f' "program": {per_rank(data["program"], " ")}'
+    return "{\n" + ",\n".join(fields) + "\n}"
+
+
+def save(compiled, path: str | Path) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump(compiled) + "\n")
+    except OSError as e:
+        raise ScheduleFileError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def load_any(path: str | Path):
+    """A schedule file (a JSON object with a "format" field) as a CompiledSchedule, anything else
+    as a problem file (a Problem), so that commands can take either."""
+    from schedc.problem import load_problem
+
+    if Path(path).suffix == ".json":
+        data = _read_json(Path(path))
+        if isinstance(data, dict) and "format" in data:
+            return from_data(data, path)
+    return load_problem(path)
+
+
+def load(path: str | Path):
+    """Read, validate and verify a schedule file; return a CompiledSchedule."""
+    return from_data(_read_json(Path(path)), path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ScheduleFileError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ScheduleFileError(f"{path}: not a schedule file (not UTF-8 text)") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ScheduleFileError(f"{path}: not valid JSON, truncated or corrupt? ({e})") from None
+
+
+def from_data(data: Any, path: str | Path = "schedule file"):
+    """Validate and verify parsed JSON; return a CompiledSchedule."""
+    from schedc.check import check
+    from schedc.compiler import CompiledSchedule
+    from schedc.simulate import simulate
+
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ScheduleFileError(f"{path}: not a schedc schedule file (no \"format\": \"{FORMAT}\")")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ScheduleFileError(f"{path}: version must be a positive integer, got {version!r}")
+    if version > VERSION:
+        raise ScheduleFileError(
+            f"{path}: written by a newer schedc (schedule format version {version}; this schedc"
+            f" {_version()} reads version {VERSION}): upgrade schedc or write the file again"
+        )
+    try:
+        model = ScheduleFile.model_validate(data)
+    except ValidationError as e:
+        raise ScheduleFileError(f"{path}: {format_validation_error(e, ScheduleFile)}") from None
+
+    problem = model.problem
+    schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks)
+    program = Program.from_lists([[Instr(**i.model_dump()) for i in instrs] for instrs in model.program])
+    try:
+        timeline = simulate(problem, schedule)
+        check(problem, program, schedule)
+    except (ScheduleError, ProgramError) as e:
+        raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
+    _same_timeline(path, model.timeline, timeline.summary())
+    return CompiledSchedule(problem, schedule, program, timeline, model.solver, model.provenance.model_dump())
+
+
+def _same_timeline(path, stored: dict, actual: dict) -> None:
+    """The stored timeline summary must be what the schedule simulates to (edited by hand?)."""
+    for key in ("makespan", "span", "peak_memory", "fits"):
+        want, got = actual[key], stored.get(key)
+        if not _close(got, want):
+            raise ScheduleFileError(
+                f"{path}: inconsistent: timeline.{key} is {got!r} but the schedule simulates to {want!r}"
+                " on the file's problem (was the file edited?)"
+            )
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(b, bool) or isinstance(a, bool):
+        return a is b
+    if isinstance(b, list):
+        return isinstance(a, list) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _version() -> str:
+    from schedc import __version__
+
+    return __version__
