@@ -1,5 +1,10 @@
 """The torch.distributed interpreter of a compiled Program (imported as ``schedc.runtime``).
 
-Not built yet: it arrives with the runtime issue (#6). This package exists so that the layout
-of DESIGN.md, and the ``schedc.runtime`` import path, are fixed from the start.
+``PipelineRuntime`` runs one rank's instruction list; ``wgrad`` splits backward into B and W;
+``launch.run_local`` starts a local multi-process group (tests, benchmarks); ``gpt`` is a small
+GPT-style model given as a list of blocks. Importing this package imports torch.
 """
+
+from schedc.runtime.interpreter import PipelineError, PipelineRuntime
+
+__all__ = ["PipelineError", "PipelineRuntime"]

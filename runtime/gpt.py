@@ -1,0 +1,92 @@
+"""A small GPT-style language model given as an ordered list of blocks, for tests, benchmarks
+and examples/train_gpt.py: token + position embedding first, transformer blocks, then the head.
+
+``stages(blocks, n)`` cuts the list into ``n`` contiguous ``nn.Sequential`` stages; the
+partitioner (profiled, balanced cuts) is a separate concern.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, d_model: int, seq_len: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[-1], device=tokens.device))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and an MLP, each with a residual."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.up = nn.Linear(d_model, 4 * d_model)
+        self.down = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        heads = lambda z: z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)  # noqa: E731
+        att = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class Head(nn.Module):
+    def __init__(self, d_model: int, vocab: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def gpt_blocks(vocab: int = 64, d_model: int = 32, n_layers: int = 4, n_heads: int = 2, seq_len: int = 16,
+               seed: int = 0) -> list[nn.Module]:
+    """[Embedding, Block x n_layers, Head], initialised from ``seed`` (the same on every rank)."""
+    torch.manual_seed(seed)
+    return [Embedding(vocab, d_model, seq_len), *(Block(d_model, n_heads) for _ in range(n_layers)), Head(d_model, vocab)]
+
+
+def stages(blocks: list[nn.Module], n: int) -> list[nn.Sequential]:
+    """``n`` contiguous stages with block counts as equal as possible (the first ones get the extra)."""
+    if not 1 <= n <= len(blocks):
+        raise ValueError(f"cannot cut {len(blocks)} blocks into {n} stages")
+    q, extra = divmod(len(blocks), n)
+    out, i = [], 0
+    for s in range(n):
+        k = q + (s < extra)
+        out.append(nn.Sequential(*blocks[i:i + k]))
+        i += k
+    return out
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, mean over every token."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def token_batches(n: int, batch: int, seq_len: int = 16, vocab: int = 64, seed: int = 0):
+    """``n`` (inputs, targets) batches of a learnable synthetic language: each sequence counts
+    upward from a random start with a random stride (mod vocab), targets are the next tokens."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        start = torch.randint(0, vocab, (batch, 1), generator=g)
+        stride = torch.randint(1, 4, (batch, 1), generator=g)
+        seq = (start + stride * torch.arange(seq_len + 1)) % vocab
+        out.append((seq[:, :-1], seq[:, 1:]))
+    return out

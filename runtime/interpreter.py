@@ -1,0 +1,341 @@
+"""PipelineRuntime: executes one rank's Program of a CompiledSchedule with torch.distributed.
+
+    rt = PipelineRuntime(schedc.load("s.json"), stages={0: stage0, 3: stage3}, loss_fn=lm_loss)
+    loss = rt.step(inputs, targets)     # all microbatches through this rank's program
+    optimizer.step(); optimizer.zero_grad()
+
+Each rank walks its instruction list in order:
+
+- ``F``: the stage module on the microbatch (stage 0: the user's inputs; otherwise the received
+  or handed-off activation, made a leaf that requires grad); the last stage adds the loss.
+- ``B`` / ``W`` / ``BW``: input gradient, deferred weight gradient, or both
+  (``schedc.runtime.wgrad``). The loss of each microbatch is scaled by 1/m, so the gradients are
+  those of the mean loss over the batch, as in ordinary training.
+- ``SEND`` / ``RECV``: ``isend`` / ``irecv`` posted in the Program's order; a received tensor
+  is waited on only where it is consumed, a send only at ``STEP`` (its buffer is kept alive).
+- ``LOCAL``: hands the tensor to the other stage on this rank.
+- ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
+  one was given (otherwise the caller runs it after ``step``).
+
+Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
+inputs), so memory follows the schedule. Receive buffers get their shapes and dtypes from a
+metadata exchange along the pipeline on the first step (and again if the input shape changes).
+
+On CUDA with NCCL, torch runs point-to-point transfers on its own NCCL streams and ``wait`` makes
+only the consuming compute stream wait (an event), so transfers overlap compute; with gloo on
+CPU the transfers run on gloo's threads. With gloo and CUDA tensors, transfers are staged
+through host memory.
+
+Faults: every wait has a deadline (``timeout``). A rank whose step raises records the error in
+the process group's store before re-raising; a rank that cannot complete a wait (its peer died,
+the connection closed, or the deadline passed) raises ``PipelineError`` naming the rank that
+failed first, as far as the store tells (else the peer it waited for).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from schedc.errors import SchedcError
+from schedc.program import Instr, Message
+from schedc.runtime.wgrad import WeightGradStore, enable_split
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
+           torch.bool]
+_META_LEN = 12  # dtype, ndim, up to 10 dims
+_RUNTIMES = itertools.count()  # constructions per process: the same sequence on every rank
+
+
+class PipelineError(SchedcError):
+    """The pipeline stopped: a rank failed, died, or did not answer within the timeout.
+    ``culprit`` is the rank that failed first, as far as this rank can tell."""
+
+    def __init__(self, message: str, culprit: int | None = None, why: str | None = None):
+        super().__init__(message)
+        self.culprit, self.why = culprit, why
+
+
+class PipelineRuntime:
+    def __init__(
+        self,
+        compiled,
+        stages: Mapping[int, nn.Module],
+        loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
+        *,
+        device: torch.device | str | None = None,
+        group: dist.ProcessGroup | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        timeout: float = 300.0,
+        trace: bool = False,
+    ):
+        """``compiled``: a CompiledSchedule (``schedc.load(path)``). ``stages``: this rank's stage
+        modules by stage id. ``group``: the pipeline's process group (default: the world), so that
+        other parallel axes can have groups of their own. ``timeout``: seconds any wait may take."""
+        if not dist.is_initialized():
+            raise PipelineError("torch.distributed is not initialised: call init_process_group first (torchrun sets env://)")
+        problem = compiled.problem
+        self.compiled, self.problem = compiled, problem
+        self.group = group
+        self.rank = dist.get_rank(group)
+        world = dist.get_world_size(group)
+        if world != problem.ranks:
+            raise PipelineError(
+                f"the schedule {compiled.name!r} is for {problem.ranks} ranks but the process group has {world}"
+            )
+        want = set(problem.rank_stages[self.rank])
+        if set(stages) != want:
+            raise PipelineError(
+                f"rank {self.rank} holds stages {sorted(want)} in this schedule but was given stages {sorted(stages)}"
+            )
+        for s, module in stages.items():
+            if not isinstance(module, nn.Module):
+                raise PipelineError(f"stage {s}: expected an nn.Module, got {type(module).__name__}")
+        self.stages = dict(stages)
+        self.loss_fn, self.optimizer, self.timeout = loss_fn, optimizer, float(timeout)
+        self.program: tuple[Instr, ...] = compiled.program.for_rank(self.rank)
+        self.last = problem.n_stages - 1
+        self.m = problem.microbatches
+        first = next(iter(self.stages.values()))
+        params = list(first.parameters())
+        self.device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
+        backend = dist.get_backend(group)
+        self.comm_device = self.device if backend != "gloo" else torch.device("cpu")
+        self.split = compiled.schedule.split_backward
+        self.store = WeightGradStore()
+        if self.split:
+            for module in self.stages.values():
+                enable_split(module)
+        self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
+        self._peer_global = {r: dist.get_global_rank(group, r) if group is not None else r for r in range(world)}
+        self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # stage s -> its output activation
+        self._meta_key: tuple | None = None
+        self._key = f"schedc/runtime{next(_RUNTIMES)}"
+        self._store = _default_store()
+        self.trace_enabled = trace
+        self.events: list[tuple[str, int, int, float, float]] = []  # (instr, stage, mb, start, end) of the last step
+        self.steps = 0
+
+    # ---- the step ----
+
+    def step(self, inputs: torch.Tensor | None = None, targets: Any = None) -> torch.Tensor | None:
+        """One iteration: the batch is split into m microbatches along dim 0. ``inputs`` is needed
+        on the rank holding stage 0, ``targets`` on the rank holding the last stage (others may pass
+        None). Returns the mean loss over microbatches on the last stage's rank, else None.
+        Gradients accumulate into ``.grad`` as with ``loss.backward()``."""
+        try:
+            return self._step(inputs, targets)
+        except PipelineError as e:
+            self._report(self.rank if e.culprit is None else e.culprit, e.why or str(e))
+            raise
+        except BaseException as e:
+            self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            raise
+
+    def _step(self, inputs, targets):
+        xs = self._split("inputs", inputs) if 0 in self.stages else None
+        ys = self._split("targets", targets) if self.last in self.stages else None
+        self._exchange_meta(xs)
+        self.events = []
+        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        outbox: dict[Message, torch.Tensor] = {}  # computed, to be sent or handed off
+        inbox: dict[Message, tuple[Any, torch.Tensor]] = {}  # (work or None, tensor)
+        sends: list[tuple[Any, torch.Tensor, int, Instr]] = []
+        losses: list[torch.Tensor] = []
+        for k, instr in enumerate(self.program):
+            t0 = time.perf_counter()
+            op, s, mb = instr.op, instr.stage, instr.mb
+            if op == "F":
+                x = xs[mb].to(self.device) if s == 0 else self._take(inbox, Message("act", mb, s - 1, s), instr, k)
+                if s > 0 and x.is_floating_point():
+                    x = x.detach().requires_grad_(True)
+                y = self.stages[s](x)
+                if s == self.last:
+                    loss = self.loss_fn(y, ys[mb])
+                    losses.append(loss.detach())
+                    saved[(s, mb)] = (x if s > 0 else None, loss / self.m)
+                else:
+                    if not isinstance(y, torch.Tensor):
+                        raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
+                    saved[(s, mb)] = (x if s > 0 else None, y)
+                    outbox[Message("act", mb, s, s + 1)] = y.detach()
+            elif op in ("B", "BW"):
+                x, out = saved.pop((s, mb))
+                grad = None if s == self.last else self._take(inbox, Message("grad", mb, s + 1, s), instr, k)
+                inputs_ = [x] if x is not None and x.requires_grad else []
+                if op == "B":
+                    self.store.backward_input((s, mb), out, grad, inputs_, self.params[s])
+                else:
+                    self.store.backward_full(out, grad, inputs_, self.params[s])
+                if s > 0:
+                    outbox[Message("grad", mb, s, s - 1)] = x.grad
+            elif op == "W":
+                self.store.backward_weight((s, mb))
+            elif op == "SEND":
+                tensor = outbox.pop(instr.message).to(self.comm_device).contiguous()
+                work = dist.isend(tensor, self._peer_global[instr.peer], group=self.group)
+                sends.append((work, tensor, k, instr))
+            elif op == "RECV":
+                shape, dtype = self._meta[min(instr.message.src, instr.message.dst)]
+                buf = torch.empty(shape, dtype=dtype, device=self.comm_device)
+                inbox[instr.message] = (dist.irecv(buf, self._peer_global[instr.peer], group=self.group), buf)
+            elif op == "LOCAL":
+                inbox[instr.message] = (None, outbox.pop(instr.message))
+            elif op == "STEP":
+                for work, _, j, send in sends:
+                    self._wait(work, send, j)
+                sends.clear()
+                self._finish_step(saved, outbox, inbox)
+            if self.trace_enabled:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                self.events.append((str(instr), s, mb, t0, time.perf_counter()))
+        self.steps += 1
+        return torch.stack(losses).mean() if losses else None
+
+    def _finish_step(self, saved, outbox, inbox) -> None:
+        left = [f"saved activations {sorted(saved)}"] if saved else []
+        left += [f"unsent {list(map(str, outbox))}"] if outbox else []
+        left += [f"unused {list(map(str, inbox))}"] if inbox else []
+        left += [f"weight gradients without W {self.store.pending()}"] if self.store.pending() else []
+        if left:
+            raise PipelineError(f"rank {self.rank}: the program ended with " + "; ".join(left))
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _split(self, what: str, batch):
+        if batch is None:
+            raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last}: step() needs {what}")
+        n = batch.shape[0]
+        if n % self.m:
+            raise PipelineError(f"{what}: batch of {n} does not split into {self.m} equal microbatches")
+        return batch.chunk(self.m) if n else []
+
+    def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
+        work, tensor = inbox.pop(msg)
+        if work is not None:
+            self._wait(work, instr, k, peer=self._sender(msg))
+        return tensor.to(self.device)
+
+    def _sender(self, msg: Message) -> int:
+        return self.problem.stage_rank[msg.src]
+
+    # ---- waiting, and naming who failed ----
+
+    def _wait(self, work, instr: Instr, k: int, peer: int | None = None) -> None:
+        peer = instr.peer if peer is None else peer
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout))
+            return
+        except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses
+            cause = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        culprit, why = self._read_report(peer) or (
+            peer, f"did not answer within {self.timeout:g} s or closed the connection (died?) [{cause}]"
+        )
+        raise PipelineError(
+            f"rank {self.rank}: pipeline stopped at instruction {k} ({instr}) of step {self.steps}:"
+            f" rank {culprit} {why}",
+            culprit,
+            why,
+        )
+
+    def _report(self, culprit: int, why: str) -> None:
+        """Tell the other ranks, through the store, which rank failed first and how."""
+        if self._store is None:
+            return
+        try:
+            self._store.set(f"{self._key}/rank{self.rank}", json.dumps({"culprit": culprit, "why": why}))
+        except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+            pass
+
+    def _read_report(self, rank: int) -> tuple[int, str] | None:
+        """What ``rank`` reported: (the rank it blames, why), or None."""
+        if self._store is None:
+            return None
+        key = f"{self._key}/rank{rank}"
+        try:
+            if not self._store.check([key]):
+                return None
+            report = json.loads(self._store.get(key))
+            return int(report["culprit"]), str(report["why"])
+        except Exception:  # noqa: BLE001
+            return None
+
+    # ---- shapes of received tensors ----
+
+    def _exchange_meta(self, xs) -> None:
+        """On the first step, run the stages once along the pipeline without gradients (eval mode,
+        one microbatch) and send each stage's output shape and dtype to the next stage's rank:
+        receive buffers are sized from this, not guessed. Later steps must keep the input shape."""
+        key = None if xs is None else (tuple(xs[0].shape), xs[0].dtype)
+        if self.steps:
+            if key is not None and key != self._meta_key:
+                raise PipelineError(
+                    f"rank {self.rank}: microbatch inputs changed from {self._meta_key} to {key}; the"
+                    " receive buffers were sized on the first step: build a new PipelineRuntime"
+                )
+            return
+        stage_rank, here = self.problem.stage_rank, self.rank
+        x = xs[0].to(self.device) if xs is not None else None
+        for s in range(self.last):
+            src, dst = stage_rank[s], stage_rank[s + 1]
+            meta_instr = Instr("SEND", s, -1, "act", dst, s + 1)  # names the exchange in errors
+            if src == here:
+                module = self.stages[s]
+                mode = module.training
+                module.eval()
+                with torch.no_grad():
+                    y = module(x)
+                module.train(mode)
+                if not isinstance(y, torch.Tensor):
+                    raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
+                self._meta[s] = (y.shape, y.dtype)
+                if dst != here:
+                    self._wait(dist.isend(_encode(y), self._peer_global[dst], group=self.group), meta_instr, -1)
+                x = y
+            elif dst == here:
+                meta = torch.empty(_META_LEN, dtype=torch.int64)
+                work = dist.irecv(meta, self._peer_global[src], group=self.group)
+                self._wait(work, meta_instr._replace(op="RECV", stage=s + 1, peer=src, peer_stage=s), -1)
+                self._meta[s] = _decode(meta)
+                x = torch.zeros(self._meta[s][0], dtype=self._meta[s][1], device=self.device)
+        self._meta_key = key
+
+    # ---- trace ----
+
+    def trace_events(self) -> list[dict]:
+        """The last step's executed instructions (``trace=True``): instruction, op, stage, mb, start
+        and end in seconds (``time.perf_counter``, comparable between processes on one host)."""
+        return [
+            {"rank": self.rank, "instr": name, "stage": s, "mb": mb, "start": t0, "end": t1}
+            for name, s, mb, t0, t1 in self.events
+        ]
+
+
+def _encode(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() > _META_LEN - 2 or t.dtype not in _DTYPES:
+        raise PipelineError(f"cannot send a {t.dim()}-d {t.dtype} tensor between stages")
+    return torch.tensor([_DTYPES.index(t.dtype), t.dim(), *t.shape] + [0] * (_META_LEN - 2 - t.dim()), dtype=torch.int64)
+
+
+def _decode(meta: torch.Tensor) -> tuple[torch.Size, torch.dtype]:
+    values = meta.tolist()
+    return torch.Size(values[2:2 + values[1]]), _DTYPES[values[0]]
+
+
+def _default_store():
+    """The default process group's key-value store (torchrun's, or init_process_group's), used
+    only to report failures; None if this torch does not expose it."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - a private accessor; without it, errors name the peer
+        return None

@@ -1,0 +1,221 @@
+"""Deferred weight gradients: a stage's backward split into B (input gradient) and W (weights).
+
+Zero-bubble schedules run B as soon as the next stage's gradient arrives, because the previous
+stage waits for it, and run W later, wherever the rank would otherwise idle. The interpreter
+calls, for one stage and one microbatch ``key``: F (the module's ordinary forward), then
+``store.backward_input(key, ...)`` (B), then ``store.backward_weight(key)`` (W). Many keys may
+sit between B and W at once, and their W may run in any order. A fused BW is
+``store.backward_full(...)``, which is also what an ordinary ``loss.backward()`` does.
+
+What is deferred: the weight and bias of every plain ``nn.Linear`` that ``enable_split`` has
+switched to ``SplitLinear`` -- almost all of a transformer's parameters and weight-gradient
+FLOPs. In B, such a layer returns its input gradient at once and queues a small closure
+holding its input and output gradient (all that ``dW = g^T x`` and ``db = sum g`` need); W runs
+the closures. What is not (the generic fallback): every other parameter -- LayerNorm, Embedding,
+convolutions, ``nn.Linear`` subclasses such as the projections inside ``nn.MultiheadAttention``,
+which never call their own forward -- gets its gradient from autograd during B. Those gradients
+are cheap, and splitting them would need one autograd Function per layer type.
+
+How a layer knows where to queue: before running B, ``backward_input`` walks this microbatch's
+autograd graph from its outputs and tags each ``SplitLinear`` node with the key's queue; an
+untagged node (ordinary training, ``backward_full``) computes its weight gradient on the spot.
+There is no global or thread-local state: the tag lives on the graph of one microbatch, so
+stores do not interfere, and it is still seen when CUDA runs backward in autograd's own device
+threads (where a thread-local or a context variable set by the caller would not be).
+
+Memory: B does not retain the graph, so the activations autograd saved are freed as usual,
+except for what the queued closures keep for W (each split linear layer's input and output
+gradient), which W frees.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+Tensors = Tensor | Sequence[Tensor]
+WeightGrad = Callable[[], None]  # one queued weight-gradient computation of one linear layer
+
+
+def _weight_grads(x: Tensor, g: Tensor, weight: bool, bias: bool) -> tuple[Tensor | None, Tensor | None]:
+    """dW = g^T x and db = sum(g) over every leading dim of ``y = x W^T + b``; ``None`` where not wanted."""
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1]).to(g.dtype)  # .to: autocast
+    return (g2.t() @ x2 if weight else None), (g2.sum(0) if bias else None)
+
+
+def _accumulate(param: Tensor | None, grad: Tensor | None) -> None:
+    """``param.grad += grad`` as autograd would: create ``.grad`` when absent, in the parameter's dtype."""
+    if param is None or grad is None:
+        return
+    grad = grad.to(dtype=param.dtype, device=param.device)
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad += grad
+
+
+class _LinearFn(torch.autograd.Function):
+    """``y = x W^T + b`` whose backward queues the weight gradient when its node is tagged.
+
+    ``backward_input`` sets ``wgrad_queue`` (a list) on the node; otherwise it is absent or
+    ``None`` and the weight gradient is returned like any autograd function's.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)  # saved, not held, so autograd checks in-place changes
+        ctx.params = (weight, bias)  # leaves that live anyway: for the W closure and the graph walk
+        return nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        needs_x, needs_w, needs_b = ctx.needs_input_grad
+        grad_x = g @ weight.to(g.dtype) if needs_x else None  # .to: under autocast g is in the low dtype
+        queue: list[WeightGrad] | None = getattr(ctx, "wgrad_queue", None)
+        if queue is None:
+            return grad_x, *_weight_grads(x, g, needs_w, needs_b)
+        if needs_w or needs_b:
+            queue.append(_deferred(x.detach(), g, ctx.params, needs_w, needs_b))
+        return grad_x, None, None
+
+
+def _deferred(x: Tensor, g: Tensor, params: tuple[Tensor, Tensor | None], needs_w: bool, needs_b: bool) -> WeightGrad:
+    """The W of one linear layer for one microbatch; holds only ``x``, ``g`` and the parameters."""
+
+    def run() -> None:
+        grad_w, grad_b = _weight_grads(x, g, needs_w, needs_b)
+        _accumulate(params[0], grad_w)
+        _accumulate(params[1], grad_b)
+
+    return run
+
+
+class SplitLinear(nn.Linear):
+    """An ``nn.Linear`` whose weight gradient can be deferred to W (see ``enable_split``)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _LinearFn.apply(x, self.weight, self.bias)
+
+
+def enable_split(module: nn.Module) -> list[nn.Parameter]:
+    """Make every plain ``nn.Linear`` in ``module`` (itself included) a ``SplitLinear``; idempotent.
+
+    The instances change class in place, so parameters, state_dict, hooks, ``isinstance(m,
+    nn.Linear)`` and ordinary training are untouched; the gradient is deferred only inside
+    ``WeightGradStore.backward_input``. Subclasses of ``nn.Linear`` are left alone: they may not
+    compute through their forward (``nn.MultiheadAttention``'s ``out_proj`` does not).
+    Returns the parameters whose gradients W computes; every other parameter of ``module``
+    gets its gradient in B.
+    """
+    params: dict[int, nn.Parameter] = {}
+    for m in module.modules():
+        if type(m) is nn.Linear:
+            m.__class__ = SplitLinear
+        if isinstance(m, SplitLinear):
+            params.update((id(p), p) for p in m.parameters(recurse=False))
+    return list(params.values())
+
+
+def _as_tuple(t: Tensors | None) -> tuple[Tensor, ...] | None:
+    return None if t is None else (t,) if isinstance(t, Tensor) else tuple(t)
+
+
+def _tag_linears(outputs: tuple[Tensor, ...], queue: list[WeightGrad] | None) -> list[Tensor]:
+    """Set ``wgrad_queue`` on every split linear node of the graph below ``outputs``.
+
+    Returns the parameters of those layers: autograd must be asked for them, or it would skip
+    a layer whose input needs no gradient (the first layer of the first stage), and its W with it.
+    """
+    seen: set[object] = set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    params: list[Tensor] = []
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if getattr(node, "_forward_cls", None) is _LinearFn:
+            node.wgrad_queue = queue
+            params.extend(p for p in node.params if p is not None)
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return params
+
+
+def _backward(
+    outputs: Tensors, grad_outputs: Tensors | None, targets: Iterable[Tensor], queue: list[WeightGrad] | None
+) -> None:
+    """Autograd from ``outputs`` into ``.grad`` of ``targets`` (and the split layers found), graph freed."""
+    outs = _as_tuple(outputs)
+    assert outs is not None
+    found = _tag_linears(outs, queue)
+    unique = {id(t): t for t in (*targets, *found) if t.requires_grad}
+    if unique:  # empty: nothing below outputs wants a gradient (inputs=[] would mean "all leaves")
+        torch.autograd.backward(outs, _as_tuple(grad_outputs), inputs=list(unique.values()))
+
+
+class WeightGradStore:
+    """The weight-gradient closures queued by B, per key (e.g. ``(stage, microbatch)``), until W.
+
+    One store per interpreter. Keys are registered by B even when nothing was queued, so that
+    every B has its W and ``pending()`` is empty exactly when every W has run.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[Hashable, list[WeightGrad]] = {}
+        self._lock = threading.Lock()
+
+    def backward_input(
+        self,
+        key: Hashable,
+        outputs: Tensors,
+        grad_outputs: Tensors | None,
+        inputs: Sequence[Tensor] = (),
+        params: Iterable[Tensor] = (),
+    ) -> None:
+        """B: accumulate the gradients of ``inputs`` and ``params`` into their ``.grad``, queue W.
+
+        ``outputs``: the stage output(s) of microbatch ``key``, with ``grad_outputs`` from the next
+        stage, or a scalar loss with ``grad_outputs=None`` on the last stage. ``inputs``: the stage
+        input leaves (those that do not require grad are skipped). ``params``: the stage's
+        parameters (passing all of them is fine: split linear layers get theirs in W, not here).
+        """
+        with self._lock:
+            if key in self._queues:
+                raise RuntimeError(f"B for {key!r} ran twice without its W: run backward_weight({key!r}) in between")
+        queue: list[WeightGrad] = []
+        _backward(outputs, grad_outputs, (*inputs, *params), queue)
+        with self._lock:
+            self._queues[key] = queue
+
+    def backward_weight(self, key: Hashable) -> None:
+        """W: run and drop the weight-gradient closures that B of ``key`` queued."""
+        with self._lock:
+            queue = self._queues.pop(key, None)
+        if queue is None:
+            raise RuntimeError(
+                f"W for {key!r} has no B before it: run backward_input({key!r}, ...) first (pending: {self.pending()})"
+            )
+        with torch.no_grad():
+            for run in queue:
+                run()
+
+    def backward_full(
+        self,
+        outputs: Tensors,
+        grad_outputs: Tensors | None,
+        inputs: Sequence[Tensor] = (),
+        params: Iterable[Tensor] = (),
+    ) -> None:
+        """Fused BW: B and W at once, with the arguments of ``backward_input``; queues nothing."""
+        _backward(outputs, grad_outputs, (*inputs, *params), None)
+
+    def pending(self) -> list[Hashable]:
+        """Keys whose B ran and whose W has not, in B order: must be empty at the optimizer step."""
+        with self._lock:
+            return list(self._queues)

@@ -1,0 +1,169 @@
+"""The runtime on CPU with gloo, in spawned processes: every registry schedule (and an ILP-solved
+one) trains a small GPT exactly like single-process training; faults stop every rank with an
+error naming the rank that failed; mismatched stages or world size fail at construction."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+import schedc
+import schedc.solvers as solvers
+from schedc import Problem
+from schedc.runtime import PipelineError, PipelineRuntime
+from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
+from schedc.runtime.launch import RankFailed, run_local
+
+STEPS = 3
+
+
+def problem(p, v, placement, m, **extra):
+    n = p * v
+    costs = dict(F=[1 + 0.25 * (s % 3) for s in range(n)], B=[1.5 + 0.5 * (s == n - 1) for s in range(n)], W=1)
+    return Problem.parse(dict(ranks=p, microbatches=m, chunks=v, placement=placement, costs=costs, comm=0.1, **extra))
+
+
+def model(n_stages):
+    return stages(gpt_blocks(n_layers=max(1, n_stages - 2), seed=1), n_stages)
+
+
+def train(rank, world, paths, batch):
+    """Each schedule file in turn: a fresh model, 3 steps of SGD; this rank's losses and weights."""
+    out = {}
+    for path in paths:
+        compiled = schedc.load(path)
+        prob = compiled.problem
+        mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+        opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
+        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120)
+        losses = []
+        for x, y in token_batches(STEPS, batch, seed=2):
+            loss = rt.step(x if 0 in mine else None, y if prob.n_stages - 1 in mine else None)
+            losses.append(None if loss is None else loss.item())
+        weights = {f"{s}.{k}": t for s, mod in mine.items() for k, t in mod.state_dict().items()}
+        out[compiled.name] = {"losses": losses, "weights": weights}
+    return out
+
+
+def reference(n_stages, m, batch):
+    parts = model(n_stages)
+    net = torch.nn.Sequential(*parts)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in token_batches(STEPS, batch, seed=2):
+        opt.zero_grad()
+        loss = torch.stack([lm_loss(net(a), b) for a, b in zip(x.chunk(m), y.chunk(m))]).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {f"{s}.{k}": t for s, mod in enumerate(parts) for k, t in mod.state_dict().items()}
+
+
+CONFIGS = [  # (p, v, placement, m): 2 and 4 ranks, one and two chunks, loop and V placement
+    (2, 1, "loop", 4),
+    (2, 2, "v", 4),
+    (4, 1, "loop", 8),
+    (4, 2, "loop", 8),
+    (4, 2, "v", 8),
+]
+
+
+@pytest.mark.parametrize("p, v, placement, m", CONFIGS, ids=lambda x: str(x))
+def test_every_schedule_trains_exactly_like_one_process(p, v, placement, m, tmp_path):
+    prob = problem(p, v, placement, m)
+    names = [s.name for s in solvers.REGISTRY.values() if s.why_not(prob) is None]
+    paths = []
+    for name in names:
+        schedc.compile(prob, name).save(tmp_path / f"{name}.json")
+        paths.append(str(tmp_path / f"{name}.json"))
+    if v == 1:  # and a solved schedule, under a memory limit that makes the solver work
+        solved = schedc.compile(prob.with_changes(memory={"F": 1, "limit": p}), "ilp", time_limit=20)
+        solved.save(tmp_path / "ilp.json")
+        paths.append(str(tmp_path / "ilp.json"))
+        names.append("ilp")
+    batch = 2 * m
+    ranks = run_local(train, p, paths, batch, timeout=900)
+    ref_losses, ref_weights = reference(p * v, m, batch)
+    assert len(names) >= 4
+    for name in names:
+        losses = next(r[name]["losses"] for r in ranks if r[name]["losses"][0] is not None)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0, msg=name)
+        weights = {k: t for r in ranks for k, t in r[name]["weights"].items()}
+        assert weights.keys() == ref_weights.keys()
+        for k, t in ref_weights.items():
+            torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=f"{name}: {k}")
+    initial = {f"{s}.{k}": t for s, mod in enumerate(model(p * v)) for k, t in mod.state_dict().items()}
+    assert all(not torch.allclose(initial[k], t) for k, t in ref_weights.items() if k.endswith("weight"))
+
+
+# ---- faults ----
+
+
+def failing(rank, world, path, victim, how, timeout):
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    calls = []
+
+    def hook(module, args):
+        calls.append(1)
+        if rank == victim and len(calls) == 7:  # the 2nd forward of step 2 (one shape probe, 4 in step 1)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError("bad batch in the user's stage")
+
+    for mod in mine.values():
+        mod.register_forward_pre_hook(hook)
+    rt = PipelineRuntime(compiled, mine, lm_loss, timeout=timeout)
+    for x, y in token_batches(STEPS, 2 * prob.microbatches):
+        try:
+            rt.step(x, y)
+        except PipelineError as e:
+            return {"error": str(e), "culprit": e.culprit}
+    return {"error": None}
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_failed_rank_stops_the_others_with_its_name(how, tmp_path):
+    prob = problem(4, 1, "loop", 4)
+    schedc.compile(prob, "zb-h1").save(tmp_path / "s.json")
+    victim = 1 if how == "kill" else 2
+    # The harness allows far longer than the runtime's timeout: a hang would fail here.
+    try:
+        results = run_local(failing, 4, str(tmp_path / "s.json"), victim, how, 30.0, timeout=240)
+        errors = {}
+    except RankFailed as e:
+        results, errors = e.results, e.errors
+    assert victim in errors  # killed: no result; raised: the ValueError's traceback
+    if how == "raise":
+        assert "ValueError: bad batch in the user's stage" in errors[victim]
+    survivors = [r for r in range(4) if r != victim]
+    for r in survivors:
+        assert results[r]["error"] is not None, r
+        assert results[r]["culprit"] == victim, results[r]["error"]
+        assert f"rank {victim} " in results[r]["error"]
+        if how == "raise":
+            assert "raised ValueError: bad batch" in results[r]["error"]
+
+
+def construct(rank, world, path, stages_given):
+    compiled = schedc.load(path)
+    mods = {s: torch.nn.Linear(2, 2) for s in stages_given[rank]}
+    try:
+        PipelineRuntime(compiled, mods, lm_loss)
+    except PipelineError as e:
+        return str(e)
+    return None
+
+
+def test_mismatched_stages_or_world_size_fail_at_construction(tmp_path):
+    schedc.compile(problem(2, 2, "v", 4), "zb-v").save(tmp_path / "v.json")
+    schedc.compile(problem(4, 1, "loop", 4), "1f1b").save(tmp_path / "four.json")
+    wrong = run_local(construct, 2, str(tmp_path / "v.json"), {0: [0, 1], 1: [2, 3]}, timeout=120)
+    assert wrong[0] == "rank 0 holds stages [0, 3] in this schedule but was given stages [0, 1]"
+    assert wrong[1] == "rank 1 holds stages [1, 2] in this schedule but was given stages [2, 3]"
+    right = run_local(construct, 2, str(tmp_path / "v.json"), {0: [0, 3], 1: [1, 2]}, timeout=120)
+    assert right == [None, None]
+    world = run_local(construct, 2, str(tmp_path / "four.json"), {0: [0], 1: [1]}, timeout=120)
+    assert world[0] == "the schedule '1f1b' is for 4 ranks but the process group has 2"
