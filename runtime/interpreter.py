@@ -121,7 +121,7 @@ class PipelineRuntime:
         self._key = f"schedc/runtime{next(_RUNTIMES)}"
         self._store = _default_store()
         self.trace_enabled = trace
-        self.events: list[tuple[str, int, int, float, float]] = []  # (instr, stage, mb, start, end) of the last step
+        self.events: list[tuple[Instr, float, float]] = []  # (instruction, start, end) of the last step
         self.steps = 0
 
     # ---- the step ----
@@ -197,7 +197,7 @@ class PipelineRuntime:
             if self.trace_enabled:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                self.events.append((str(instr), s, mb, t0, time.perf_counter()))
+                self.events.append((instr, t0, time.perf_counter()))
         self.steps += 1
         return torch.stack(losses).mean() if losses else None
 
@@ -316,9 +316,21 @@ class PipelineRuntime:
         """The last step's executed instructions (``trace=True``): instruction, op, stage, mb, start
         and end in seconds (``time.perf_counter``, comparable between processes on one host)."""
         return [
-            {"rank": self.rank, "instr": name, "stage": s, "mb": mb, "start": t0, "end": t1}
-            for name, s, mb, t0, t1 in self.events
+            {"instr": str(i), "op": i.op, "stage": i.stage, "mb": i.mb, "start": t0, "end": t1}
+            for i, t0, t1 in self.events
         ]
+
+    def save_trace(self, path: str) -> None:
+        """Collective (every rank calls it): rank 0 of the group writes the last step's trace of
+        all ranks to ``path`` (a Perfetto trace that ``schedc show --measured`` also reads)."""
+        from schedc.trace import write_trace_file
+
+        if not self.trace_enabled:
+            raise PipelineError("save_trace needs PipelineRuntime(..., trace=True)")
+        gathered = [None] * self.problem.ranks if self.rank == 0 else None
+        dist.gather_object(self.trace_events(), gathered, dst=self._peer_global[0], group=self.group)
+        if self.rank == 0:
+            write_trace_file(path, self.compiled.name, self.steps - 1, gathered)
 
 
 def _encode(t: torch.Tensor) -> torch.Tensor:

@@ -338,15 +338,31 @@ def bubble(p: int, m: int, v: int, F: float, B: float, W: float, as_json: bool) 
 @_input_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Figure file: .png, .svg or .pdf.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Also write a Chrome/Perfetto trace JSON here.")
-def show(problem: str, memory_limit, objective, name: str | None, output: str, trace: str | None) -> None:
-    """Draw the Gantt chart (and memory per rank) of a schedule.
+@click.option("--measured", type=click.Path(dir_okay=False),
+              help="A trace the runtime wrote (PipelineRuntime.save_trace): drawn below the simulated timeline.")
+def show(problem: str, memory_limit, objective, name: str | None, output: str, trace: str | None,
+         measured: str | None) -> None:
+    """Draw the Gantt chart (and memory per rank) of a schedule, and with --measured the run
+    the runtime traced beside it.
 
     INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
     """
     from schedc.plot import draw_gantt, write_trace
 
-    t = simulate(*_schedule_input(problem, name, memory_limit, objective))
-    draw_gantt([t], output)
+    prob, schedule = _schedule_input(problem, name, memory_limit, objective)
+    t = simulate(prob, schedule)
+    timelines = [t]
+    if measured:
+        from schedc.trace import measured_timeline
+
+        run = measured_timeline(measured, prob, schedule)
+        timelines.append(run)
+        click.echo(
+            f"simulated makespan {_fmt(t.makespan)}, measured {_fmt(run.makespan)}"
+            f" ({100 * (run.makespan / t.makespan - 1):+.1f}%); bubble simulated {100 * t.bubble_rate():.2f}%,"
+            f" measured {100 * run.bubble_rate():.2f}%"
+        )
+    draw_gantt(timelines, output)
     click.echo(f"wrote {output}")
     if trace:
         write_trace(t, trace)

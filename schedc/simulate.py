@@ -176,6 +176,25 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     )
 
 
+def with_times(problem: Problem, schedule: Schedule, start, end) -> Timeline:
+    """A Timeline of ``schedule`` with given (e.g. measured) op times, aligned with
+    ``schedule.ranks``; memory follows the order, as in ``simulate``."""
+    schedule.check_complete(problem)
+    for r, ops in enumerate(schedule.ranks):
+        if len(start[r]) != len(ops) or len(end[r]) != len(ops):
+            raise ScheduleError(f"{schedule.name}: rank {r} has {len(ops)} ops but {len(start[r])} times")
+    memory, peaks, violations = _memory(problem, schedule)
+    return Timeline(
+        problem=problem,
+        schedule=schedule,
+        start=tuple(map(tuple, start)),
+        end=tuple(map(tuple, end)),
+        memory=memory,
+        peak_activation=peaks,
+        violations=violations,
+    )
+
+
 def _describe_wait(ranks, pos, stuck, deps, where) -> str:
     """Which rank waits on which op, and on which rank that op sits behind what."""
     parts = []

@@ -167,3 +167,42 @@ def test_mismatched_stages_or_world_size_fail_at_construction(tmp_path):
     assert right == [None, None]
     world = run_local(construct, 2, str(tmp_path / "four.json"), {0: [0], 1: [1]}, timeout=120)
     assert world[0] == "the schedule '1f1b' is for 4 ranks but the process group has 2"
+
+
+# ---- trace ----
+
+
+def traced(rank, world, path, trace_path):
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    rt = PipelineRuntime(compiled, mine, lm_loss, trace=True)
+    for x, y in token_batches(2, 2 * prob.microbatches):
+        rt.step(x, y)
+    rt.save_trace(trace_path)
+    return rt.trace_events()
+
+
+def test_trace_records_every_instruction_and_show_draws_it(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from schedc.cli import main
+
+    path, trace = tmp_path / "s.json", tmp_path / "trace.json"
+    schedc.compile(problem(2, 2, "v", 4), "zb-v").save(path)
+    events = run_local(traced, 2, str(path), str(trace), timeout=300)
+    program = schedc.load(path).program
+    for r, evs in enumerate(events):
+        assert [e["instr"] for e in evs] == [str(i) for i in program.for_rank(r)]
+        assert all(a["end"] <= b["start"] for a, b in zip(evs, evs[1:]))  # one instruction at a time
+    data = json.loads(trace.read_text())
+    assert data["schedc"]["format"] == "schedc.trace" and len(data["traceEvents"]) > 2 * len(events[0])
+    result = CliRunner().invoke(main, ["show", str(path), "--measured", str(trace), "-o", str(tmp_path / "g.png")])
+    assert result.exit_code == 0, result.output
+    assert "measured" in result.output and (tmp_path / "g.png").stat().st_size > 0
+    other = tmp_path / "other.json"
+    schedc.compile(problem(2, 2, "v", 4), "v-half").save(other)
+    bad = CliRunner().invoke(main, ["show", str(other), "--measured", str(trace), "-o", str(tmp_path / "h.png")])
+    assert bad.exit_code == 2 and "traces schedule 'zb-v', not 'v-half'" in bad.output

@@ -1,0 +1,274 @@
+"""Profiling: what each stage costs on this machine, as a Problem that ``schedc solve`` reads.
+
+``profile_stages`` runs each stage on one microbatch, chaining real activations from stage to
+stage, and measures, per stage:
+
+- F, B, W times in ms: warm-up runs, then the median of repeats (CUDA events on GPU). B and W
+  are timed exactly as the runtime runs them (``schedc.runtime.wgrad``: B computes the input
+  gradient and the non-Linear weight gradients, W the deferred Linear ones); the last stage's F
+  includes the loss.
+- activation memory of one microbatch, MiB: on GPU the allocator's growth over F that is still
+  held afterwards; on CPU the bytes of the tensors autograd saves for backward (parameters
+  excluded). What B keeps for W (each split Linear's input and output gradient) is measured the
+  same way, so B releases the rest and W what it kept.
+- static memory, MiB: parameters, their gradients and ``optimizer_state`` times the parameters
+  (2 for Adam's two moments, 1 for SGD with momentum).
+- the size of the tensor each stage sends on.
+
+``measure_comm`` times a transfer of that size between two ranks (half a round trip).
+``make_problem`` turns a profile into a Problem for any placement of the stages.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from schedc.problem import Problem
+from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
+
+MiB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    F: list[float]  # ms per microbatch, per stage
+    B: list[float]
+    W: list[float]
+    activation: list[float]  # MiB a microbatch's F holds until its backward
+    kept_for_w: list[float]  # MiB of that (or more) which B keeps until W
+    static: list[float]  # MiB: parameters, gradients, optimizer state
+    sends: list[float]  # MiB stage s sends to s+1 (the last stage: 0)
+    microbatch_size: int
+    device: str
+    threads: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def profile_stages(
+    stages: Sequence[nn.Module],
+    inputs: torch.Tensor,
+    targets: Any,
+    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
+    *,
+    microbatches: int = 1,
+    warmup: int = 2,
+    repeats: int = 7,
+    device: torch.device | str | None = None,
+    optimizer_state: float = 2.0,
+    progress: Callable[[str], None] | None = None,
+) -> StageProfile:
+    """Profile ``stages`` (in pipeline order) on one microbatch of the batch ``inputs`` /
+    ``targets`` split into ``microbatches``. The modules are copied, not changed."""
+    if inputs.shape[0] % microbatches:
+        raise ValueError(f"a batch of {inputs.shape[0]} does not split into {microbatches} equal microbatches")
+    size = inputs.shape[0] // microbatches
+    device = torch.device(device) if device is not None else _device_of(stages[0])
+    x = inputs[:size].to(device)
+    y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
+    out: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "activation", "kept_for_w", "static", "sends")}
+    for s, original in enumerate(stages):
+        last = s == len(stages) - 1
+        module = _split_copy(original, device)
+        run = _StageRunner(module, x, y if last else None, loss_fn)
+        f, b, w = run.times(warmup, repeats)
+        held, kept = run.memory()
+        params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+        out["F"].append(f)
+        out["B"].append(b)
+        out["W"].append(w)
+        out["activation"].append(held / MiB)
+        out["kept_for_w"].append(min(kept, held) / MiB)
+        out["static"].append(params * (2 + optimizer_state) / MiB)
+        x = run.output()
+        out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
+        if progress:
+            progress(f"stage {s}: F {f:.3f} ms  B {b:.3f} ms  W {w:.3f} ms  activation {held / MiB:.2f} MiB")
+    return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads())
+
+
+def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    copied = copy.deepcopy(module).to(device)
+    enable_split(copied)
+    return copied
+
+
+class _StageRunner:
+    """F, B and W of one stage on one microbatch, as the runtime runs them."""
+
+    def __init__(self, module: nn.Module, x: torch.Tensor, target: Any, loss_fn):
+        self.module, self.x, self.target, self.loss_fn = module, x, target, loss_fn
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.store = WeightGradStore()
+        self.device = x.device
+
+    def forward(self):
+        x = self.x.detach().requires_grad_(True) if self.x.is_floating_point() else self.x
+        out = self.module(x)
+        if self.target is not None:
+            out = self.loss_fn(out, self.target)
+        return x, out
+
+    def backward_input(self, x, out) -> None:
+        grad = None if self.target is not None else torch.ones_like(out)
+        inputs = [x] if x.requires_grad else []
+        self.store.backward_input("profile", out, grad, inputs, self.params)
+
+    def times(self, warmup: int, repeats: int) -> tuple[float, float, float]:
+        f, b, w = [], [], []
+        for i in range(warmup + repeats):
+            with _Timer(self.device) as tf:
+                x, out = self.forward()
+            with _Timer(self.device) as tb:
+                self.backward_input(x, out)
+            with _Timer(self.device) as tw:
+                self.store.backward_weight("profile")
+            if i >= warmup:
+                f.append(tf.ms)
+                b.append(tb.ms)
+                w.append(tw.ms)
+        self.module.zero_grad(set_to_none=True)
+        return statistics.median(f), statistics.median(b), statistics.median(w)
+
+    def memory(self) -> tuple[float, float]:
+        """(bytes F holds for backward, bytes B keeps for W)."""
+        if self.device.type == "cuda":
+            return self._cuda_memory()
+        param_storages = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in param_storages:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        kept = []
+        hooks = [
+            m.register_forward_hook(lambda mod, args, out: kept.append(args[0].numel() * args[0].element_size()
+                                                                       + out.numel() * out.element_size()))
+            for m in self.module.modules() if isinstance(m, SplitLinear)
+        ]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                self.forward()
+        finally:
+            for h in hooks:
+                h.remove()
+        return float(sum(saved.values())), float(sum(kept))
+
+    def _cuda_memory(self) -> tuple[float, float]:
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        x, out = self.forward()
+        torch.cuda.synchronize(self.device)
+        held = torch.cuda.memory_allocated(self.device) - base
+        self.backward_input(x, out)
+        del out
+        torch.cuda.synchronize(self.device)
+        kept = torch.cuda.memory_allocated(self.device) - base
+        self.store.backward_weight("profile")
+        self.module.zero_grad(set_to_none=True)
+        return float(held), float(max(0, kept))
+
+    def output(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.module(self.x).detach()
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.ms = 0.0
+
+    def __enter__(self):
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.end.record()
+            self.end.synchronize()
+            self.ms = self.start.elapsed_time(self.end)
+        else:
+            self.ms = 1e3 * (time.perf_counter() - self.t0)
+
+
+def measure_comm(mib: float, *, repeats: int = 20, warmup: int = 3, group: dist.ProcessGroup | None = None,
+                 device: torch.device | str = "cpu") -> float:
+    """One-way time in ms of a ``mib`` MiB float32 tensor between ranks 0 and 1 of ``group`` (half
+    the median round trip). Every rank of the group must call it; ranks above 1 only wait."""
+    rank = dist.get_rank(group)
+    peer = 1 - rank
+    buf = torch.zeros(max(1, int(mib * MiB) // 4), dtype=torch.float32, device=device)
+    rounds = []
+    for i in range(warmup + repeats):
+        if rank > 1:
+            continue
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, _global(group, peer), group=group)
+            dist.recv(buf, _global(group, peer), group=group)
+        else:
+            dist.recv(buf, _global(group, peer), group=group)
+            dist.send(buf, _global(group, peer), group=group)
+        if i >= warmup:
+            rounds.append(time.perf_counter() - t0)
+    dist.barrier(group=group)
+    return 1e3 * statistics.median(rounds) / 2 if rounds else 0.0
+
+
+def _global(group, r: int) -> int:
+    return dist.get_global_rank(group, r) if group is not None else r
+
+
+def make_problem(
+    profile: StageProfile,
+    *,
+    ranks: int,
+    microbatches: int,
+    chunks: int = 1,
+    placement: str | list = "loop",
+    comm: float = 0.0,
+    memory_limit: float | None = None,
+    objective: str = "makespan",
+    name: str = "profiled",
+) -> Problem:
+    """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
+    in MiB). Static memory per rank is the sum over the stages the placement puts there."""
+    n = len(profile.F)
+    if ranks * chunks != n:
+        raise ValueError(f"the profile has {n} stages but ranks x chunks is {ranks} x {chunks}")
+    act = profile.activation
+    b_delta = [-(a - k) for a, k in zip(act, profile.kept_for_w)]
+    w_delta = [-k for k in profile.kept_for_w]
+    base = Problem.parse(dict(ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
+                              costs=dict(F=1, B=1, W=1)))
+    static = [sum(profile.static[s] for s in stages) for stages in base.rank_stages]
+    memory: dict[str, Any] = dict(F=act, B=b_delta, W=w_delta, static=static)
+    if memory_limit is not None:
+        memory["limit"] = memory_limit
+    return Problem.parse(
+        dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
+             costs=dict(F=profile.F, B=profile.B, W=profile.W), comm=comm, memory=memory, objective=objective),
+        source=name,
+    )
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")

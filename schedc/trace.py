@@ -1,0 +1,71 @@
+"""Traces of executed steps: what the runtime records, written as one JSON file that is both a
+Chrome / Perfetto trace (``traceEvents``) and data for ``schedc show --measured``.
+
+    {"traceEvents": [...], "displayTimeUnit": "ms",
+     "schedc": {"format": "schedc.trace", "version": 1, "schedule": NAME, "step": K,
+                "ranks": [[{"instr": "F0@s0", "op": "F", "stage": 0, "mb": 0, "start": ms, "end": ms}, ...], ...]}}
+
+Times are milliseconds from the earliest instruction of the step on any rank (clocks of one
+host; ranks on several hosts are only as aligned as their clocks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from schedc.errors import SchedcError
+from schedc.program import COMPUTE
+from schedc.schedule import Schedule
+from schedc.simulate import Timeline, with_times
+
+FORMAT = "schedc.trace"
+
+
+def write_trace_file(path: str | Path, schedule_name: str, step: int, ranks: list[list[dict]]) -> None:
+    """``ranks``: per rank, the executed instructions as dicts with instr, op, stage, mb and
+    start / end in seconds on a shared clock."""
+    t0 = min((e["start"] for events in ranks for e in events), default=0.0)
+    data = [
+        [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0)) for e in events] for events in ranks
+    ]
+    trace = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{schedule_name} (measured)"}}]
+    for r, events in enumerate(data):
+        trace.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
+        trace += [
+            {"name": e["instr"], "cat": e["op"], "ph": "X", "pid": 0, "tid": r, "ts": 1e3 * e["start"],
+             "dur": 1e3 * (e["end"] - e["start"]), "args": {"stage": e["stage"], "microbatch": e["mb"]}}
+            for e in events
+        ]
+    doc = {
+        "traceEvents": trace,
+        "displayTimeUnit": "ms",
+        "schedc": {"format": FORMAT, "version": 1, "schedule": schedule_name, "step": step, "ranks": data},
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline:
+    """The compute ops' measured times from a trace file, as a Timeline of ``schedule`` (which
+    must be the schedule that ran)."""
+    try:
+        data = json.loads(Path(path).read_text())["schedc"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SchedcError(f"{path}: not a schedc trace file ({type(e).__name__}: {e})") from None
+    if data.get("format") != FORMAT:
+        raise SchedcError(f"{path}: not a schedc trace file")
+    if data.get("schedule") != schedule.name:
+        raise SchedcError(f"{path}: traces schedule {data.get('schedule')!r}, not {schedule.name!r}")
+    ranks = data["ranks"]
+    if len(ranks) != len(schedule.ranks):
+        raise SchedcError(f"{path}: has {len(ranks)} ranks, the schedule {len(schedule.ranks)}")
+    start, end = [], []
+    for r, (events, ops) in enumerate(zip(ranks, schedule.ranks)):
+        compute = [e for e in events if e["op"] in COMPUTE]
+        if [(e["op"], e["stage"], e["mb"]) for e in compute] != [tuple(op) for op in ops]:
+            raise SchedcError(f"{path}: rank {r} ran other compute ops than the schedule {schedule.name!r}")
+        start.append([e["start"] for e in compute])
+        end.append([e["end"] for e in compute])
+    return with_times(problem, schedule.renamed(f"{schedule.name} (measured)"), start, end)

@@ -1,0 +1,56 @@
+"""The profiler: per-stage times and memory on CPU, and the Problem it makes."""
+
+import math
+
+import pytest
+
+from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
+from schedc.runtime.launch import run_local
+from schedc.runtime.profile import MiB, StageProfile, make_problem, measure_comm, profile_stages
+from schedc.runtime.wgrad import SplitLinear
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    parts = stages(gpt_blocks(d_model=32, n_layers=2, seq_len=16), 4)
+    (x, y), = token_batches(1, 8, seq_len=16)
+    lines = []
+    prof = profile_stages(parts, x, y, lm_loss, microbatches=2, warmup=1, repeats=3, progress=lines.append)
+    return parts, prof, lines
+
+
+def test_times_memory_and_sizes(profiled):
+    parts, prof, lines = profiled
+    assert len(lines) == 4 and lines[0].startswith("stage 0: F ")
+    assert all(t > 0 for t in prof.F + prof.B + prof.W)
+    assert all(0 <= k <= a and a > 0 for a, k in zip(prof.activation, prof.kept_for_w))
+    assert prof.kept_for_w[0] == 0 and all(k > 0 for k in prof.kept_for_w[1:])  # stage 0: an Embedding, no Linear
+    for s, part in enumerate(parts):
+        n = sum(p.numel() for p in part.parameters())
+        assert prof.static[s] == pytest.approx(n * 4 * (2 + 2.0) / MiB)
+    # stages 0-2 send a (microbatch 4, seq 16, d_model 32) float32 activation; the last nothing
+    assert prof.sends == [4 * 16 * 32 * 4 / MiB] * 3 + [0.0]
+    assert prof.microbatch_size == 4
+    # the user's modules are left as they were
+    assert not any(isinstance(m, SplitLinear) for part in parts for m in part.modules())
+
+
+def test_make_problem_places_stages_and_sums_static_memory(profiled):
+    _, prof, _ = profiled
+    prob = make_problem(prof, ranks=2, microbatches=8, chunks=2, placement="v", comm=0.1, memory_limit=1e3)
+    assert prob.cost["F"] == tuple(prof.F) and prob.comm == 0.1
+    assert prob.static_memory[0] == pytest.approx(prof.static[0] + prof.static[3])
+    assert prob.mem["F"] == pytest.approx(tuple(prof.activation))
+    assert [f + b + w for f, b, w in zip(*prob.mem_deltas)] == pytest.approx([0.0] * 4)
+    with pytest.raises(ValueError, match="the profile has 4 stages but ranks x chunks is 3 x 1"):
+        make_problem(prof, ranks=3, microbatches=4)
+    assert isinstance(StageProfile(**prof.to_dict()), StageProfile)
+
+
+def _comm(rank, world):
+    return measure_comm(0.25, repeats=5)
+
+
+def test_measure_comm_between_two_ranks():
+    times = run_local(_comm, 2, timeout=120)
+    assert all(math.isfinite(t) and t > 0 for t in times)
