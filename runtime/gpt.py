@@ -1,8 +1,8 @@
 """A small GPT-style language model given as an ordered list of blocks, for tests, benchmarks
 and examples/train_gpt.py: token + position embedding first, transformer blocks, then the head.
 
-``stages(blocks, n)`` cuts the list into ``n`` contiguous ``nn.Sequential`` stages; the
-partitioner (profiled, balanced cuts) is a separate concern.
+``cut(blocks, sizes)`` groups the list into contiguous ``nn.Sequential`` stages (``sizes`` from
+``schedc.partition``); ``stages(blocks, n)`` is the uniform cut.
 """
 
 from __future__ import annotations
@@ -61,17 +61,22 @@ def gpt_blocks(vocab: int = 64, d_model: int = 32, n_layers: int = 4, n_heads: i
     return [Embedding(vocab, d_model, seq_len), *(Block(d_model, n_heads) for _ in range(n_layers)), Head(d_model, vocab)]
 
 
-def stages(blocks: list[nn.Module], n: int) -> list[nn.Sequential]:
-    """``n`` contiguous stages with block counts as equal as possible (the first ones get the extra)."""
-    if not 1 <= n <= len(blocks):
-        raise ValueError(f"cannot cut {len(blocks)} blocks into {n} stages")
-    q, extra = divmod(len(blocks), n)
+def cut(blocks: list[nn.Module], sizes: list[int]) -> list[nn.Sequential]:
+    """Stage s holds the next ``sizes[s]`` blocks."""
+    if sum(sizes) != len(blocks) or min(sizes, default=0) < 1:
+        raise ValueError(f"cannot cut {len(blocks)} blocks into stages of {sizes} blocks")
     out, i = [], 0
-    for s in range(n):
-        k = q + (s < extra)
+    for k in sizes:
         out.append(nn.Sequential(*blocks[i:i + k]))
         i += k
     return out
+
+
+def stages(blocks: list[nn.Module], n: int) -> list[nn.Sequential]:
+    """``n`` contiguous stages with block counts as equal as possible (the first ones get the extra)."""
+    from schedc.partition import uniform
+
+    return cut(blocks, uniform(len(blocks), n))
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

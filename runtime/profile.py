@@ -15,14 +15,26 @@ stage, and measures, per stage:
   (2 for Adam's two moments, 1 for SGD with momentum).
 - the size of the tensor each stage sends on.
 
+Ranks that share a machine slow each other down (memory bandwidth, caches): two 1-thread
+processes on two cores each run a transformer stage about 25-30% slower than one alone on this
+project's CI machine. ``load=k`` reproduces that: k background threads run the same stage's F, B
+and W on their own copies while it is timed (``profile_model`` sets k = ranks - 1 on CPU, 0 on GPU,
+where each rank has its own device).
+
 ``measure_comm`` times a transfer of that size between two ranks (half a round trip).
 ``make_problem`` turns a profile into a Problem for any placement of the stages.
+
+``profile_model`` is the whole of ``schedc profile``: a model given as a ``ModelSpec`` (ordered
+blocks, a sample batch, the loss) is partitioned into stages (uniform, parameter-balanced, or
+time-balanced from per-block profiles), the stages are profiled, the transfer is timed between two
+local processes, and the Problem records the partition in ``stage_blocks``.
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -66,10 +78,12 @@ def profile_stages(
     repeats: int = 7,
     device: torch.device | str | None = None,
     optimizer_state: float = 2.0,
+    load: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> StageProfile:
     """Profile ``stages`` (in pipeline order) on one microbatch of the batch ``inputs`` /
-    ``targets`` split into ``microbatches``. The modules are copied, not changed."""
+    ``targets`` split into ``microbatches``, with ``load`` copies of each stage running beside it.
+    The modules are copied, not changed."""
     if inputs.shape[0] % microbatches:
         raise ValueError(f"a batch of {inputs.shape[0]} does not split into {microbatches} equal microbatches")
     size = inputs.shape[0] // microbatches
@@ -81,7 +95,9 @@ def profile_stages(
         last = s == len(stages) - 1
         module = _split_copy(original, device)
         run = _StageRunner(module, x, y if last else None, loss_fn)
-        f, b, w = run.times(warmup, repeats)
+        with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
+                          for _ in range(load)]):
+            f, b, w = run.times(warmup, repeats)
         held, kept = run.memory()
         params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
         out["F"].append(f)
@@ -111,6 +127,11 @@ class _StageRunner:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.store = WeightGradStore()
         self.device = x.device
+
+    def once(self) -> None:
+        x, out = self.forward()
+        self.backward_input(x, out)
+        self.store.backward_weight("profile")
 
     def forward(self):
         x = self.x.detach().requires_grad_(True) if self.x.is_floating_point() else self.x
@@ -186,6 +207,30 @@ class _StageRunner:
             return self.module(self.x).detach()
 
 
+class _Background:
+    """Runs each runner's F, B, W in a loop on its own thread (torch ops release the GIL) while
+    the body runs: the load of the other ranks on a shared machine."""
+
+    def __init__(self, runners: list[_StageRunner]):
+        self.runners = runners
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(r,), daemon=True) for r in runners]
+
+    def _loop(self, runner: _StageRunner) -> None:
+        while not self.stop.is_set():
+            runner.once()
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
 class _Timer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -247,6 +292,7 @@ def make_problem(
     memory_limit: float | None = None,
     objective: str = "makespan",
     name: str = "profiled",
+    stage_blocks: list[int] | None = None,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there."""
@@ -264,9 +310,122 @@ def make_problem(
         memory["limit"] = memory_limit
     return Problem.parse(
         dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
-             costs=dict(F=profile.F, B=profile.B, W=profile.W), comm=comm, memory=memory, objective=objective),
+             costs=dict(F=profile.F, B=profile.B, W=profile.W), comm=comm, memory=memory, objective=objective,
+             stage_blocks=stage_blocks),
         source=name,
     )
+
+
+@dataclass
+class ModelSpec:
+    """A model as the profiler and the examples take it: blocks in pipeline order (an embedding
+    first, a head last, or any ``nn.Sequential``'s children), one training batch, and the loss."""
+
+    blocks: list[nn.Module]
+    batch: tuple[torch.Tensor, Any]  # (inputs, targets) of one iteration
+    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor]
+    optimizer_state: float = 2.0  # optimizer values per parameter (Adam: 2, SGD with momentum: 1)
+
+
+def load_model_spec(ref: str) -> ModelSpec:
+    """``path/to/file.py:function`` or ``package.module:function``; the function takes no
+    arguments and returns a ModelSpec."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    from schedc.errors import SchedcError
+
+    where, sep, func = ref.rpartition(":")
+    if not sep or not where or not func:
+        raise SchedcError(f"model {ref!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.is_file():
+                raise SchedcError(f"model {ref!r}: no file {where}")
+            spec = importlib.util.spec_from_file_location(f"schedc_model_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ImportError as e:
+        raise SchedcError(f"model {ref!r}: cannot import {where}: {e}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise SchedcError(f"model {ref!r}: {where} has no function {func!r}")
+    model = fn()
+    if not isinstance(model, ModelSpec):
+        raise SchedcError(f"model {ref!r}: {func}() returned {type(model).__name__}, not a ModelSpec")
+    return model
+
+
+def profile_model(
+    model: ModelSpec,
+    *,
+    ranks: int,
+    microbatches: int,
+    chunks: int = 1,
+    placement: str | list = "loop",
+    partition: str = "time",
+    comm: float | None = None,
+    memory_limit: float | None = None,
+    objective: str = "makespan",
+    name: str = "profiled",
+    warmup: int = 2,
+    repeats: int = 7,
+    device: torch.device | str | None = None,
+    load: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Problem, StageProfile]:
+    """Partition, profile and time the transfer: the Problem ``schedc solve`` takes. ``comm``
+    None measures it between two local processes (gloo, CPU). ``load`` None: ranks - 1 copies
+    run beside each timed stage on CPU (the ranks share the machine), none on GPU."""
+    from schedc.partition import balanced, stage_weights, uniform
+    from schedc.runtime.gpt import cut
+
+    say = progress or (lambda msg: None)
+    n = ranks * chunks
+    inputs, targets = model.batch
+    blocks = model.blocks
+    if not 1 <= n <= len(blocks):
+        raise ValueError(f"cannot cut {len(blocks)} blocks into {n} stages ({ranks} ranks x {chunks} chunks)")
+    if partition == "uniform":
+        sizes = uniform(len(blocks), n)
+    elif partition == "params":
+        sizes = balanced([sum(p.numel() for p in b.parameters()) for b in blocks], n)
+    elif partition == "time":
+        say(f"profiling {len(blocks)} blocks one by one for the time-balanced partition")
+        per_block = profile_stages(blocks, inputs, targets, model.loss_fn, microbatches=microbatches,
+                                   warmup=warmup, repeats=repeats, device=device,
+                                   optimizer_state=model.optimizer_state)
+        weights = [f + b + w for f, b, w in zip(per_block.F, per_block.B, per_block.W)]
+        sizes = balanced(weights, n)
+        say(f"partition {sizes}: slowest stage {max(stage_weights(weights, sizes)):.3f} ms"
+            f" (uniform {uniform(len(blocks), n)}: {max(stage_weights(weights, uniform(len(blocks), n))):.3f} ms)")
+    else:
+        raise ValueError(f"partition must be uniform, params or time, got {partition!r}")
+    if load is None:
+        load = ranks - 1 if torch.device(device or _device_of(blocks[0])).type == "cpu" else 0
+    say(f"profiling {n} stages" + (f" with {load} busy copies beside each (the other ranks' load)" if load else ""))
+    prof = profile_stages(cut(blocks, sizes), inputs, targets, model.loss_fn, microbatches=microbatches,
+                          warmup=warmup, repeats=repeats, device=device, optimizer_state=model.optimizer_state,
+                          load=load, progress=say)
+    if comm is None:
+        comm = 0.0
+        if ranks > 1:
+            from schedc.runtime.launch import run_local
+
+            mib = max(prof.sends)
+            comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
+            say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
+    problem = make_problem(prof, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
+                           comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes)
+    return problem, prof
+
+
+def _comm_probe(rank: int, world: int, mib: float, repeats: int) -> float:
+    return measure_comm(mib, repeats=max(repeats, 10))
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -22,7 +22,7 @@ import difflib
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -88,6 +88,9 @@ class Problem(_Strict):
     comm: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     memory: Memory = Memory()
     objective: Literal["makespan", "span"] = "makespan"
+    stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
+        default=None, description="model blocks in each stage, from the partitioner (informational)"
+    )
 
     @field_validator("placement", mode="before")
     @classmethod
@@ -117,6 +120,8 @@ class Problem(_Strict):
                     f" set memory.W to {-(f + b):g} or leave it out"
                 )
         self._per_rank("memory.static", self.memory.static)
+        if self.stage_blocks is not None and len(self.stage_blocks) != self.n_stages:
+            raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.n_stages} stages")
         limits = self.memory_limit
         if limits is not None:
             for r, limit in enumerate(limits):

@@ -1,0 +1,62 @@
+"""Cutting an ordered list of model blocks into contiguous stages.
+
+- ``uniform``: block counts as equal as possible.
+- ``balanced``: minimise the heaviest stage for any per-block weight (parameter counts, or
+  profiled F+B+W time), exactly, by dynamic programming over cut points: O(n^2 k) for n blocks
+  and k stages.
+
+A partition is given as blocks per stage (``[3, 2, 2]``: stage 0 holds blocks 0-2, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def uniform(n_blocks: int, n_stages: int) -> list[int]:
+    _check(n_blocks, n_stages)
+    q, extra = divmod(n_blocks, n_stages)
+    return [q + (s < extra) for s in range(n_stages)]
+
+
+def balanced(weights: Sequence[float], n_stages: int) -> list[int]:
+    """The partition whose heaviest stage (sum of its blocks' weights) is the lightest possible;
+    among those, the one found first by preferring earlier cuts (deterministic)."""
+    n = len(weights)
+    _check(n, n_stages)
+    prefix = [0.0]
+    for w in weights:
+        if w < 0:
+            raise ValueError(f"block weights must be >= 0, got {w}")
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    # best[k][i]: the lightest heaviest stage when the first i blocks form k stages; cut[k][i]: where stage k-1 starts
+    best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_stages + 1):
+        for i in range(k, n - (n_stages - k) + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    sizes, i = [], n
+    for k in range(n_stages, 0, -1):
+        j = cut[k][i]
+        sizes.append(i - j)
+        i = j
+    return sizes[::-1]
+
+
+def stage_weights(weights: Sequence[float], sizes: Sequence[int]) -> list[float]:
+    """Each stage's total weight under a partition."""
+    out, i = [], 0
+    for k in sizes:
+        out.append(sum(weights[i:i + k]))
+        i += k
+    return out
+
+
+def _check(n_blocks: int, n_stages: int) -> None:
+    if not 1 <= n_stages <= n_blocks:
+        raise ValueError(f"cannot cut {n_blocks} blocks into {n_stages} stages: need 1 <= stages <= blocks")
