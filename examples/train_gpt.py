@@ -97,6 +97,7 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"schedule": compiled.name, "losses": losses, "measured_ms": measured,
                            "simulated_ms": simulated, "ranks": world, "device": str(device)}, f, indent=1)
+    dist.barrier()  # nobody tears down while a peer still talks to it
     dist.destroy_process_group()
 
 
