@@ -1,4 +1,6 @@
-"""Pictures of Timelines: a Gantt chart with memory curves (draw_gantt), a Perfetto trace (write_trace).
+"""Pictures of Timelines: a Gantt chart with memory curves (draw_gantt), a Perfetto trace
+(write_trace); and of ablation studies: the memory / bubble frontier (draw_frontier), the solver's
+speed-ups (draw_speedup).
 
 matplotlib is imported inside draw_gantt (no pyplot, so no global backend state), so importing this
 module stays cheap.
@@ -102,8 +104,7 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
         handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=9, frameon=False,
                title=title, title_fontsize=12)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110 if path.suffix.lower() == ".png" else None)
+    _save(fig, path)
 
 
 def _block_title(tl: Timeline) -> str:
@@ -176,3 +177,104 @@ def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
 def _ink(rgb: tuple[float, float, float]) -> str:
     """Black or white text, whichever reads better on ``rgb``."""
     return "black" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 0.6 else "white"
+
+
+def _settings(rows) -> dict[tuple, list]:
+    """Ablation rows grouped by everything but the memory limit and the schedule."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        key = (r.problem, r.ranks, r.microbatches, r.chunks, r.placement, r.comm, r.objective)
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
+    """Bubble against memory limit (x 1F1B's activation memory), one line per schedule, one panel
+    per setting of the grid: where each schedule fits, and what it buys. No limit is drawn at the
+    right of the axis."""
+    from matplotlib.figure import Figure
+
+    groups = _settings(rows)
+    factors = sorted({r.memory_factor for r in rows if r.memory_factor is not None})
+    unlimited = (max(factors) + 0.5) if factors else 1.0
+    n = len(groups)
+    cols = min(3, n)
+    nrows = (n + cols - 1) // cols
+    fig = Figure(figsize=(5.2 * cols, 3.6 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    for ax, ((problem, p, m, v, placement, comm, objective), group) in zip(axes.flat, groups.items()):
+        for name in dict.fromkeys(r.schedule for r in group):
+            pts = sorted(
+                ((unlimited if r.memory_factor is None else r.memory_factor), 100 * r.bubble)
+                for r in group if r.schedule == name and r.fits
+            )
+            if pts:
+                style = dict(color="black", linewidth=2.2, zorder=5) if name == "ilp" else dict(linewidth=1, alpha=0.8)
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=name, **style)
+        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:g}" if comm else ""), fontsize=9)
+        ticks = sorted({(unlimited if r.memory_factor is None else r.memory_factor) for r in group})
+        ax.set_xticks(ticks, [("none" if x == unlimited and None in {r.memory_factor for r in group} else f"{x:g}")
+                              for x in ticks])
+        ax.set_xlabel("memory limit (x 1F1B activation memory)", fontsize=8)
+        ax.set_ylabel(f"bubble % ({objective})", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles: dict = {}
+    for ax in list(axes.flat)[:n]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    _save(fig, path)
+
+
+def draw_speedup(by_cell: dict, path: str | Path, *, title: str | None = None) -> None:
+    """Per cell, the solved schedule's speed-up over the best fitting heuristic and over 1F1B."""
+    from matplotlib.figure import Figure
+
+    from schedc.ablate import ILP, best_heuristic
+
+    labels, vs_best, vs_1f1b = [], [], []
+    for cell_id, rows in by_cell.items():
+        ilp = next((r for r in rows if r.schedule == ILP and r.objective_value is not None), None)
+        best = best_heuristic(rows)
+        ofob = next((r for r in rows if r.schedule == "1f1b" and r.status == "fits"), None)
+        if ilp is None:
+            continue
+        labels.append(cell_id)
+        vs_best.append(best.objective_value / ilp.objective_value if best else float("nan"))
+        vs_1f1b.append(ofob.objective_value / ilp.objective_value if ofob else float("nan"))
+    fig = Figure(figsize=(9, 0.3 * len(labels) + 1.6), layout="constrained")
+    ax = fig.subplots()
+    y = list(range(len(labels)))
+    # Bars grow from 1.0 (no speed-up), labelled with their value.
+    for offset, values, label, color in ((-0.2, vs_best, "over the best heuristic that fits", "#3b75af"),
+                                         (0.2, vs_1f1b, "over 1F1B (where it fits)", "#bbbbbb")):
+        ys = [i + offset for i in y]
+        ax.barh(ys, [x - 1 for x in values], left=1.0, height=0.4, label=label, color=color)
+        for yy, x in zip(ys, values):
+            if x == x:
+                ax.text(max(x, 1.0), yy, f" {x:.3f}", va="center", fontsize=6)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up of the solved schedule (objective ratio)")
+    finite = [x for x in vs_best + vs_1f1b if x == x]
+    if finite:
+        ax.set_xlim(min(0.995, min(finite) - 0.01), max(finite) * 1.03)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title)
+    _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> None:
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise SchedcError(f"{path}: unknown figure format {path.suffix!r}: use {', '.join(FORMATS)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110 if path.suffix.lower() == ".png" else None)

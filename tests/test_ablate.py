@@ -1,0 +1,108 @@
+"""`schedc ablate` end to end on a tiny grid; its numbers against `schedc simulate` run directly."""
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from schedc.ablate import read_csv
+from schedc.cli import main
+
+CONFIG = """
+name: tiny
+problems:
+  - file: {root}/examples/problems/uniform.yaml
+  - name: skewed
+    problem: {{ranks: 3, microbatches: 3, costs: {{F: [1, 1, 3], B: [2, 1, 3], W: [4, 3, 3]}}, memory: {{F: 1}}}}
+grid:
+  memory: [0.67, 1.0, null]
+schedules: [1f1b, zb-h1, zb-h2, zb-greedy, ilp]
+solver: {{time_limit: 20}}
+"""
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    from pathlib import Path
+
+    tmp = tmp_path_factory.mktemp("ablate")
+    config = tmp / "tiny.yaml"
+    config.write_text(CONFIG.format(root=Path(__file__).parent.parent))
+    out = tmp / "report"
+    output = run("ablate", config, "-o", out, "-q")
+    return out, output
+
+
+def test_report_files(report):
+    out, output = report
+    for name in ("results.csv", "summary.md", "frontier.png", "speedup.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert list(out.glob("gantt-*.png")), "the cell with the largest speed-up is drawn"
+    assert "| cell | best heuristic |" in output
+
+
+def test_numbers_match_schedc_simulate(report):
+    out, _ = report
+    rows = read_csv(out / "results.csv")
+    cells = {r["cell"] for r in rows}
+    assert len(cells) == 6 and len(rows) == 30
+    checked = 0
+    for r in rows:
+        problem = out / "problems" / f"{r['cell']}.yaml"
+        if r["status"].startswith("n/a"):
+            continue
+        if r["schedule"] == "ilp":
+            sim = json.loads(run("simulate", out / "schedules" / f"{r['cell']}-ilp.json", "--json"))
+        else:
+            sim = json.loads(run("simulate", problem, "-s", r["schedule"], "--json"))
+        assert float(r["makespan"]) == pytest.approx(sim["makespan"], rel=1e-12)
+        assert float(r["span"]) == pytest.approx(sim["span"], rel=1e-12)
+        assert float(r["bubble"]) == pytest.approx(sim["bubble_makespan"], rel=1e-12)
+        assert float(r["peak_memory"]) == pytest.approx(max(sim["peak_memory"]), rel=1e-12)
+        assert (r["status"] != "over memory") == sim["fits"] or r["schedule"] == "ilp"
+        checked += 1
+    assert checked >= 24
+
+
+def test_summary_speedups_follow_from_the_csv(report):
+    out, _ = report
+    rows = read_csv(out / "results.csv")
+    summary = (out / "summary.md").read_text()
+    by_cell = {}
+    for r in rows:
+        by_cell.setdefault(r["cell"], []).append(r)
+    wins = 0
+    for cell, cell_rows in by_cell.items():
+        fitting = [r for r in cell_rows if r["schedule"] != "ilp" and r["status"] == "fits"]
+        best = min(fitting, key=lambda r: float(r["objective_value"]))
+        ilp = next(r for r in cell_rows if r["schedule"] == "ilp")
+        speedup = float(best["objective_value"]) / float(ilp["objective_value"])
+        line = next(ln for ln in summary.splitlines() if ln.startswith(f"| {cell} |"))
+        assert f"x{speedup:.3f}" in line and float(best["bubble"]) * 100 == pytest.approx(
+            float(re.search(r"\| ([\d.]+)% \|", line).group(1)), abs=0.006)
+        assert speedup >= 1 - 1e-9  # the solver starts from the best heuristic
+        wins += speedup > 1.01
+    assert wins >= 1, "the skewed problem at a tight limit is one the heuristics lose"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("problems: []", "problems"),
+        ("problems: [{file: a.yaml, profile: b.py:f}]", "give exactly one of file, problem, profile"),
+        ("problems: [{file: a.yaml}]\nschedules: [zb-h9]", "unknown schedule 'zb-h9'"),
+        ("problems: [{file: a.yaml}]\ngrdi: {}", "unknown field 'grdi' (did you mean 'grid'?)"),
+    ],
+)
+def test_config_mistakes_are_one_line(tmp_path, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    result = CliRunner().invoke(main, ["ablate", str(config), "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
