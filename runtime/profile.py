@@ -55,6 +55,7 @@ class StageProfile:
     F: list[float]  # ms per microbatch, per stage
     B: list[float]
     W: list[float]
+    BW: list[float]  # the fused backward, as 1F1B runs it (often less than B + W)
     activation: list[float]  # MiB a microbatch's F holds until its backward
     kept_for_w: list[float]  # MiB of that (or more) which B keeps until W
     static: list[float]  # MiB: parameters, gradients, optimizer state
@@ -90,26 +91,28 @@ def profile_stages(
     device = torch.device(device) if device is not None else _device_of(stages[0])
     x = inputs[:size].to(device)
     y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
-    out: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "activation", "kept_for_w", "static", "sends")}
+    out: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "BW", "activation", "kept_for_w", "static", "sends")}
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
         module = _split_copy(original, device)
         run = _StageRunner(module, x, y if last else None, loss_fn)
         with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
                           for _ in range(load)]):
-            f, b, w = run.times(warmup, repeats)
+            f, b, w, bw = run.times(warmup, repeats)
         held, kept = run.memory()
         params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
         out["F"].append(f)
         out["B"].append(b)
         out["W"].append(w)
+        out["BW"].append(bw)
         out["activation"].append(held / MiB)
         out["kept_for_w"].append(min(kept, held) / MiB)
         out["static"].append(params * (2 + optimizer_state) / MiB)
         x = run.output()
         out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
         if progress:
-            progress(f"stage {s}: F {f:.3f} ms  B {b:.3f} ms  W {w:.3f} ms  activation {held / MiB:.2f} MiB")
+            progress(f"stage {s}: F {f:.3f} ms  B {b:.3f} ms  W {w:.3f} ms  BW {bw:.3f} ms"
+                     f"  activation {held / MiB:.2f} MiB")
     return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads())
 
 
@@ -145,8 +148,9 @@ class _StageRunner:
         inputs = [x] if x.requires_grad else []
         self.store.backward_input("profile", out, grad, inputs, self.params)
 
-    def times(self, warmup: int, repeats: int) -> tuple[float, float, float]:
-        f, b, w = [], [], []
+    def times(self, warmup: int, repeats: int) -> tuple[float, float, float, float]:
+        """Median F, B, W and fused BW in ms."""
+        f, b, w, bw = [], [], [], []
         for i in range(warmup + repeats):
             with _Timer(self.device) as tf:
                 x, out = self.forward()
@@ -154,12 +158,17 @@ class _StageRunner:
                 self.backward_input(x, out)
             with _Timer(self.device) as tw:
                 self.store.backward_weight("profile")
+            x, out = self.forward()
+            with _Timer(self.device) as tbw:
+                grad = None if self.target is not None else torch.ones_like(out)
+                self.store.backward_full(out, grad, [x] if x.requires_grad else [], self.params)
             if i >= warmup:
                 f.append(tf.ms)
                 b.append(tb.ms)
                 w.append(tw.ms)
+                bw.append(tbw.ms)
         self.module.zero_grad(set_to_none=True)
-        return statistics.median(f), statistics.median(b), statistics.median(w)
+        return tuple(statistics.median(x) for x in (f, b, w, bw))
 
     def memory(self) -> tuple[float, float]:
         """(bytes F holds for backward, bytes B keeps for W)."""
@@ -310,7 +319,8 @@ def make_problem(
         memory["limit"] = memory_limit
     return Problem.parse(
         dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
-             costs=dict(F=profile.F, B=profile.B, W=profile.W), comm=comm, memory=memory, objective=objective,
+             costs=dict(F=profile.F, B=profile.B, W=profile.W, BW=profile.BW), comm=comm, memory=memory,
+             objective=objective,
              stage_blocks=stage_blocks),
         source=name,
     )
@@ -399,7 +409,7 @@ def profile_model(
         per_block = profile_stages(blocks, inputs, targets, model.loss_fn, microbatches=microbatches,
                                    warmup=warmup, repeats=repeats, device=device,
                                    optimizer_state=model.optimizer_state)
-        weights = [f + b + w for f, b, w in zip(per_block.F, per_block.B, per_block.W)]
+        weights = [f + b + w for f, b, w in zip(per_block.F, per_block.B, per_block.W)]  # split, as zero-bubble runs
         sizes = balanced(weights, n)
         say(f"partition {sizes}: slowest stage {max(stage_weights(weights, sizes)):.3f} ms"
             f" (uniform {uniform(len(blocks), n)}: {max(stage_weights(weights, uniform(len(blocks), n))):.3f} ms)")

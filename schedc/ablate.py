@@ -134,9 +134,13 @@ def load_config(path: str | Path) -> AblationConfig:
         if name != ILP and name not in solvers.REGISTRY:
             raise SchedcError(f"{path}: schedules: unknown schedule {name!r}; known: ilp, {', '.join(solvers.REGISTRY)}")
     base = path.parent
-    for entry in config.problems:  # files are relative to the config
-        if entry.file and not Path(entry.file).is_absolute() and not Path(entry.file).exists():
+    for entry in config.problems:  # files are relative to the config (or to the working directory)
+        if entry.file and not Path(entry.file).exists():
             entry.file = str(base / entry.file)
+        if entry.profile:
+            where, _, func = entry.profile.rpartition(":")
+            if where.endswith(".py") and not Path(where).exists() and (base / where).exists():
+                entry.profile = f"{base / where}:{func}"
     return config
 
 

@@ -497,8 +497,8 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
         click.echo(json.dumps({"problem": data, "profile": prof.to_dict(), "output": output}, indent=2))
         return
     _print_table(
-        ["stage", "blocks", "F ms", "B ms", "W ms", "activation MiB", "kept for W", "static MiB"],
-        [[str(s), str(prob.stage_blocks[s]), _fmt(prof.F[s]), _fmt(prof.B[s]), _fmt(prof.W[s]),
+        ["stage", "blocks", "F ms", "B ms", "W ms", "BW ms", "activation MiB", "kept for W", "static MiB"],
+        [[str(s), str(prob.stage_blocks[s]), _fmt(prof.F[s]), _fmt(prof.B[s]), _fmt(prof.W[s]), _fmt(prof.BW[s]),
           _fmt(prof.activation[s]), _fmt(prof.kept_for_w[s]), _fmt(prof.static[s])] for s in range(prob.n_stages)],
     )
     click.echo(f"comm {_fmt(prob.comm)} ms; wrote {output}")

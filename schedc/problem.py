@@ -57,9 +57,12 @@ class Costs(_Strict):
     F: Number
     B: Number
     W: Number
+    BW: Optional[Number] = Field(
+        default=None, description="fused backward (B and W in one pass, as 1F1B runs it); default B + W"
+    )
 
-    _positive = field_validator("F", "B", "W", mode="before")(
-        lambda v: _check_numbers(v, positive=True)
+    _positive = field_validator("F", "B", "W", "BW", mode="before")(
+        lambda v: v if v is None else _check_numbers(v, positive=True)
     )
 
 
@@ -103,8 +106,9 @@ class Problem(_Strict):
     def _consistent(self) -> "Problem":
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
-        for kind in ("F", "B", "W"):
-            self._per_stage(f"costs.{kind}", getattr(self.costs, kind))
+        for kind in ("F", "B", "W", "BW"):
+            if getattr(self.costs, kind) is not None:
+                self._per_stage(f"costs.{kind}", getattr(self.costs, kind))
         deltas = self.mem_deltas
         for s, (f, b, w) in enumerate(zip(*deltas)):
             if f < 0:
@@ -198,7 +202,16 @@ class Problem(_Strict):
     def cost(self) -> dict[str, tuple[float, ...]]:
         """kind -> per-stage duration, for F, B, W and the fused BW."""
         f, b, w = (self._per_stage(f"costs.{k}", getattr(self.costs, k)) for k in ("F", "B", "W"))
-        return {"F": f, "B": b, "W": w, "BW": tuple(x + y for x, y in zip(b, w))}
+        bw = tuple(x + y for x, y in zip(b, w))
+        if self.costs.BW is not None:
+            bw = self._per_stage("costs.BW", self.costs.BW)
+        return {"F": f, "B": b, "W": w, "BW": bw}
+
+    @property
+    def fused_cheaper(self) -> bool:
+        """Whether some stage's fused backward costs less than its B plus its W."""
+        c = self.cost
+        return any(bw < b + w - 1e-12 for bw, b, w in zip(c["BW"], c["B"], c["W"]))
 
     @cached_property
     def mem_deltas(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:

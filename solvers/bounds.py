@@ -68,11 +68,27 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
+    problem = _relaxed(problem)
     ch = _Chains(problem)
     out = [_rank_bound(problem, ch, r, objective) for r in range(problem.ranks)]
     out += [_memory_time_bound(problem, ch, r, objective) for r in range(problem.ranks)]
     out.append(_critical_path(problem, ch, objective))
     return [b for b in out if b is not None]
+
+
+def _relaxed(problem: Problem) -> Problem:
+    """Where a fused backward is cheaper than B + W, scale that stage's B and W down by
+    BW / (B + W): no op gets longer (B' <= B, W' <= W, B' + W' <= BW, B' <= BW), a list schedule
+    is no slower with shorter ops, so bounds of the relaxed problem hold for every schedule, fused
+    or split, of the original."""
+    if not problem.fused_cheaper:
+        return problem
+    c = problem.cost
+    r = [min(1.0, bw / (b + w)) for b, w, bw in zip(c["B"], c["W"], c["BW"])]
+    costs = {"F": list(c["F"]), "B": [x * k for x, k in zip(c["B"], r)], "W": [x * k for x, k in zip(c["W"], r)]}
+    data = problem.model_dump(exclude_none=True)
+    data["costs"] = costs
+    return Problem.parse(data)
 
 
 # ---- the chains of one microbatch ----

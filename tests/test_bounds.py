@@ -69,6 +69,9 @@ def problems(draw):
             objective=draw(st.sampled_from(["makespan", "span"])),
         )
     )
+    if draw(st.booleans()):  # a fused backward cheaper than B + W (as measured on CPUs)
+        c = problem.cost
+        problem = problem.with_changes(costs={"BW": [(b + w) * draw(st.floats(0.5, 1)) for b, w in zip(c["B"], c["W"])]})
     if draw(st.booleans()):
         # From just feasible to plenty; per rank, each at least what any schedule needs there.
         limits = [problem.min_memory(r) * draw(st.floats(1, 4)) + draw(st.floats(0, 2)) for r in range(p)]

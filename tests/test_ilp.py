@@ -128,3 +128,18 @@ def test_infeasible_memory_limit_exits_2_with_the_smallest_feasible(tmp_path):
     assert "below the 7 that any schedule needs" in result.output
     ok = CliRunner().invoke(main, ["solve", str(path), "-o", str(tmp_path / "s.json"), "--memory-limit", "7", "-q"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_cheaper_fused_backward_is_judged_fairly():
+    # Fused BW at 60% of B + W: 1F1B (fused) beats every split schedule; the solver returns it and
+    # claims no bound that only split schedules obey.
+    base = dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1, BW=1.2), memory=dict(F=1))
+    problem = Problem.parse(base)
+    assert problem.cost["BW"] == (1.2, 1.2) and problem.fused_cheaper
+    fused = simulate(problem, solvers.build("1f1b", problem))
+    assert fused.makespan == pytest.approx(4 * 2.2 + 1 * 2.2)  # (m + p - 1) (F + BW): every op on the chain
+    result = solve(problem, time_limit=20)
+    assert result.objective <= fused.makespan + 1e-9
+    assert result.bound <= result.objective + 1e-9
+    assert result.bound <= fused.makespan + 1e-9
+    assert not Problem.parse(dict(base, costs=dict(F=1, B=1, W=1))).fused_cheaper
