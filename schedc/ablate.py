@@ -41,35 +41,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ProblemEntry(_Strict):
-    """One of: ``file`` (a problem file), ``problem`` (inline fields), ``profile`` (a model,
-    FILE.py:FUNCTION, profiled at each cell's ranks, chunks and microbatches)."""
-
-    name: Optional[str] = None
-    file: Optional[str] = None
-    problem: Optional[dict[str, Any]] = None
-    profile: Optional[str] = None
-    heavy_first: float = Field(default=1.0, gt=0, description="multiply stage 0's F, B, W by this")
-    heavy_last: float = Field(default=1.0, gt=0, description="multiply the last stage's F, B, W by this")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "ProblemEntry":
-        given = [k for k in ("file", "problem", "profile") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of file, problem, profile (got {', '.join(given) or 'none'})")
-        return self
-
-    @property
-    def label(self) -> str:
-        if self.name:
-            return self.name
-        if self.file:
-            return Path(self.file).stem
-        if self.profile:
-            return Path(self.profile.split(":")[0]).stem
-        return str(self.problem.get("name") or "inline")
-
-
 class Grid(_Strict):
     """Axes; each given axis replaces that field of every problem. Unset axes keep the problem's."""
 
@@ -87,6 +58,36 @@ class Grid(_Strict):
         if self.microbatches is not None and self.microbatches_per_rank is not None:
             raise ValueError("give microbatches or microbatches_per_rank, not both")
         return self
+
+
+class ProblemEntry(_Strict):
+    """One of: ``file`` (a problem file), ``problem`` (inline fields), ``profile`` (a model,
+    FILE.py:FUNCTION, profiled at each cell's ranks, chunks and microbatches)."""
+
+    name: Optional[str] = None
+    file: Optional[str] = None
+    problem: Optional[dict[str, Any]] = None
+    profile: Optional[str] = None
+    heavy_first: float = Field(default=1.0, gt=0, description="multiply stage 0's F, B, W by this")
+    heavy_last: float = Field(default=1.0, gt=0, description="multiply the last stage's F, B, W by this")
+    grid: Optional[Grid] = Field(default=None, description="this problem's own grid instead of the config's")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ProblemEntry":
+        given = [k for k in ("file", "problem", "profile") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of file, problem, profile (got {', '.join(given) or 'none'})")
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.file:
+            return Path(self.file).stem
+        if self.profile:
+            return Path(self.profile.split(":")[0]).stem
+        return str(self.problem.get("name") or "inline")
 
 
 class SolverSettings(_Strict):
@@ -185,14 +186,14 @@ class Row:
 
 def expand(config: AblationConfig) -> list[Cell]:
     """The grid's cells, in config order: problems outermost, then the axes as listed in Grid."""
-    g = config.grid
-    axes = {k: v for k, v in (
-        ("ranks", g.ranks), ("microbatches", g.microbatches), ("microbatches_per_rank", g.microbatches_per_rank),
-        ("chunks", g.chunks), ("placement", g.placement), ("comm", g.comm), ("objective", g.objective),
-    ) if v is not None}
-    axes["memory"] = g.memory
     cells = []
     for entry in config.problems:
+        g = entry.grid or config.grid
+        axes = {k: v for k, v in (
+            ("ranks", g.ranks), ("microbatches", g.microbatches), ("microbatches_per_rank", g.microbatches_per_rank),
+            ("chunks", g.chunks), ("placement", g.placement), ("comm", g.comm), ("objective", g.objective),
+        ) if v is not None}
+        axes["memory"] = g.memory
         for combo in itertools.product(*axes.values()):
             values = dict(zip(axes, combo))
             cells.append(Cell(_cell_id(entry.label, values), entry, values))
