@@ -197,6 +197,9 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
     groups = _settings(rows)
     factors = sorted({r.memory_factor for r in rows if r.memory_factor is not None})
     unlimited = (max(factors) + 0.5) if factors else 1.0
+    names = list(dict.fromkeys(r.schedule for r in rows if r.schedule != "ilp"))
+    palette = [f"C{i}" for i in range(10)]
+    color = {name: palette[i % len(palette)] for i, name in enumerate(names)}
     n = len(groups)
     cols = min(3, n)
     nrows = (n + cols - 1) // cols
@@ -209,9 +212,10 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
                 for r in group if r.schedule == name and r.fits
             )
             if pts:
-                style = dict(color="black", linewidth=2.2, zorder=5) if name == "ilp" else dict(linewidth=1, alpha=0.8)
+                style = (dict(color="black", linewidth=1.6, linestyle="--", zorder=5) if name == "ilp"
+                         else dict(color=color[name], linewidth=1.2, alpha=0.85))
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=name, **style)
-        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:g}" if comm else ""), fontsize=9)
+        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:.3g}" if comm else ""), fontsize=9)
         ticks = sorted({(unlimited if r.memory_factor is None else r.memory_factor) for r in group})
         ax.set_xticks(ticks, [("none" if x == unlimited and None in {r.memory_factor for r in group} else f"{x:g}")
                               for x in ticks])
