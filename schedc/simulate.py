@@ -164,16 +164,7 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     if stuck:
         raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(ranks, pos, stuck, deps, where)}")
 
-    memory, peaks, violations = _memory(problem, schedule)
-    return Timeline(
-        problem=problem,
-        schedule=schedule,
-        start=tuple(map(tuple, start)),
-        end=tuple(map(tuple, end)),
-        memory=memory,
-        peak_activation=peaks,
-        violations=violations,
-    )
+    return _timeline(problem, schedule, start, end)
 
 
 def with_times(problem: Problem, schedule: Schedule, start, end) -> Timeline:
@@ -183,6 +174,10 @@ def with_times(problem: Problem, schedule: Schedule, start, end) -> Timeline:
     for r, ops in enumerate(schedule.ranks):
         if len(start[r]) != len(ops) or len(end[r]) != len(ops):
             raise ScheduleError(f"{schedule.name}: rank {r} has {len(ops)} ops but {len(start[r])} times")
+    return _timeline(problem, schedule, start, end)
+
+
+def _timeline(problem: Problem, schedule: Schedule, start, end) -> Timeline:
     memory, peaks, violations = _memory(problem, schedule)
     return Timeline(
         problem=problem,
