@@ -73,26 +73,24 @@ def schema() -> dict:
 
 def dump(compiled) -> str:
     """The file's text: JSON, one op or instruction per line so that a person can read it."""
-    data = {
-        "format": FORMAT,
-        "version": VERSION,
-        "provenance": compiled.provenance,
-        "problem": compiled.problem.model_dump(exclude_none=True),
-        "schedule": {"name": compiled.schedule.name, "ranks": [[list(op) for op in ops] for ops in compiled.schedule.ranks]},
-        "program": compiled.program.to_data(),
-        "timeline": compiled.timeline.summary(),
-        "solver": compiled.solver,
-    }
     compact = lambda x: json.dumps(x, separators=(",", ":"))  # noqa: E731
+    plain = lambda key, value: f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n ")  # noqa: E731
 
     def per_rank(rows: list[list], indent: str) -> str:
         ranks = [f"{indent} [\n" + ",\n".join(f"{indent}  {compact(x)}" for x in items) + f"\n{indent} ]" for items in rows]
         return "[\n" + ",\n".join(ranks) + f"\n{indent}]"
 
-    schedule = data.pop("schedule")
-    fields = [f" {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')}" for k, v in data.items()]
-    fields.insert(4, f' "schedule": {{"name": {json.dumps(schedule["name"])}, "ranks": {per_rank(schedule["ranks"], "  ")}}}')
-    fields[5] = f' "program": {per_rank(data["program"], " ")}'
+    schedule_ranks = per_rank([[list(op) for op in ops] for ops in compiled.schedule.ranks], "  ")
+    fields = [
+        plain("format", FORMAT),
+        plain("version", VERSION),
+        plain("provenance", compiled.provenance),
+        plain("problem", compiled.problem.model_dump(exclude_none=True)),
+        f' "schedule": {{"name": {json.dumps(compiled.schedule.name)}, "ranks": {schedule_ranks}}}',
+        f' "program": {per_rank(compiled.program.to_data(), " ")}',
+        plain("timeline", compiled.timeline.summary()),
+        plain("solver", compiled.solver),
+    ]
     return "{\n" + ",\n".join(fields) + "\n}"
 
 
