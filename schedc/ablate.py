@@ -350,21 +350,36 @@ def best_heuristic(rows: list[Row]) -> Row | None:
     return best
 
 
-def _find(rows: list[Row], name: str) -> Row | None:
-    return next((r for r in rows if r.schedule == name and r.objective_value is not None), None)
+@dataclass(frozen=True)
+class Outcome:
+    """One cell's comparison: the best fitting heuristic, the solved row, and the solved
+    schedule's speed-ups (objective ratios) over the former and over 1F1B where each exists."""
+
+    best: Row | None
+    ilp: Row | None
+    vs_best: float | None
+    vs_1f1b: float | None
+
+
+def outcome(rows: list[Row]) -> Outcome:
+    best = best_heuristic(rows)
+    ilp = next((r for r in rows if r.schedule == ILP and r.objective_value is not None), None)
+    ofob = next((r for r in rows if r.schedule == "1f1b" and r.status == "fits"), None)
+    ratio = lambda r: r.objective_value / ilp.objective_value if r and ilp else None  # noqa: E731
+    return Outcome(best, ilp, ratio(best), ratio(ofob))
 
 
 def _headline(rows: list[Row]) -> str:
-    best, ilp, ofob = best_heuristic(rows), _find(rows, ILP), _find(rows, "1f1b")
+    o = outcome(rows)
     parts = []
-    if best:
-        parts.append(f"best heuristic {best.schedule} bubble {100 * best.bubble:.2f}%")
-    if ilp:
-        parts.append(f"ilp {100 * ilp.bubble:.2f}% ({ilp.status}, gap {100 * ilp.gap:.2f}%)")
-        if best:
-            parts.append(f"speed-up x{best.objective_value / ilp.objective_value:.3f}")
-    if ofob and ofob.status == "fits" and ilp:
-        parts.append(f"vs 1f1b x{ofob.objective_value / ilp.objective_value:.3f}")
+    if o.best:
+        parts.append(f"best heuristic {o.best.schedule} bubble {100 * o.best.bubble:.2f}%")
+    if o.ilp:
+        parts.append(f"ilp {100 * o.ilp.bubble:.2f}% ({o.ilp.status}, gap {100 * o.ilp.gap:.2f}%)")
+    if o.vs_best is not None:
+        parts.append(f"speed-up x{o.vs_best:.3f}")
+    if o.vs_1f1b is not None:
+        parts.append(f"vs 1f1b x{o.vs_1f1b:.3f}")
     return ", ".join(parts) or "no schedule fits"
 
 
@@ -478,9 +493,9 @@ def write_report(config: AblationConfig, cells: list[Cell], rows: list[Row], tim
 def _largest_speedup(by_cell: dict[str, list[Row]]) -> list[str]:
     best_id, best_gain = None, 1.0 + 1e-9
     for cell_id, rows in by_cell.items():
-        h, ilp = best_heuristic(rows), _find(rows, ILP)
-        if h and ilp and h.objective_value / ilp.objective_value > best_gain:
-            best_id, best_gain = cell_id, h.objective_value / ilp.objective_value
+        gain = outcome(rows).vs_best
+        if gain is not None and gain > best_gain:
+            best_id, best_gain = cell_id, gain
     return [best_id] if best_id else []
 
 
@@ -489,11 +504,12 @@ def headline_table(by_cell: dict[str, list[Row]]) -> list[str]:
     lines = ["| cell | best heuristic | its bubble | solved bubble | speed-up vs best | vs 1F1B | gap | solver |",
              "|---|---|---|---|---|---|---|---|"]
     for cell_id, rows in by_cell.items():
-        h, ilp, ofob = best_heuristic(rows), _find(rows, ILP), _find(rows, "1f1b")
+        o = outcome(rows)
+        h, ilp = o.best, o.ilp
+        ratio = lambda x: "-" if x is None else f"x{x:.3f}"  # noqa: E731
         cols = [cell_id, h.schedule if h else "none fits", f"{100 * h.bubble:.2f}%" if h else "-"]
         if ilp:
-            cols += [f"{100 * ilp.bubble:.2f}%", f"x{h.objective_value / ilp.objective_value:.3f}" if h else "-",
-                     f"x{ofob.objective_value / ilp.objective_value:.3f}" if ofob and ofob.status == "fits" else "-",
+            cols += [f"{100 * ilp.bubble:.2f}%", ratio(o.vs_best), ratio(o.vs_1f1b),
                      f"{100 * ilp.gap:.2f}%", f"{ilp.status}, {ilp.seconds:.1f} s"]
         else:
             cols += ["-"] * 5

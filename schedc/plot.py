@@ -239,18 +239,16 @@ def draw_speedup(by_cell: dict, path: str | Path, *, title: str | None = None) -
     """Per cell, the solved schedule's speed-up over the best fitting heuristic and over 1F1B."""
     from matplotlib.figure import Figure
 
-    from schedc.ablate import ILP, best_heuristic
+    from schedc.ablate import outcome
 
     labels, vs_best, vs_1f1b = [], [], []
     for cell_id, rows in by_cell.items():
-        ilp = next((r for r in rows if r.schedule == ILP and r.objective_value is not None), None)
-        best = best_heuristic(rows)
-        ofob = next((r for r in rows if r.schedule == "1f1b" and r.status == "fits"), None)
-        if ilp is None:
+        o = outcome(rows)
+        if o.ilp is None:
             continue
         labels.append(cell_id)
-        vs_best.append(best.objective_value / ilp.objective_value if best else float("nan"))
-        vs_1f1b.append(ofob.objective_value / ilp.objective_value if ofob else float("nan"))
+        vs_best.append(float("nan") if o.vs_best is None else o.vs_best)
+        vs_1f1b.append(float("nan") if o.vs_1f1b is None else o.vs_1f1b)
     fig = Figure(figsize=(9, 0.3 * len(labels) + 1.6), layout="constrained")
     ax = fig.subplots()
     y = list(range(len(labels)))
