@@ -40,16 +40,22 @@ class Policy:
     # there are stages from its first to the last (1F1B's warm-up for one chunk)
     lean: bool = False  # keep room for one microbatch's later local forwards, not for every started
     # one's (they run in microbatch order, one at a time; safe with up to two chunks per rank)
+    lookahead: bool = False  # a W fills a gap only if it ends before the earliest time the next B
+    # or F could arrive, also when that input's producer is not scheduled yet (its rank's free time)
+    timed_warmup: bool = False  # before its first B, a rank starts a new microbatch only if that
+    # forward ends by the time its first B can arrive (so warm-up forwards never delay that B)
+    overrun_warmup: bool = False  # with timed_warmup: a forward may start until that B arrives
+    # (one last forward may delay it, rather than leave the rank idle)
 
 
-FLAGS = ("b_first", "eager_w", "alternate", "late_stage_first", "shallow_warmup", "lean")
+FLAGS = ("b_first", "eager_w", "alternate", "late_stage_first", "shallow_warmup", "lean", "timed_warmup", "overrun_warmup", "lookahead")
 
 
 def flags_for(problem: Problem) -> tuple[str, ...]:
     """The switches that can matter: stage order and lean reservations need several local stages."""
     if problem.chunks == 1:
-        return ("b_first", "eager_w", "alternate", "shallow_warmup")
-    return FLAGS if problem.chunks == 2 else FLAGS[:-1]
+        return ("b_first", "eager_w", "alternate", "shallow_warmup", "timed_warmup", "overrun_warmup", "lookahead")
+    return FLAGS if problem.chunks == 2 else tuple(f for f in FLAGS if f != "lean")
 
 
 def policies(problem: Problem) -> list[Policy]:
@@ -85,6 +91,12 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     started = [0] * p  # microbatches whose first local forward ran
     depth = [n - first_local[r] for r in range(p)]
     seen_b = [False] * p
+    last_local = [max(st) for st in problem.rank_stages]
+    # From the end of F(s, i) to the earliest start of B(s, i): up through the later stages and back.
+    round_trip = [0.0] * n
+    for s in range(n - 2, -1, -1):
+        hop = comm if stage_rank[s] != stage_rank[s + 1] else 0.0
+        round_trip[s] = round_trip[s + 1] + cost["F"][s + 1] + cost["B"][s + 1] + 2 * hop
 
     def producers(op: Op) -> list[Op]:
         kind, s, i = op
@@ -102,6 +114,19 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             t = max(t, done + (comm if stage_rank[d.stage] != r else 0.0))
         return t
 
+    def earliest(op: Op, r: int, depth: int = 3) -> float:
+        """A lower bound on when ``op``'s inputs are all on rank r: a producer not scheduled yet
+        ends no earlier than its rank's free time (and, a few hops deep, its own inputs) plus its cost."""
+        t = 0.0
+        for d in producers(op):
+            rd = stage_rank[d.stage]
+            done = finish.get(d)
+            if done is None:
+                ready = earliest(d, rd, depth - 1) if depth > 0 else 0.0
+                done = max(free[rd], ready) + cost[d.kind][d.stage]
+            t = max(t, done + (comm if rd != r else 0.0))
+        return t
+
     def admits(op: Op, r: int) -> bool:
         """May ``op`` (an F) run on rank r now? Only a microbatch's first forward on the rank is
         gated: its later local forwards were reserved and must stay free to run (or it deadlocks)."""
@@ -111,6 +136,13 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             return False  # steady state: a B between two new microbatches
         if policy.shallow_warmup and not seen_b[r] and started[r] >= depth[r]:
             return False
+        if policy.timed_warmup and not seen_b[r]:
+            hi = last_local[r]
+            first_f = finish.get(Op("F", hi, 0))
+            if first_f is not None:
+                end = free[r] + (0.0 if policy.overrun_warmup else cost["F"][op.stage])
+                if end > first_f + round_trip[hi] + 1e-9:
+                    return False
         held = level[r] if policy.lean else level[r] + reserved[r]
         return held + need[r] <= room[r] + 1e-9
 
@@ -151,7 +183,7 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             choice = ready_b[0]
         elif admitted_f:
             choice = admitted_f[0]
-        elif pending_w[r] and (policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], arrival, admits, cost)):
+        elif pending_w[r] and (policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], earliest if policy.lookahead else arrival, admits, cost)):
             choice = pending_w[r].pop(0)  # (ready_f here means F waits on memory: W frees it)
         else:
             # Only a B, or an F that memory admits, can end the wait (memory frees only by B/W here).
