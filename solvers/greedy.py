@@ -12,10 +12,19 @@ alternates F and B, and W go into the bubbles. Memory is admitted per microbatch
 forward on a rank reserves what its later local stages will allocate, so that a microbatch once
 started can always finish its forwards (no deadlock on memory, with any placement).
 
+Warm-up depth matters most when memory is plentiful (the 2p limit of ZB-2p): a rank that fills
+its memory with forwards before its first B arrives makes that B wait behind a forward, and the
+delay adds up down the pipeline. With the timed warm-up a rank starts a new microbatch before its
+first B only if the forward ends by the earliest time that B can arrive (the end of the rank's
+first forward of its last stage plus the round trip through the later stages); the overrun variant
+lets one forward start until then. This is what the zero-bubble paper's own scheduler does, and
+on its settings it gives its published ZB-2p bubble.
+
 Small choices (B or F first when both are ready, W eagerly or only where it fits the gap,
 strict F/B alternation after warm-up, warm-up depth, which stage first on a rank holding several,
-how much room to reserve) change the result from problem to problem, so a coordinate search over
-these switches builds variants and the simulator, the one judge, keeps the best that fits.
+how much room to reserve, the timed warm-up) change the result from problem to problem, so a
+coordinate search over these switches builds variants and the simulator, the one judge, keeps the
+best that fits.
 """
 
 from __future__ import annotations
@@ -40,21 +49,21 @@ class Policy:
     # there are stages from its first to the last (1F1B's warm-up for one chunk)
     lean: bool = False  # keep room for one microbatch's later local forwards, not for every started
     # one's (they run in microbatch order, one at a time; safe with up to two chunks per rank)
-    lookahead: bool = False  # a W fills a gap only if it ends before the earliest time the next B
-    # or F could arrive, also when that input's producer is not scheduled yet (its rank's free time)
     timed_warmup: bool = False  # before its first B, a rank starts a new microbatch only if that
     # forward ends by the time its first B can arrive (so warm-up forwards never delay that B)
     overrun_warmup: bool = False  # with timed_warmup: a forward may start until that B arrives
     # (one last forward may delay it, rather than leave the rank idle)
 
 
-FLAGS = ("b_first", "eager_w", "alternate", "late_stage_first", "shallow_warmup", "lean", "timed_warmup", "overrun_warmup", "lookahead")
+FLAGS = (
+    "b_first", "eager_w", "alternate", "late_stage_first", "shallow_warmup", "lean", "timed_warmup", "overrun_warmup",
+)
 
 
 def flags_for(problem: Problem) -> tuple[str, ...]:
     """The switches that can matter: stage order and lean reservations need several local stages."""
     if problem.chunks == 1:
-        return ("b_first", "eager_w", "alternate", "shallow_warmup", "timed_warmup", "overrun_warmup", "lookahead")
+        return ("b_first", "eager_w", "alternate", "shallow_warmup", "timed_warmup", "overrun_warmup")
     return FLAGS if problem.chunks == 2 else tuple(f for f in FLAGS if f != "lean")
 
 
@@ -114,19 +123,6 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             t = max(t, done + (comm if stage_rank[d.stage] != r else 0.0))
         return t
 
-    def earliest(op: Op, r: int, depth: int = 3) -> float:
-        """A lower bound on when ``op``'s inputs are all on rank r: a producer not scheduled yet
-        ends no earlier than its rank's free time (and, a few hops deep, its own inputs) plus its cost."""
-        t = 0.0
-        for d in producers(op):
-            rd = stage_rank[d.stage]
-            done = finish.get(d)
-            if done is None:
-                ready = earliest(d, rd, depth - 1) if depth > 0 else 0.0
-                done = max(free[rd], ready) + cost[d.kind][d.stage]
-            t = max(t, done + (comm if rd != r else 0.0))
-        return t
-
     def admits(op: Op, r: int) -> bool:
         """May ``op`` (an F) run on rank r now? Only a microbatch's first forward on the rank is
         gated: its later local forwards were reserved and must stay free to run (or it deadlocks)."""
@@ -183,7 +179,7 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             choice = ready_b[0]
         elif admitted_f:
             choice = admitted_f[0]
-        elif pending_w[r] and (policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], earliest if policy.lookahead else arrival, admits, cost)):
+        elif pending_w[r] and (policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], arrival, admits, cost)):
             choice = pending_w[r].pop(0)  # (ready_f here means F waits on memory: W frees it)
         else:
             # Only a B, or an F that memory admits, can end the wait (memory frees only by B/W here).

@@ -84,3 +84,25 @@ def test_every_policy_completes_within_any_feasible_limit(problem):
     for policy in policies(problem):
         t = simulate(problem, greedy_schedule(problem, problem.memory_limit, policy, "g"))
         assert t.fits, (policy, t.violations)
+
+
+PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
+
+
+@pytest.mark.parametrize(
+    "name, published",
+    [  # Table 5 of the zero-bubble paper (ZB-1p / ZB-2p), on its Table 9 costs
+        ("zb-1.5B-m32-2p", 0.0039),
+        ("zb-1.5B-m64-2p", 0.0026),
+        ("zb-6.2B-m24-2p", 0.0029),
+        ("zb-6.2B-m32-2p", 0.0022),
+        ("zb-6.2B-m64-2p", 0.0010),
+        ("zb-14.6B-m48-2p", 0.0066),
+        ("zb-1.5B-m24-1p", 0.1585),
+        ("zb-6.2B-m24-1p", 0.1323),
+    ],
+)
+def test_reaches_the_zero_bubble_papers_own_scheduler(name, published):
+    problem = load_problem(PAPER / f"{name}.yaml")
+    t = simulate(problem, solvers.build("zb-greedy", problem))
+    assert t.fits and round(t.bubble_rate("span"), 4) <= published
