@@ -23,6 +23,12 @@ a lower bound (minus one unit for span, whose two ends round separately). Memory
 same way (exact up to 10**9); otherwise allocations and frees are rounded towards more memory
 held and the room down, so every schedule the model accepts fits, and no bound is reported.
 
+The time limit covers the whole call: building the model (checked as it goes), the search
+(``max_time_in_seconds`` with what is left, and ``stop_search`` at the deadline should presolve
+run over), and simulating incumbents. Reservoirs of more than RESERVOIR_EXPAND events are kept
+as reservoirs: CP-SAT's default expands them into a Boolean per pair of events, which at
+p = 32, m = 256 takes tens of GB.
+
 The order found is re-timed by the simulator in ``ilp.solve`` (so rounding only steers the
 search). For span, free start times may give a rank a shorter span than as-soon-as-possible
 timing does, so every incumbent is simulated and the best by the simulator is returned.
@@ -31,6 +37,8 @@ timing does, so every incumbent is simulated and the best by the simulator is re
 from __future__ import annotations
 
 import math
+import threading
+import time
 from fractions import Fraction
 from typing import Callable
 
@@ -42,6 +50,18 @@ from schedc.solvers.ilp import longest_paths, order_edges
 
 KINDS = ("F", "B", "W")
 SEED = 0  # fixed, so that a single-worker run is reproducible
+RESERVOIR_EXPAND = 128  # events per rank above which reservoirs are not expanded into pair Booleans
+MIN_SEARCH_SECONDS = 0.2  # CP-SAT is not started with less time than this left
+CHECK_EVERY = 1024  # model building looks at the clock once per this many items
+
+
+class _OutOfTime(Exception):
+    """The deadline passed while the model was being built."""
+
+
+def _on_time(deadline: float, k: int = 0) -> None:
+    if k % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+        raise _OutOfTime
 
 
 def _exact_scale(values, cap: int) -> int | None:
@@ -83,11 +103,13 @@ def solve_cpsat(
     threads: int | None,
     progress: Callable | None,
 ):
-    """Search with CP-SAT from the warm start ``warm_t``.
+    """Search with CP-SAT from the warm start ``warm_t``, all within ``time_limit`` seconds of
+    wall-clock time (building the model included).
 
     Returns ``(schedule or None, proven lower bound or None, history, result)`` as ``ilp.solve``
-    expects; ``result`` contains "time" when the time limit stopped the search and "Optimal" when
-    CP-SAT proved optimality (within ``gap``)."""
+    expects; ``result`` contains "time" when the time limit stopped the search (or the model
+    building) and "Optimal" when CP-SAT proved optimality (within ``gap``)."""
+    deadline = time.perf_counter() + time_limit
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:
@@ -99,26 +121,39 @@ def solve_cpsat(
         raise SchedcError("--solver cpsat needs OR-Tools: pip install 'schedc[cpsat]'") from None
     from schedc.solvers.ilp import Progress
 
-    model = _CpModel(problem, warm_t, cp_model)
+    try:
+        model = _CpModel(problem, warm_t, cp_model, deadline)
+    except _OutOfTime:
+        return None, None, [], "time limit (building the CP-SAT model)"
+    left = deadline - time.perf_counter()
+    if left < MIN_SEARCH_SECONDS:
+        return None, None, [], "time limit (no time left for CP-SAT)"
     solver = cp_model.CpSolver()
     prm = solver.parameters
-    prm.max_time_in_seconds = float(time_limit)
+    prm.max_time_in_seconds = max(0.05, left - min(0.5, 0.1 * left))  # CP-SAT's own stop, a little early
     prm.relative_gap_limit = float(gap)
     prm.random_seed = SEED
     if threads:
         prm.num_workers = int(threads)
     prm.log_search_progress = False
+    prm.expand_reservoir_constraints = max(map(len, model.on_rank)) <= RESERVOIR_EXPAND
 
     history: list = []
-    callback = _make_callback(cp_model, model, history, progress, Progress)
-    status = solver.solve(model.cp, callback)
+    callback = _make_callback(cp_model, model, history, progress, Progress, deadline)
+    stop = threading.Timer(max(0.0, deadline - time.perf_counter()), solver.stop_search)
+    stop.daemon = True
+    stop.start()
+    try:
+        status = solver.solve(model.cp, callback)
+    finally:
+        stop.cancel()
 
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = model.bound_back(solver.best_objective_bound)
         if status == cp_model.OPTIMAL:
             exact = solver.objective_value <= solver.best_objective_bound + 0.5
             result = "Optimal" if exact else f"Optimal (within relative gap {gap:g})"
-        else:  # nothing but the time limit stops CP-SAT short of its gap (never stop_search here)
+        else:  # nothing but the time limit stops CP-SAT short of its gap (stop_search only at the deadline)
             result = "time limit"
         final = Progress(solver.wall_time, model.objective_back(solver.objective_value), bound)
         if not history or (history[-1].incumbent, history[-1].bound) != (final.incumbent, final.bound):
@@ -134,7 +169,8 @@ def solve_cpsat(
 class _CpModel:
     """The CP-SAT model of one problem, hinted with the warm start."""
 
-    def __init__(self, problem: Problem, warm_t: Timeline, cp_model):
+    def __init__(self, problem: Problem, warm_t: Timeline, cp_model, deadline: float = math.inf):
+        """Raises _OutOfTime when ``deadline`` (a ``time.perf_counter()`` value) passes first."""
         self.problem = problem
         p, m, n = problem.ranks, problem.microbatches, problem.n_stages
         cost, mem, rank_of = problem.cost, problem.mem, problem.stage_rank
@@ -157,6 +193,7 @@ class _CpModel:
         # Precedences: data dependencies (with latency) and stage 0's microbatch numbering.
         edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, index)]
         _, earliest, tail, _ = longest_paths(dur, edges)
+        _on_time(deadline)
 
         # ---- the warm start, in model units (rounded down when the scale is not exact) ----
         times = warm_t.op_times()
@@ -177,16 +214,19 @@ class _CpModel:
         cp = cp_model.CpModel()
         start, intervals = [], []
         for k, op in enumerate(self.ops):
+            _on_time(deadline, k)
             lo, hi = earliest[k], horizon - tail[k]
             if k == index[Op("F", 0, 0)]:  # microbatches are numbered as they enter stage 0: the first op
                 hi = lo
             x = cp.new_int_var(lo, max(lo, hi), f"s_{op.kind}{op.stage}_{op.mb}")
             start.append(x)
             intervals.append(cp.new_fixed_size_interval_var(x, dur[k], f"i_{op.kind}{op.stage}_{op.mb}"))
-        for a, b, lat in edges:
+        for k, (a, b, lat) in enumerate(edges):
+            _on_time(deadline, k)
             cp.add(start[b] >= start[a] + dur[a] + lat)
         for ks in on_rank:
             cp.add_no_overlap([intervals[k] for k in ks])
+        _on_time(deadline)
 
         limits = problem.memory_limit
         if limits is not None:
@@ -194,6 +234,7 @@ class _CpModel:
             values += list(limits) + list(problem.static_memory)
             self.memory = _Scale(values, 10**9, 10**6)
             for r, ks in enumerate(on_rank):
+                _on_time(deadline)
                 room = self.memory.down(limits[r] - problem.static_memory[r])
                 when, change = [], []
                 for k in ks:
@@ -214,6 +255,7 @@ class _CpModel:
 
         C = cp.new_int_var(0, hint_obj, "C")
         for r, ks in enumerate(on_rank):
+            _on_time(deadline)
             work = sum(dur[k] for k in ks)
             base = cp.new_int_var(0, horizon, f"first_{r}")  # the rank's first start, whichever op it is
             cp.add_min_equality(base, [start[k] for k in ks])
@@ -227,6 +269,7 @@ class _CpModel:
         cp.minimize(C)
 
         for k, x in enumerate(start):
+            _on_time(deadline, k)
             cp.add_hint(x, hint[k])
         cp.add_hint(C, hint_obj)
 
@@ -254,23 +297,27 @@ class _CpModel:
         return Schedule.from_lists("cpsat", per_rank)
 
 
-def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type):
+def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type, deadline: float = math.inf):
     """A solution callback (its base class comes from OR-Tools, imported lazily)."""
 
     class Callback(cp_model.CpSolverSolutionCallback):
-        """Reports each incumbent; for span, keeps the best order as the simulator times it."""
+        """Reports each incumbent; for span, keeps the best order as the simulator times it
+        (while a simulation still ends before ``deadline``)."""
 
         def __init__(self):
             super().__init__()
             self.best_schedule: Schedule | None = None
             self.best_value = math.inf
+            self.simulate_seconds = 0.0
 
         def on_solution_callback(self):
             incumbent = model.objective_back(self.objective_value)
             event = progress_type(self.wall_time, incumbent, model.bound_back(self.best_objective_bound))
-            if model.span:
+            if model.span and time.perf_counter() + self.simulate_seconds < deadline:
+                began = time.perf_counter()
                 schedule = model.schedule(self.value)
                 t = simulate(model.problem, schedule)
+                self.simulate_seconds = max(self.simulate_seconds, time.perf_counter() - began)
                 if t.fits and t.span < self.best_value:
                     self.best_schedule, self.best_value = schedule, t.span
             history.append(event)

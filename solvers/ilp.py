@@ -33,17 +33,26 @@ from schedc.errors import SchedcError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import Timeline, simulate
+from schedc.solvers.deadline import END, LATE, MIN_SECONDS, Worker, WorkerDied, run_cbc
 
 SOLVERS = ("cbc", "highs", "cpsat")
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
+WORKER_OPS = 300  # above this many ops, schedules and models are built in a child process the deadline can stop
+WARM_SHARE = 0.5  # of the time limit, at most, for judging registry schedules once one fits (see solve)
+WINDOW_MIN_SECONDS = 5.0  # the neighbourhood search starts no window with less time left
+SOLUTION_SECONDS = 0.5  # kept after the solver's end to read its solution back
 WINDOW_OPS = 36  # ops per rank a neighbourhood reorders (about 12 microbatches' F, B, W)
 
 
 @dataclass(frozen=True)
 class Progress:
+    """A live report: seconds since ``solve`` began, the search's incumbent and bound (None when
+    unknown), or a ``note`` on a step that is not the search (the warm start, the time limit)."""
+
     seconds: float
     incumbent: float | None
     bound: float | None
+    note: str = ""
 
 
 @dataclass
@@ -59,8 +68,9 @@ class SolveResult:
     solver: str
     seconds: float
     binaries: int
-    history: list[Progress] = field(default_factory=list)
+    history: list[Progress] = field(default_factory=list)  # the search's events, seconds on its own clock
     registry: list[tuple[str, Timeline]] = field(default_factory=list)  # the fitting registry schedules
+    not_evaluated: list[str] = field(default_factory=list)  # registry schedules the time limit left out
 
     @property
     def gap(self) -> float:
@@ -85,6 +95,7 @@ class SolveResult:
             "solver": self.solver,
             "seconds": self.seconds,
             "binaries": self.binaries,
+            "not_evaluated": list(self.not_evaluated),
         }
 
 
@@ -106,28 +117,72 @@ def split_backward(schedule: Schedule) -> Schedule:
 
 def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
     """Every registry schedule that applies and fits the memory limit, judged (backward split)."""
+    return evaluate_registry(problem).fitting
+
+
+@dataclass
+class RegistryRun:
+    """The registry schedules evaluated for a warm start: those that fit (backward split, in
+    registry order), the fused ones that fit as built (only when a fused backward is cheaper than
+    B + W), the names the deadline left out, and the longest simulation (what judging one more
+    schedule costs on this problem)."""
+
+    fitting: list[tuple[str, Timeline]]
+    fused: list[tuple[str, Timeline]]
+    not_evaluated: list[str]
+    simulate_seconds: float
+
+
+def evaluate_registry(
+    problem: Problem, deadline: float = math.inf, say: Callable[[str], None] | None = None, keep: float = 0.0
+) -> RegistryRun:
+    """Build and simulate every registry schedule that applies, in registry order (the closed
+    forms are registered first, the searched heuristics after), until ``deadline`` (a
+    ``time.perf_counter()`` value) less ``keep`` simulations' time: then no further schedule is
+    judged, and one still being built in a child process (problems of more than WORKER_OPS ops)
+    is stopped. Evaluation goes on past the deadline only while no schedule fits yet. ``say``
+    gets a line per schedule."""
     import schedc.solvers as solvers
 
-    named = []
-    for spec in solvers.REGISTRY.values():
-        if spec.why_not(problem) is None:
-            t = simulate(problem, split_backward(spec.build(problem)))
+    say = say or (lambda note: None)
+    names = [name for name, spec in solvers.REGISTRY.items() if spec.why_not(problem) is None]
+    say(f"warm start: evaluating {len(names)} registry schedules")
+    fitting, fused, done, sim = [], [], 0, 0.0
+    child = deadline < math.inf and problem.n_stages * problem.microbatches * 3 > WORKER_OPS
+    with Worker(_build_registry, (problem, names), child=child) as worker:
+        while done < len(names):
+            # Once one fits, judge another only if its simulation ends in time.
+            if fitting and time.perf_counter() + (1 + keep) * sim >= deadline:
+                break
+            item = worker.next(deadline - (1 + keep) * sim if fitting else None)
+            if item is LATE or item is END:
+                break
+            name, schedule = item
+            began = time.perf_counter()
+            t = simulate(problem, split_backward(schedule))
+            if problem.fused_cheaper and not solvers.REGISTRY[name].split_backward:
+                as_built = simulate(problem, schedule)
+                if as_built.fits:
+                    fused.append((name, as_built))
+            sim = max(sim, time.perf_counter() - began)
+            done += 1
             if t.fits:
-                named.append((spec.name, t))
-    return named
+                fitting.append((name, t))
+                say(f"warm start: {name} {problem.objective} {t.objective_value():.6g}")
+            else:
+                say(f"warm start: {name} does not fit the memory limit")
+    left_out = names[done:]
+    if left_out:
+        say(f"warm start: time limit, not evaluated: {', '.join(left_out)}")
+    return RegistryRun(fitting, fused, left_out, sim)
 
 
-def _fused_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
-    """The registry schedules with a fused backward, as built, that fit."""
+def _build_registry(problem: Problem, names: list[str]):
+    """The named registry schedules, built one after another (in a Worker)."""
     import schedc.solvers as solvers
 
-    out = []
-    for spec in solvers.REGISTRY.values():
-        if not spec.split_backward and spec.why_not(problem) is None:
-            t = simulate(problem, spec.build(problem))
-            if t.fits:
-                out.append((spec.name, t))
-    return out
+    for name in names:
+        yield name, solvers.REGISTRY[name].build(problem)
 
 
 def best_registry_schedule(
@@ -350,15 +405,37 @@ def solve(
     gap: float = 1e-4,
     threads: int | None = None,
     progress: Callable[[Progress], None] | None = None,
+    reserve: float = 0.0,
 ) -> SolveResult:
-    """Search the fastest split-backward schedule that fits ``problem``'s memory limit."""
+    """Search the fastest split-backward schedule that fits ``problem``'s memory limit.
+
+    ``time_limit`` is wall-clock seconds for the whole call: judging the registry schedules for
+    the warm start (at most WARM_SHARE of it once one fits; the rest are then left out and
+    listed in ``not_evaluated``), building the model, the search, and judging
+    what it found. ``reserve`` leaves time unused at the end of the limit for the caller, in
+    simulations of ``problem``, timed while judging the registry schedules (so it scales with the
+    problem and the machine's speed now): ``schedc solve`` keeps time to write the schedule file.
+    ``progress`` hears of each step from the first one on, with seconds since the call began."""
     from schedc.solvers.bounds import lower_bound
 
     if solver not in SOLVERS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     t0 = time.perf_counter()
-    fitting = fitting_registry_schedules(problem)
-    warm = best_registry_schedule(problem, fitting)
+    deadline = t0 + time_limit
+
+    def say(note: str) -> None:
+        if progress:
+            progress(Progress(time.perf_counter() - t0, None, None, note))
+
+    def relay(event: Progress) -> None:  # the solvers' seconds run on their own clocks
+        if progress:
+            progress(replace(event, seconds=time.perf_counter() - t0))
+
+    # The registry may take the whole limit when the rest would be too short for a neighbourhood
+    # anyway (large problems, where its schedules are slow to build and judge, are searched so).
+    share = WARM_SHARE if (1 - WARM_SHARE) * time_limit >= WINDOW_MIN_SECONDS else 1.0
+    run = evaluate_registry(problem, t0 + share * time_limit, say, keep=reserve)
+    warm = best_registry_schedule(problem, run.fitting)
     if warm is None:
         raise SchedcError(
             "no registry schedule fits the memory limit to start from; raise the limit"
@@ -370,21 +447,30 @@ def solve(
     history: list[Progress] = []
     solver_bound, result = None, ""
     binaries = 0
+    finish = deadline - (1 + reserve) * run.simulate_seconds  # judging what the search found: one simulation
     if not _meets(warm_t.objective_value(), own.value):  # else the warm start is already proven optimal
-        if solver == "cpsat":
+        found = None
+        left = finish - time.perf_counter()
+        if _meets(best_t.objective_value(), own.value):
+            pass  # the incumbent reached the bound: nothing left to search for
+        elif left < MIN_SECONDS:
+            result = "time limit (no time left to search)"
+            say("search: time limit, no time left to search")
+        elif solver == "cpsat":
             from schedc.solvers.cpsat import solve_cpsat
 
-            found, solver_bound, history, result = solve_cpsat(problem, warm_t, time_limit, gap, threads, progress)
-        else:
-            if problem.n_stages * problem.microbatches * 3 <= FULL_MODEL_OPS:
-                found, solver_bound, history, result, binaries = _solve_pulp(
-                    problem, warm_t, own.value, solver, time_limit, gap, threads, progress
-                )
-            else:  # too big for one model: improve the warm start window by window
-                found, history, binaries = _neighbourhoods(
-                    problem, warm_t, own.value, solver, t0 + time_limit, threads, progress
-                )
-                solver_bound, result = None, "time limit" if time.perf_counter() >= t0 + time_limit else ""
+            say(f"search: cpsat, {left:.1f} s left")
+            found, solver_bound, history, result = solve_cpsat(problem, best_t, left, gap, threads, relay)
+        elif problem.n_stages * problem.microbatches * 3 <= FULL_MODEL_OPS:
+            say(f"search: {solver}, {left:.1f} s left")
+            found, solver_bound, history, result, binaries = _solve_pulp(
+                problem, best_t, own.value, solver, finish, gap, threads, relay
+            )
+        else:  # too big for one model: improve the warm start window by window
+            say(f"search: {solver} on windows of the order, {left:.1f} s left")
+            found, history, binaries, result = _neighbourhoods(
+                problem, best_t, own.value, solver, finish, threads, relay
+            )
         if found is not None:
             t = simulate(problem, found.renamed("ilp"))
             if t.fits and t.objective_value() < best_t.objective_value() - 1e-9:
@@ -393,7 +479,7 @@ def solve(
         # A fused backward is cheaper than B + W here: a fused registry schedule may beat every
         # split one, and the solver's bound covers split schedules only.
         solver_bound = None
-        for name, t in _fused_registry_schedules(problem):
+        for name, t in run.fused:
             if t.objective_value() < best_t.objective_value() - 1e-9:
                 best_schedule, best_t, from_registry = t.schedule, t, True
                 warm_name, warm_t = name, t  # reported as the registry schedule it returns
@@ -405,12 +491,12 @@ def solve(
     bound = min(bound, objective)  # solver tolerance
     if _meets(objective, bound):
         status = "optimal"
-    elif "time" in result.lower():
-        status = "time limit"
+    elif "time" in result.lower() or (from_registry and run.not_evaluated):
+        status = "time limit"  # even when the warm start is returned: the search was cut short
+    elif from_registry:
+        status = "warm start"  # the search ended on its own and found nothing better
     else:
         status = "feasible"
-    if from_registry and status != "optimal":
-        status = "warm start"
     named = best_schedule.renamed("ilp")
     return SolveResult(
         schedule=named,
@@ -425,15 +511,17 @@ def solve(
         seconds=time.perf_counter() - t0,
         binaries=binaries,
         history=history,
-        registry=fitting,
+        registry=run.fitting,
+        not_evaluated=run.not_evaluated,
     )
 
 
 def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress):
     """Large neighbourhood search: sweep a window of microbatches across the schedule; in each,
     the ops of those microbatches (and whatever lies between them on a rank) may be reordered,
-    the rest keeps the incumbent's order. Stops at the deadline, at the lower bound, or after a
-    sweep without improvement. Gives no bound of its own."""
+    the rest keeps the incumbent's order. Stops at the deadline (when too little is left for one
+    more window), at the lower bound, or after a sweep without improvement. Gives no bound of its
+    own. Returns ``(schedule, history, binaries, result)``, ``result`` "time limit" or ""."""
     best = warm_t
     k = max(2, WINDOW_OPS // (3 * problem.chunks))
     starts = list(range(0, max(1, problem.microbatches - k + 1), max(1, k // 2)))
@@ -441,20 +529,23 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
     binaries = 0
     t_start = time.perf_counter()
     improved = True
-    last = 0.0  # wall time of the last window: building the model is outside CBC's time limit
+    last = 0.0  # wall time of the last window, model building included
     while improved and time.perf_counter() < deadline:
         improved = False
         for w0 in starts:
             left = deadline - time.perf_counter()
-            if left <= max(5.0, 1.5 * last) or _meets(best.objective_value(), lower):
-                return best.schedule, history, binaries
+            if _meets(best.objective_value(), lower):
+                return best.schedule, history, binaries, ""
+            if left <= max(WINDOW_MIN_SECONDS, 1.5 * last):
+                return best.schedule, history, binaries, "time limit"
             began = time.perf_counter()
             window = []
             for ops in best.schedule.ranks:
                 pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
                 window.append(range(min(pos), max(pos) + 1) if pos else range(0))
             found, _, _, _, n_bin = _solve_pulp(
-                problem, best, lower, solver, min(left / 3, 15.0), 0.0, threads, None, keep=best.schedule, window=window
+                problem, best, lower, solver, began + min(left / 2, 20.0), 0.0, threads, None,
+                keep=best.schedule, window=window,
             )
             binaries = max(binaries, n_bin)
             last = time.perf_counter() - began
@@ -465,49 +556,87 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
                 history.append(event)
                 if progress:
                     progress(event)
-    return best.schedule, history, binaries
+    return best.schedule, history, binaries, "time limit" if time.perf_counter() >= deadline else ""
 
 
-def _solve_pulp(problem, warm_t, lower, solver, time_limit, gap, threads, progress, keep=None, window=None):
+def _solve_pulp(problem, warm_t, lower, solver, deadline, gap, threads, progress, keep=None, window=None):
+    """Build the ILP (of the whole problem, or of ``window`` with the rest of ``keep``'s order
+    fixed), warm-start it from ``warm_t`` and solve it, all by ``deadline``: CBC runs under its
+    watchdog, and on problems of more than WORKER_OPS ops everything runs in a child process
+    that is killed at the deadline (model building included). Returns
+    ``(schedule or None, bound or None, history, result, binaries)``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "solver.log"
+        args = (problem, warm_t, lower, solver, deadline - SOLUTION_SECONDS, gap, threads, log, keep, window)
+        done = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(log, done, progress), daemon=True)
+        try:
+            child = problem.n_stages * problem.microbatches * 3 > WORKER_OPS
+            with Worker(_model_and_search, args, child=child) as worker:
+                watcher.start()  # after the fork: the child gets no copy of this thread
+                out = worker.next(deadline)
+        except WorkerDied as e:
+            out = e
+        finally:
+            done.set()
+            if watcher.ident is not None:
+                watcher.join()
+        text = log.read_text() if log.exists() else ""
+    history = _parse_cbc(text)[0] if solver == "cbc" else []
+    if isinstance(out, WorkerDied):
+        return None, None, history, f"solver error: {out}", 0
+    if out is LATE or out is END:
+        return None, None, history, "time limit (stopped while building or solving the model)", 0
+    schedule, value, status, bound, stopped, binaries = out
+    if solver == "cbc":
+        history, bound, result = _parse_cbc(text)
+        if result.startswith("Optimal") and value is not None:
+            # Proven optimal, or stopped within the relative gap: best possible >= C (1 - gap).
+            proven = value * (1 - gap if "gap" in result else 1)
+            bound = max(bound if bound is not None else -math.inf, proven)
+        result = f"{stopped}: {result}" if stopped else result
+    else:
+        result = f"{stopped}: {text}" if stopped else text
+        if status == "Optimal" and bound is None:
+            bound = value
+    return schedule, bound, history, result, binaries
+
+
+def _model_and_search(problem, warm_t, lower, solver, deadline, gap, threads, log, keep, window):
+    """The model of ``_solve_pulp``, built and solved by ``deadline`` (run by a Worker): yields
+    ``(schedule or None, objective or None, PuLP status, HiGHS bound or None, why the time limit
+    stopped the solver or "", binaries)``."""
     import pulp
 
     horizon = warm_t.objective_value() if problem.objective == "makespan" else _span_horizon(problem, warm_t)
     model = _Model(problem, horizon, lower, keep=keep, window=window)
     model.warm(warm_t)
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "solver.log"
-        if solver == "cbc":
-            backend = cbc(timeLimit=time_limit, gapRel=gap, threads=threads, warmStart=True, logPath=str(log))
-        else:
-            backend = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=threads, log_file=str(log))
-            if not backend.available():
-                raise SchedcError(
-                    "--solver highs needs highspy: pip install 'schedc[highs]' (it cannot share a process"
-                    " with OR-Tools, which bundles its own HiGHS)"
-                )
-        done = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(log, done, progress), daemon=True)
-        watcher.start()
-        try:
-            model.lp.solve(backend)
-        except pulp.PulpSolverError as e:  # the solver died: keep the incumbent, say why
-            return None, None, [], f"solver error: {e}", len(model.before)
-        finally:
-            done.set()
-            watcher.join()
-        text = log.read_text() if log.exists() else ""
+    binaries = len(model.before)
     if solver == "cbc":
-        history, bound, result = _parse_cbc(text)
-        if result.startswith("Optimal") and model.C.value() is not None:
-            # Proven optimal, or stopped within the relative gap: best possible >= C (1 - gap).
-            proven = model.C.value() * (1 - gap if "gap" in result else 1)
-            bound = max(bound if bound is not None else -math.inf, proven)
-    else:
-        history, result = [], text
-        bound = _num(str(model.lp.solverModel.getInfo().mip_dual_bound)) if getattr(model.lp, "solverModel", None) else None
-        if pulp.LpStatus[model.lp.status] == "Optimal" and bound is None:
-            bound = model.C.value()
-    return model.schedule("ilp"), bound, history, result, len(model.before)
+        stopped = run_cbc(model.lp, cbc(gapRel=gap, threads=threads), deadline, log)
+        if model.lp.status != pulp.LpStatusOptimal:  # no solution read (CBC's "stopped with a solution" counts)
+            yield None, None, pulp.LpStatus[model.lp.status], None, stopped, binaries
+            return
+        yield model.schedule("ilp"), model.C.value(), "Optimal", None, stopped, binaries
+        return
+    left = deadline - time.perf_counter()
+    if left < MIN_SECONDS:
+        yield None, None, "Not Solved", None, "time limit (no time left for highs)", binaries
+        return
+    backend = pulp.HiGHS(msg=False, timeLimit=0.9 * left, gapRel=gap, threads=threads, log_file=str(log))
+    if not backend.available():
+        raise SchedcError(
+            "--solver highs needs highspy: pip install 'schedc[highs]' (it cannot share a process"
+            " with OR-Tools, which bundles its own HiGHS)"
+        )
+    try:
+        model.lp.solve(backend)
+    except pulp.PulpSolverError as e:  # the solver died: keep the incumbent, say why
+        yield None, None, "Not Solved", None, f"solver error: {e}", binaries
+        return
+    solved = getattr(model.lp, "solverModel", None)
+    bound = _num(str(solved.getInfo().mip_dual_bound)) if solved is not None else None
+    yield model.schedule("ilp"), model.C.value(), pulp.LpStatus[model.lp.status], bound, "", binaries
 
 
 def cbc(**options):

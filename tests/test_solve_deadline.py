@@ -1,0 +1,203 @@
+"""`schedc solve --time-limit` is a limit on the whole call: the registry evaluation stops at the
+deadline (keeping a schedule that fits), a CBC that overruns is killed (the warm start is then
+returned, status "time limit"), CP-SAT's model building stops, and progress is reported from the
+first step on. No test here asserts on wall-clock time; benchmarks/solve_time.py measures it."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import schedc.solvers.ilp as ilp
+from schedc import Problem, simulate
+from schedc.cli import main
+from schedc.errors import SchedcError
+from schedc.solvers.bounds import lower_bound
+from schedc.solvers.deadline import END, LATE, Worker, can_fork
+from schedc.solvers.ilp import Progress, best_registry_schedule, evaluate_registry, solve
+
+# gpipe and looped-bfs hold every microbatch's activations: they do not fit here, 1f1b does.
+TIGHT = dict(ranks=3, microbatches=6, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]),
+             memory=dict(F=1, B=-0.5, limit=3))
+# The memory limit binds and the independent bound stays below the optimum (25 against a bound
+# below it): no schedule meets the bound, so solve() always runs its search.
+BINDING = dict(ranks=3, microbatches=4, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]),
+               memory=dict(F=[2, 1.5, 1], B=[-1, -0.5, -0.5], static=[1, 0.5, 0], limit=[5, 4, 2]))
+
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, killed and waiting for its parent to reap it, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def where(monkeypatch, request):
+    """Run the registry builds and the model in a child process (as for large problems) or here."""
+    if request.param:
+        if not can_fork():
+            pytest.skip("no fork on this platform")
+        monkeypatch.setattr(ilp, "WORKER_OPS", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("where", [False, True], ids=["here", "child process"], indirect=True)
+def test_the_deadline_stops_registry_evaluation_but_a_fitting_schedule_is_returned(where):
+    problem = Problem.parse(TIGHT)
+    everything = evaluate_registry(problem)
+    assert not everything.not_evaluated
+    first_fit = everything.fitting[0][0]
+    notes = []
+    run = evaluate_registry(problem, deadline=time.perf_counter() - 1, say=notes.append)  # already passed
+    assert [name for name, _ in run.fitting] == [first_fit]  # judged past the deadline: nothing fitted before
+    assert run.not_evaluated and first_fit not in run.not_evaluated
+    assert run.fitting[0][1].fits
+    assert notes[0].startswith("warm start: evaluating") and "not evaluated" in notes[-1]
+
+    events = []
+    result = solve(problem, time_limit=1e-6, progress=events.append)
+    assert result.timeline.fits
+    assert result.warm_start == first_fit and result.not_evaluated == run.not_evaluated
+    assert result.status in ("time limit", "optimal")
+    assert result.objective <= result.warm_objective + 1e-9
+    assert result.summary()["not_evaluated"] == run.not_evaluated
+    assert any("not evaluated" in e.note for e in events)
+
+
+@pytest.mark.parametrize("where", [False, True], ids=["here", "child process"], indirect=True)
+def test_a_killed_cbc_falls_back_to_the_warm_start_with_status_time_limit(where, tmp_path, monkeypatch):
+    # A "cbc" that ignores the interrupt and never finishes: only the kill stops it.
+    fake = tmp_path / "cbc"
+    pids = tmp_path / "pids"
+    fake.write_text(f"#!/bin/sh\ntrap '' INT\necho $$ >> {pids}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    real_cbc = ilp.cbc
+
+    def fake_cbc(**options):
+        cmd = real_cbc(**options)
+        cmd.path = str(fake)
+        return cmd
+
+    monkeypatch.setattr(ilp, "cbc", fake_cbc)
+    problem = Problem.parse(BINDING)
+    assert lower_bound(problem).value < best_registry_schedule(problem)[1].objective_value()
+    result = solve(problem, time_limit=2.0)
+    assert result.status == "time limit"
+    assert result.timeline.fits
+    assert result.objective <= result.warm_objective + 1e-9
+    assert result.bound <= result.objective
+    started = [int(x) for x in pids.read_text().split()]
+    assert started  # the search did start CBC
+    assert not any(alive(pid) for pid in started)  # and it is gone
+
+    # The search alone: no schedule from a killed CBC, and the reason says so.
+    _, warm = best_registry_schedule(problem)
+    found, bound, _, reason, _ = ilp._solve_pulp(
+        problem, warm, lower_bound(problem).value, "cbc", time.perf_counter() + 1.5, 1e-4, None, None
+    )
+    assert found is None and bound is None and "time limit" in reason
+
+
+def test_progress_hears_of_the_warm_start_before_any_solver_runs(monkeypatch):
+    events: list[Progress] = []
+    calls = []
+    real = ilp._solve_pulp
+
+    def spy(*args, **kwargs):
+        calls.append(len(events))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ilp, "_solve_pulp", spy)
+    problem = Problem.parse(BINDING)
+    result = solve(problem, time_limit=30, progress=events.append)
+    assert calls and calls[0] > 0  # events had arrived when the search began
+    assert events[0].note.startswith("warm start: evaluating")
+    assert any(e.note.startswith("search:") for e in events[: calls[0]])
+    assert [e.seconds for e in events] == sorted(e.seconds for e in events)  # one clock: since solve() began
+    assert result.status == "optimal" or result.bound < result.objective
+
+
+def test_cpsat_stops_building_its_model_at_the_deadline():
+    pytest.importorskip("ortools")
+    from schedc.solvers.cpsat import solve_cpsat
+
+    problem = Problem.parse(BINDING)
+    _, warm = best_registry_schedule(problem)
+    found, bound, history, result = solve_cpsat(problem, warm, 1e-9, 0.0, 1, None)
+    assert found is None and bound is None and history == []
+    assert "time limit" in result
+
+
+def test_solve_cli_reports_the_warm_start_as_it_goes(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(Problem.parse(dict(TIGHT, name="tight")).model_dump_json())
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(main, ["solve", str(path), "-o", str(out), "--time-limit", "20"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("solving tight with cbc (time limit 20 s)")
+    assert "warm start: evaluating" in lines[1] and "warm start: 1f1b makespan" in result.stderr
+    assert "gpipe does not fit the memory limit" in result.stderr
+    assert "not evaluated" not in result.output  # 20 s is plenty here
+
+
+def _sleeper(seconds):
+    yield "first"
+    time.sleep(seconds)
+    yield "never"
+
+
+def _failing():
+    yield 1
+    raise SchedcError("what is wrong and what to do")
+
+
+@pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
+def test_a_worker_is_killed_at_its_deadline_and_hands_errors_over():
+    with Worker(_sleeper, (600,), child=True) as worker:
+        assert worker.in_child
+        assert worker.next(time.perf_counter() + 30) == "first"
+        pid = worker._proc.pid
+        assert worker.next(time.perf_counter() + 0.2) is LATE
+        assert not alive(pid)
+        assert worker.next(None) is END
+    for child in (True, False):
+        with Worker(_failing, (), child=child) as worker:
+            assert worker.next(None) == 1
+            with pytest.raises(SchedcError, match="what is wrong"):
+                worker.next(None)
+
+
+@pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
+def test_a_worker_group_is_killed_with_the_processes_it_started():
+    def starts_a_process():
+        proc = subprocess.Popen(["sleep", "600"])
+        yield proc.pid
+        proc.wait()
+        yield "never"
+
+    with Worker(starts_a_process, (), child=True) as worker:
+        grandchild = worker.next(time.perf_counter() + 30)
+        assert worker.next(time.perf_counter() + 0.2) is LATE
+    for _ in range(100):  # the kill is sent with the group's; it may take a moment to land
+        if not alive(grandchild):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, signal.SIGKILL)
+        pytest.fail("the grandchild outlived its worker")
+
+
+def test_fitting_registry_schedules_still_judges_every_schedule():
+    problem = Problem.parse(TIGHT)
+    names = [name for name, _ in ilp.fitting_registry_schedules(problem)]
+    assert "1f1b" in names and "gpipe" not in names
+    for name, t in ilp.fitting_registry_schedules(problem):
+        assert t.fits and t.objective_value() == simulate(problem, t.schedule).objective_value()
