@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
 
 import schedc.solvers.ilp as ilp
 from schedc import Problem, simulate
@@ -19,6 +20,7 @@ from schedc.errors import SchedcError
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.deadline import END, LATE, Worker, can_fork
 from schedc.solvers.ilp import Progress, best_registry_schedule, evaluate_registry, solve
+from tests.strategies import small_problems
 
 # gpipe and looped-bfs hold every microbatch's activations: they do not fit here, 1f1b does.
 TIGHT = dict(ranks=3, microbatches=6, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]),
@@ -201,3 +203,15 @@ def test_fitting_registry_schedules_still_judges_every_schedule():
     assert "1f1b" in names and "gpipe" not in names
     for name, t in ilp.fitting_registry_schedules(problem):
         assert t.fits and t.objective_value() == simulate(problem, t.schedule).objective_value()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems())
+def test_the_quick_memory_test_only_rejects_schedules_the_simulator_rejects(problem):
+    import schedc.solvers as solvers
+
+    for spec in solvers.REGISTRY.values():
+        if spec.why_not(problem) is None:
+            schedule = ilp.split_backward(spec.build(problem))
+            if ilp._cannot_fit(problem, schedule):
+                assert not simulate(problem, schedule).fits, spec.name
