@@ -34,6 +34,7 @@ from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.deadline import END, LATE, MIN_SECONDS, Worker, WorkerDied, run_cbc
+from schedc.solvers.localsearch import improve
 
 SOLVERS = ("cbc", "highs", "cpsat")
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
@@ -42,6 +43,7 @@ WARM_SHARE = 0.5  # of the time limit, at most, for judging registry schedules o
 WINDOW_MIN_SECONDS = 5.0  # the neighbourhood search starts no window with less time left
 SOLUTION_SECONDS = 0.5  # kept after the solver's end to read its solution back
 WINDOW_OPS = 36  # ops per rank a neighbourhood reorders (about 12 microbatches' F, B, W)
+LOCAL_SEARCH_SHARE = 0.25  # of the time limit, at most, for the local search before the exact one
 
 
 @dataclass(frozen=True)
@@ -436,7 +438,7 @@ def solve(
 
     ``time_limit`` is wall-clock seconds for the whole call: judging the registry schedules for
     the warm start (at most WARM_SHARE of it once one fits; the rest are then left out and
-    listed in ``not_evaluated``), building the model, the search, and judging
+    listed in ``not_evaluated``), the local search, building the model, the search, and judging
     what it found. ``reserve`` leaves time unused at the end of the limit for the caller, in
     simulations of ``problem``, timed while judging the registry schedules (so it scales with the
     problem and the machine's speed now): ``schedc solve`` keeps time to write the schedule file.
@@ -474,10 +476,17 @@ def solve(
     binaries = 0
     finish = deadline - (1 + reserve) * run.simulate_seconds  # judging what the search found: one simulation
     if not _meets(warm_t.objective_value(), own.value):  # else the warm start is already proven optimal
+        # Local search first (cheap, any size): a better incumbent for the exact search to start from.
+        polished = improve(
+            problem, warm_t, min(finish, t0 + LOCAL_SEARCH_SHARE * time_limit),
+            progress=progress and (lambda t: progress(Progress(time.perf_counter() - t0, t.objective_value(), None))),
+        )
+        if polished.objective_value() < warm_t.objective_value() - 1e-9:
+            best_schedule, best_t, from_registry = polished.schedule, polished, False
         found = None
         left = finish - time.perf_counter()
         if _meets(best_t.objective_value(), own.value):
-            pass  # the incumbent reached the bound: nothing left to search for
+            pass  # the local search reached the bound: nothing left to search for
         elif left < MIN_SECONDS:
             result = "time limit (no time left to search)"
             say("search: time limit, no time left to search")
@@ -491,7 +500,7 @@ def solve(
             found, solver_bound, history, result, binaries = _solve_pulp(
                 problem, best_t, own.value, solver, finish, gap, threads, relay
             )
-        else:  # too big for one model: improve the warm start window by window
+        else:  # too big for one model: improve the incumbent window by window
             say(f"search: {solver} on windows of the order, {left:.1f} s left")
             found, history, binaries, result = _neighbourhoods(
                 problem, best_t, own.value, solver, finish, threads, relay

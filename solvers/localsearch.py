@@ -114,7 +114,7 @@ def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
     tol = 1e-9 * max(1.0, abs(b[0]))
     if a[0] < b[0] - tol:
         return True
-    return a[0] <= b[0] + tol and a[1] < b[1] - 1e-9 * max(1.0, abs(b[1]))
+    return a[0] <= b[0] and a[1] < b[1] - 1e-9 * max(1.0, abs(b[1]))  # never a hair worse
 
 
 def _critical_ranks(t: Timeline) -> list[int]:
