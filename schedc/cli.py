@@ -261,12 +261,15 @@ _WRITE_SIMULATIONS = 6.0
 @click.option("--threads", type=click.IntRange(min=1), help="Solver threads (default: the solver's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 @click.option("-q", "--quiet", is_flag=True, help="No live progress on stderr.")
+@click.option("--torch", "with_torch", is_flag=True,
+              help="Also start from torch.distributed.pipelining's schedules (slow to build for large p x m).")
 def solve(problem: str, memory_limit, objective, output: str, time_limit: float, gap: float, solver: str,
-          threads: int | None, as_json: bool, quiet: bool) -> None:
+          threads: int | None, as_json: bool, quiet: bool, with_torch: bool) -> None:
     """Find the fastest zero-bubble schedule for PROBLEM under its memory limit (ILP), with a
     proven lower bound, and write it to a schedule file.
 
-    The search starts from the best registry schedule that fits, so the result is never worse.
+    The search starts from the best registry schedule that fits (with --torch, also torch's
+    schedules), so the result is never worse; a local search improves it, then the exact search.
     A memory limit no schedule can meet exits with status 2 and the smallest feasible limit.
     """
     from schedc.solvers.ilp import solve as solve_ilp
@@ -291,9 +294,14 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
 
     if not quiet:
         click.echo(f"solving {prob.name or problem} with {solver} (time limit {_fmt(time_limit)} s) ...", err=True)
+    candidates = []
+    if with_torch:
+        from schedc.interop import torch_schedules
+
+        candidates = [(name, schedule) for name, schedule, _ in torch_schedules(prob) if schedule is not None]
     left = time_limit - (time.perf_counter() - started)
     result = solve_ilp(prob, solver=solver, time_limit=max(left, 1e-3), gap=gap, threads=threads,
-                       progress=show_progress, reserve=_WRITE_SIMULATIONS)
+                       progress=show_progress, reserve=_WRITE_SIMULATIONS, candidates=candidates)
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
         click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary()}, indent=2))

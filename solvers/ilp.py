@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from schedc.errors import SchedcError
 from schedc.problem import Problem
@@ -225,7 +225,7 @@ def best_registry_schedule(
 
 
 def order_edges(
-    problem: Problem, ops: list[Op], index: dict[Op, int], in_order: bool = False
+    problem: Problem, ops: list[Op], index: dict[Op, int], in_order: Schedule | bool = False
 ) -> list[tuple[int, int, float]]:
     """Edges ``(a, b, latency)`` that fix "a ends before b starts": data dependencies (latency
     ``comm`` across ranks) and a microbatch order.
@@ -233,14 +233,20 @@ def order_edges(
     Microbatches are interchangeable, so numbering them in the order they enter stage 0 loses
     no schedule: F(0, i) before F(0, i+1) is always added. ``in_order`` also runs every kind on
     every stage in microbatch order: a restriction (some optimal schedules reorder microbatches,
-    tests/test_exhaustive.py has one), so only searches that claim no bound may use it."""
+    tests/test_exhaustive.py has one), so only searches that claim no bound may use it. With a
+    Schedule as ``in_order``, only the pairs that schedule runs in microbatch order are fixed so
+    (it stays a solution of the model)."""
     rank_of = problem.stage_rank
+    pos = {op: k for ops in in_order.ranks for k, op in enumerate(ops)} if isinstance(in_order, Schedule) else None
     edges = []
     for op in ops:
         for d in producers(op, problem.n_stages, index):
             edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
-        if op.mb > 0 and (in_order or (op.kind == "F" and op.stage == 0)):
-            edges.append((index[op._replace(mb=op.mb - 1)], index[op], 0.0))
+        if op.mb == 0:
+            continue
+        prev = op._replace(mb=op.mb - 1)
+        if (op.kind == "F" and op.stage == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
+            edges.append((index[prev], index[op], 0.0))
     return edges
 
 
@@ -293,7 +299,7 @@ class _Model:
         index = {op: k for k, op in enumerate(self.ops)}
         dur = [cost[op.kind][op.stage] for op in self.ops]
 
-        edges = order_edges(problem, self.ops, index, in_order=keep is not None)
+        edges = order_edges(problem, self.ops, index, in_order=keep if keep is not None else False)
         free = set(range(len(self.ops)))  # ops whose order on their rank is open
         if keep is not None:
             free = set()
@@ -433,6 +439,7 @@ def solve(
     threads: int | None = None,
     progress: Callable[[Progress], None] | None = None,
     reserve: float = 0.0,
+    candidates: Sequence[tuple[str, Schedule]] = (),
 ) -> SolveResult:
     """Search the fastest split-backward schedule that fits ``problem``'s memory limit.
 
@@ -442,7 +449,10 @@ def solve(
     what it found. ``reserve`` leaves time unused at the end of the limit for the caller, in
     simulations of ``problem``, timed while judging the registry schedules (so it scales with the
     problem and the machine's speed now): ``schedc solve`` keeps time to write the schedule file.
-    ``progress`` hears of each step from the first one on, with seconds since the call began."""
+    ``progress`` hears of each step from the first one on, with seconds since the call began.
+    ``candidates`` are more schedules to start from (e.g. torch.distributed.pipelining's, which
+    the CLI adds with ``--torch``): each that is complete and fits joins the registry's for the
+    warm start, so the result is never worse than any of them either."""
     from schedc.solvers.bounds import lower_bound
 
     if solver not in SOLVERS:
@@ -462,6 +472,15 @@ def solve(
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     share = WARM_SHARE if (1 - WARM_SHARE) * time_limit >= WINDOW_MIN_SECONDS else 1.0
     run = evaluate_registry(problem, t0 + share * time_limit, say, keep=reserve)
+    for name, schedule in candidates:
+        try:
+            t = simulate(problem, split_backward(schedule))
+        except SchedcError as e:  # incomplete or deadlocking: not a candidate
+            say(f"warm start: {name} is not a schedule of this problem ({e})")
+            continue
+        say(f"warm start: {name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else "does not fit"))
+        if t.fits:
+            run.fitting.append((name, t))
     warm = best_registry_schedule(problem, run.fitting)
     if warm is None:
         raise SchedcError(

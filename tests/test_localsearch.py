@@ -57,3 +57,23 @@ def test_reaches_the_papers_zb2p_on_its_hardest_setting():
     start = simulate(problem, solvers.build("zb-2p", problem))
     best = improve(problem, start, time.perf_counter() + 60)
     assert round(best.bubble_rate(), 4) <= 0.0433 < round(start.bubble_rate(), 4)
+
+
+def test_a_window_model_accepts_an_incumbent_out_of_microbatch_order():
+    """The neighbourhood search fixes microbatch order only where the incumbent keeps it: an
+    incumbent from the local search may run two W of a stage the other way round."""
+    from schedc import Problem
+    from schedc.schedule import Schedule
+    from schedc.solvers.ilp import _solve_pulp
+
+    problem = Problem.parse(dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), objective="span"))
+    base = solvers.build("zb-h1", problem)
+    ranks = [list(ops) for ops in base.ranks]
+    w0 = ranks[0].pop(ranks[0].index(("W", 0, 0)))
+    ranks[0].insert(ranks[0].index(("W", 0, 1)) + 1, w0)  # W0 after W1
+    keep = simulate(problem, Schedule.from_lists("keep", ranks))
+    window = [range(0, len(ops) // 2) for ops in ranks]
+    found, *_ = _solve_pulp(problem, keep, 0.0, "cbc", time.perf_counter() + 30, 0.0, None, None,
+                            keep=keep.schedule, window=window)
+    assert found is not None
+    assert simulate(problem, found).objective_value() <= keep.objective_value() + 1e-9
