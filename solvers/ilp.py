@@ -136,14 +136,19 @@ class RegistryRun:
 
 
 def evaluate_registry(
-    problem: Problem, deadline: float = math.inf, say: Callable[[str], None] | None = None, keep: float = 0.0
+    problem: Problem,
+    deadline: float = math.inf,
+    say: Callable[[str], None] | None = None,
+    *,
+    end: float = math.inf,
+    keep: float = 0.0,
 ) -> RegistryRun:
     """Build and simulate every registry schedule that applies, in registry order (the closed
     forms are registered first, the searched heuristics after), until ``deadline`` (a
-    ``time.perf_counter()`` value) less ``keep`` simulations' time: then no further schedule is
-    judged, and one still being built in a child process (problems of more than WORKER_OPS ops)
-    is stopped. Evaluation goes on past the deadline only while no schedule fits yet. ``say``
-    gets a line per schedule."""
+    ``time.perf_counter()`` value), or until only ``keep`` simulations' time is left before
+    ``end``: then no further schedule is judged, and one still being built in a child process
+    (problems of more than WORKER_OPS ops) is stopped. Evaluation goes on past that only while
+    no schedule fits yet. ``say`` gets a line per schedule."""
     import schedc.solvers as solvers
 
     say = say or (lambda note: None)
@@ -154,9 +159,10 @@ def evaluate_registry(
     with Worker(_build_registry, (problem, names), child=child) as worker:
         while done < len(names):
             # Once one fits, judge another only if its simulation ends in time.
-            if fitting and time.perf_counter() + (1 + keep) * sim >= deadline:
+            cutoff = min(deadline, end - keep * sim) - sim
+            if fitting and time.perf_counter() >= cutoff:
                 break
-            item = worker.next(deadline - (1 + keep) * sim if fitting else None)
+            item = worker.next(cutoff if fitting else None)
             if item is LATE or item is END:
                 break
             name, schedule = item
@@ -471,7 +477,7 @@ def solve(
     # The registry may take the whole limit when the rest would be too short for a neighbourhood
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     share = WARM_SHARE if (1 - WARM_SHARE) * time_limit >= WINDOW_MIN_SECONDS else 1.0
-    run = evaluate_registry(problem, t0 + share * time_limit, say, keep=reserve)
+    run = evaluate_registry(problem, t0 + share * time_limit, say, end=deadline, keep=reserve)
     for name, schedule in candidates:
         try:
             t = simulate(problem, split_backward(schedule))
