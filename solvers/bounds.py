@@ -32,8 +32,16 @@ Three facts about the order on one rank r, from the dependencies alone:
    every op, so it holds at every instant). So amounts of pending work are bounded by fractional
    knapsacks over ``cap`` (``_knapsack``).
 
+Under ``span`` a rank's window opens at its own first op, which a schedule may delay on
+purpose: no term assumes as-soon-as-possible times. What ties one rank's window to another's is
+the forward chain: rank q's first op, F(lo(q), i), starts ``head(lo(q)) - head(lo(r))`` or more
+after F(lo(r), i) on rank r, so rank r's window holds most of rank q's work and then one
+microbatch's way back to rank r (``_pair_bound``). On the zero-bubble paper's 2p settings with
+few microbatches per rank, that is the idle no schedule avoids: the last rank must do its F and
+B within rank 0's window and can only push its W past it.
+
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
-fits. Cost O(p * v * log v); m only multiplies.
+fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
 """
 
 from __future__ import annotations
@@ -64,15 +72,19 @@ def lower_bound(problem: Problem, objective: str | None = None) -> Bound:
 
 def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     """Every term separately: per-rank bounds (work, idle, tail, memory-time), then the critical
-    path of one microbatch."""
+    path of one microbatch, then (span) per rank the best term over it and another rank."""
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     problem = _relaxed(problem)
     ch = _Chains(problem)
-    out = [_rank_bound(problem, ch, r, objective) for r in range(problem.ranks)]
+    ranks = [_rank(problem, r) for r in range(problem.ranks)]
+    out = [_rank_bound(problem, ch, ranks[r], r, objective) for r in range(problem.ranks)]
     out += [_memory_time_bound(problem, ch, r, objective) for r in range(problem.ranks)]
     out.append(_critical_path(problem, ch, objective))
+    if objective == "span":
+        idle = [_idle(problem, ch, k, "span") for k in ranks]
+        out += [_pair_bound(problem, ch, ranks, idle, r) for r in range(problem.ranks)]
     return [b for b in out if b is not None]
 
 
@@ -146,26 +158,23 @@ def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
 # ---- per-rank terms ----
 
 
-def _rank_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
-    """The rank's work plus idle it cannot avoid, plus (makespan) what must follow its end.
+@dataclass(frozen=True)
+class _Rank:
+    """What the per-rank terms know of rank r: its stages, work, room and the knapsacks on it."""
 
-    - warm-up: before the first backward, B(hi, i), the rank runs only forwards (W needs its B),
-      holding all their activations: their work is at most ``knap_F``, the most forward work
-      ``cap`` admits. B(hi, i) starts >= start F(hi, i) + F(hi) + rt(hi), and F(hi, i) starts
-      >= the rank's first start (>= head(hi) in absolute time). So the idle before it is
-      >= ``F(hi) + rt(hi) - knap_F`` after the rank's first start (span), and >= ``head(hi) +
-      F(hi) + rt(hi) - knap_F`` and >= ``head(lo)`` from time 0 (makespan).
-    - cool-down: after the last forward F(hi, i) ends, B(hi, i) starts >= rt(hi) later;
-      meanwhile the rank runs only backward work of other pairs already forwarded, each still
-      holding memory at that instant next to F(hi, i)'s ``mF(hi)``: at most ``knap_pend`` (pairs
-      before their B: B + W for mF; after it: W for mW). Idle >= ``rt(hi) - knap_pend``. Its
-      window lies after the warm-up window unless every forward fits in memory at once (then
-      only the larger of the two counts).
-    - tail (makespan): let e be the end of the rank's last backward (stage lo, its B part if
-      fused) and w the W work the rank runs after e. Then makespan >= e + max(w, down(lo)) and
-      e >= work - w + idle before e; w <= ``knap_W`` (pending W hold mW each at e). So makespan
-      >= work + idle + max(0, down(lo) - knap_W).
-    """
+    stages: tuple[int, ...]
+    lo: int
+    hi: int
+    cap: float
+    work: float
+    knap_f: float  # forward work held at once
+    knap_pend: float  # backward work held next to F(hi, i)'s activation
+    knap_w: float  # W work pending at once
+    knap_back: float  # backward work (B + W, or W alone) held at once
+    all_forwards_fit: bool
+
+
+def _rank(problem: Problem, r: int) -> _Rank:
     F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
     mF = problem.mem["F"]
     mW = [-x for x in problem.mem["W"]]
@@ -173,21 +182,34 @@ def _rank_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
     stages = problem.rank_stages[r]
     lo, hi = stages[0], stages[-1]
     cap = _cap(problem, r)
-    work = m * sum(F[s] + B[s] + W[s] for s in stages)
-
-    knap_f = _knapsack([(F[s], mF[s], m) for s in stages], cap)
     pend = [(B[s] + W[s], mF[s], m - (s == hi)) for s in stages] + [(W[s], mW[s], m - (s == hi)) for s in stages]
-    knap_pend = _knapsack(pend, cap - mF[hi])
-    all_forwards_fit = m * sum(mF[s] for s in stages) <= cap
+    back = [(B[s] + W[s], mF[s], m) for s in stages] + [(W[s], mW[s], m) for s in stages]
+    return _Rank(
+        stages=stages,
+        lo=lo,
+        hi=hi,
+        cap=cap,
+        work=m * sum(F[s] + B[s] + W[s] for s in stages),
+        knap_f=_knapsack([(F[s], mF[s], m) for s in stages], cap),
+        knap_pend=_knapsack(pend, cap - mF[hi]),
+        knap_w=_knapsack([(W[s], mW[s], m) for s in stages], cap),
+        knap_back=_knapsack(back, cap),
+        all_forwards_fit=m * sum(mF[s] for s in stages) <= cap,
+    )
 
-    first_b = F[hi] + ch.rt[hi]  # after the rank's first start
-    if objective == "makespan":
-        first_b += ch.head[hi]  # absolute
-    warm = first_b - knap_f
-    cool = max(0.0, ch.rt[hi] - knap_pend)
+
+def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[float, float, list[str]]:
+    """Idle rank k cannot avoid (see ``_rank_bound``): ``(before its last backward, before its
+    last forward, the parts in words)``. Span: counted from the rank's own first start, and all
+    of it before its last backward ends; makespan: from time 0."""
+    F = problem.cost["F"]
+    lo, hi = k.lo, k.hi
+    first_b = F[hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+    warm = first_b - k.knap_f
+    cool = max(0.0, ch.rt[hi] - k.knap_pend)
     start = ch.head[lo] if objective == "makespan" else 0.0
 
-    parts = [f"work {work:g}"]
+    parts = []
     if start >= warm and start > 0:
         idle_warm = start
         parts.append(f"start no earlier than {start:g}")
@@ -195,33 +217,144 @@ def _rank_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
         idle_warm = warm
         parts.append(
             f"warm-up idle {warm:g} (first B cannot start before {first_b:g}"
-            f"{'' if objective == 'makespan' else ' after its first op'}; memory admits forwards of work {knap_f:g})"
+            f"{'' if objective == 'makespan' else ' after its first op'}; memory admits forwards of work {k.knap_f:g})"
         )
     else:
         idle_warm = 0.0
     cool_text = (
         f"cool-down idle {cool:g} (after its last forward the gradient needs {ch.rt[hi]:g};"
-        f" memory holds backward work {knap_pend:g})"
+        f" memory holds backward work {k.knap_pend:g})"
     )
-    if all_forwards_fit and cool > idle_warm:
-        parts = [parts[0], cool_text]
-        idle = cool
-    elif all_forwards_fit or cool <= 0:
-        idle = idle_warm
-    else:
-        parts.append(cool_text)
-        idle = idle_warm + cool
+    if k.all_forwards_fit and cool > idle_warm:
+        return cool, 0.0, [cool_text]
+    if k.all_forwards_fit:
+        return idle_warm, 0.0, parts
+    if cool <= 0:
+        return idle_warm, idle_warm, parts
+    return idle_warm + cool, idle_warm, parts + [cool_text]
+
+
+def _rank_bound(problem: Problem, ch: _Chains, k: _Rank, r: int, objective: str) -> Bound:
+    """The rank's work plus idle it cannot avoid, plus (makespan) what must follow its end.
+
+    - warm-up: before the first backward, B(hi, i), the rank runs only forwards (W needs its B),
+      holding all their activations: their work is at most ``knap_F``, the most forward work
+      ``cap`` admits. B(hi, i) starts >= start F(hi, i) + F(hi) + rt(hi), and F(hi, i) starts
+      >= start F(lo, i) + head(hi) - head(lo) (the forward chain from stage lo), where F(lo, i),
+      an op of the rank, starts no earlier than the rank's first op, and (makespan) F(hi, i)
+      starts >= head(hi) in absolute time. So the idle before it is >= ``head(hi) - head(lo) +
+      F(hi) + rt(hi) - knap_F`` after the rank's first start (span), and >= ``head(hi) + F(hi) +
+      rt(hi) - knap_F`` and >= ``head(lo)`` from time 0 (makespan). The window ends before the
+      rank's last forward ends unless every forward fits in memory at once (else some forward
+      must wait for a backward to free memory).
+    - cool-down: after the last forward F(hi, i) ends, B(hi, i) starts >= rt(hi) later;
+      meanwhile the rank runs only backward work of other pairs already forwarded, each still
+      holding memory at that instant next to F(hi, i)'s ``mF(hi)``: at most ``knap_pend`` (pairs
+      before their B: B + W for mF; after it: W for mW). Idle >= ``rt(hi) - knap_pend``. Its
+      window lies after the warm-up window unless every forward fits in memory at once (then
+      only the larger of the two counts), and before the rank's last backward ends.
+    - tail (makespan): let e be the end of the rank's last backward (stage lo, its B part if
+      fused) and w the W work the rank runs after e. Then makespan >= e + max(w, down(lo)) and
+      e >= work - w + idle before e; w <= ``knap_W`` (pending W hold mW each at e). So makespan
+      >= work + idle + max(0, down(lo) - knap_W).
+    """
+    idle, _, idle_parts = _idle(problem, ch, k, objective)
+    parts = [f"work {k.work:g}"] + idle_parts
 
     tail = 0.0
     if objective == "makespan":
-        knap_w = _knapsack([(W[s], mW[s], m) for s in stages], cap)
-        tail = max(0.0, ch.down[lo] - knap_w)
+        tail = max(0.0, ch.down[k.lo] - k.knap_w)
         if tail > 0:
             parts.append(
-                f"tail {tail:g} (after its last B the chain to stage 0's W needs {ch.down[lo]:g};"
-                f" memory defers W work {knap_w:g})"
+                f"tail {tail:g} (after its last B the chain to stage 0's W needs {ch.down[k.lo]:g};"
+                f" memory defers W work {k.knap_w:g})"
             )
-    return Bound(work + idle + tail, f"rank {r}: " + " + ".join(parts))
+    return Bound(k.work + idle + tail, f"rank {r}: " + " + ".join(parts))
+
+
+def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r: int) -> Bound | None:
+    """Span: rank r's own span holds most of another rank q's work (the best q and cut).
+
+    Let S_r and E_r be rank r's first start and last end (T >= E_r - S_r), and sigma_q rank q's
+    first start: by fact 1, the start of F(lo(q), i) for some i. If rank r holds a stage a <
+    lo(q), F(a, i) is an op of rank r and the forward chain gives sigma_q >= S_r + ``lead =
+    head(lo(q)) - head(lo(r))`` (a = lo(r) is the longest). Then rank q reaches a cut point c_q
+    after working at least ``work_q - after`` beside the idle it cannot avoid, and from c_q one
+    microbatch's chain reaches an op of rank r that ends ``chain`` later at least, so
+
+        T >= E_r - S_r >= lead + (work_q - after + idle) + chain.
+
+    Two cuts (both valid for any timing, ranks started late on purpose included):
+
+    - c_q = the end of rank q's last backward, of stage lo(q) (fact 2; its B part if fused).
+      Every F and every B of rank q ends by then (F(s, j) before B(s, j)), so what follows is W
+      work only, pending at c_q and holding mW each: ``after = knap_W`` (fused: the W part of
+      that one BW). Idle: warm-up and cool-down of ``_rank_bound`` (both end before c_q). The
+      same microbatch's input gradient goes down to stage t < lo(q) of rank r, then W(t):
+      ``chain = max_t down(lo(q)) - down(t) + W(t)`` (a fused BW of t ends as late).
+    - c_q = the end of rank q's last forward, of stage hi(q) (fact 2). What follows is backward
+      work of pairs held in memory at c_q (before B: B + W for mF; after: W for mW; the level
+      after that forward is within ``cap``): ``after = knap_back``. Idle: the warm-up, unless
+      every forward fits in memory at once (else some forward starts after the first backward
+      started, or all forwards would be held then, so the warm-up window ends before c_q).
+      From the end of F(hi(q), j), the longest chain to the end of an op of rank r: for a stage
+      t <= hi(q), ``rt(hi) + B(hi) + down(hi) - down(t) + W(t)`` (back through hi(q) to t); for t
+      > hi(q), the forward chain to F(t, j), its round trip, B(t) and W(t).
+
+    With r = q the same holds with lead 0 (the second cut then adds the path of one microbatch
+    from its last forward back to stage lo on the rank itself). The rank q and cut that give
+    the most are reported, one bound per rank r. Cost O(p * v) per r.
+    """
+    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+    head, rt, down = ch.head, ch.rt, ch.down
+    mine = problem.rank_stages[r]
+    lo_r = mine[0]
+    best = None
+    for q, k in enumerate(ranks):
+        if q == r:
+            lead = 0.0
+        elif lo_r < k.lo:
+            lead = head[k.lo] - head[lo_r]
+        else:
+            continue  # rank q may start before rank r: no lead
+        idle_b, idle_f, _ = idle[q]
+        # The last backward's chain down to a stage of r below lo(q).
+        below = [down[k.lo] - down[t] + W[t] for t in mine if t < k.lo]
+        if below:
+            value = lead + k.work - k.knap_w + idle_b + max(below)
+            if best is None or value > best[0] + 1e-12:
+                best = (value, q, "last backward", lead, idle_b, max(below), k.knap_w, k)
+        # The last forward's chain to an op of r.
+        hi = k.hi
+        chains = []
+        for t in mine:
+            if t <= hi:
+                chains.append(rt[hi] + B[hi] + down[hi] - down[t] + W[t])
+            else:
+                chains.append(head[t] - head[hi] - F[hi] + F[t] + rt[t] + B[t] + W[t])
+        value = lead + k.work - k.knap_back + idle_f + max(chains)
+        if best is None or value > best[0] + 1e-12:
+            best = (value, q, "last forward", lead, idle_f, max(chains), k.knap_back, k)
+    if best is None:
+        return None
+    value, q, cut, lead, idle, chain, after, k = best
+    held = (
+        f"less the W work {after:g} memory lets it defer past its last backward"
+        if cut == "last backward"
+        else f"less the backward work {after:g} memory holds at its last forward"
+    )
+    idle_text = ""
+    if idle > 0:
+        idle_text = f" + {'warm-up and cool-down' if cut == 'last backward' else 'warm-up'} idle {idle:g}"
+    onward = "the gradient down, then W" if cut == "last backward" else "that microbatch's round trip and W"
+    if q == r:
+        text = f"rank {r}: its {cut} ends >= work {k.work:g} {held}{idle_text} after its first op"
+    else:
+        text = (
+            f"rank {r}: its span holds rank {q}'s first op to {cut}: rank {q} starts >= {lead:g} after rank {r}"
+            f" (forward chain) + rank {q}'s work {k.work:g} {held}{idle_text}"
+        )
+    return Bound(value, f"{text} + {chain:g} from there to rank {r}'s last op ({onward})")
 
 
 def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:

@@ -11,7 +11,11 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
   the end of the op before it on its rank and the arrival of each input (cyclic waits: infeasible);
 - memory: per rank, walking its order from ``static_memory[r]``, each op adds its delta; the level
   after every F must stay within ``memory_limit[r]``;
-- objective: makespan (the last end) or span (max over ranks of own last end - own first start).
+- objective: makespan (the last end) or span (max over ranks of own last end - own first start),
+  both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
+  may do better starting late on purpose (see ``span_with_delays``, the least span of given
+  orders over every timing); the optimum here is over as-soon-as-possible timings only, so a
+  lower bound that holds for every timing must lie below it too.
 
 The search: depth-first branch and bound over all per-rank orders
 -----------------------------------------------------------------
@@ -440,3 +444,89 @@ class _Search:
         if self.objective == "makespan":
             return max(self.free)
         return max(self.free[r] - self.first[r] for r in range(self.p))
+
+
+# ---- span when ranks may start late on purpose ----
+
+
+def span_with_delays(problem, orders):
+    """The least span of the per-rank ``orders`` over *every* timing, not only as soon as possible.
+
+    ``orders[rank]`` lists ``(kind, stage, mb)`` with kind F, B, W or BW (fused; cost
+    ``problem.cost["BW"]``). A timing must keep each rank's order, start an op only after each
+    input arrived (its producer's end, plus ``comm`` across ranks), and memory follows the order
+    alone, so only the times change. Returns None if the orders wait on each other in a cycle.
+
+    The span of rank r is ``x(last_r) + dur(last_r) - x(first_r)``. With ``L[r][q]`` the longest
+    path (durations and latencies) from the start of rank r's first op to the end of rank q's
+    last op, a timing with span T exists iff no cycle through the ranks has ``sum L > k * T``
+    (k edges; longest paths as difference constraints). So the least T is the maximum mean cycle
+    of the graph on ranks with weights L (Karp), and no larger than the as-soon-as-possible span.
+    Why it can be smaller: as soon as possible, a rank starts as soon as its first input
+    arrives, and then may wait for later ones; it could have started later and ended no later.
+    """
+    p, n, comm, rank_of = problem.ranks, problem.n_stages, problem.comm, problem.stage_rank
+    orders = [list(orders[r]) for r in range(p)]
+    present = {op for ops in orders for op in ops}
+    back = {}
+    for k, s, i in present:
+        if k in ("B", "BW"):
+            back[(s, i)] = (k, s, i)
+
+    def inputs(op):
+        k, s, i = op
+        if k == "F":
+            return [("F", s - 1, i)] if s else []
+        if k == "W":
+            return [("B", s, i)]
+        return [("F", s, i)] + ([back[(s + 1, i)]] if s + 1 < n else [])
+
+    dur = {op: problem.cost[op[0]][op[1]] for op in present}
+    succ = {op: [] for op in present}
+    indeg = {op: 0 for op in present}
+    for ops in orders:
+        for a, b in zip(ops, ops[1:]):
+            succ[a].append((b, 0.0))
+            indeg[b] += 1
+    for op in present:
+        for d in inputs(op):
+            succ[d].append((op, 0.0 if rank_of[d[1]] == rank_of[op[1]] else comm))
+            indeg[op] += 1
+    topo, ready = [], [op for op in present if indeg[op] == 0]
+    while ready:
+        a = ready.pop()
+        topo.append(a)
+        for b, _ in succ[a]:
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                ready.append(b)
+    if len(topo) < len(present):
+        return None  # the orders wait on each other
+
+    NONE = -math.inf
+    L = [[NONE] * p for _ in range(p)]
+    for r in range(p):
+        if not orders[r]:
+            continue
+        dist = dict.fromkeys(present, NONE)
+        dist[orders[r][0]] = 0.0
+        for a in topo:
+            if dist[a] > NONE:
+                for b, lat in succ[a]:
+                    dist[b] = max(dist[b], dist[a] + dur[a] + lat)
+        for q in range(p):
+            if orders[q] and dist[orders[q][-1]] > NONE:
+                L[r][q] = dist[orders[q][-1]] + dur[orders[q][-1]]
+    # Karp: D[k][v] = the heaviest walk of exactly k edges ending at v.
+    D = [[0.0] * p] + [[NONE] * p for _ in range(p)]
+    for k in range(1, p + 1):
+        for u in range(p):
+            if D[k - 1][u] > NONE:
+                for v in range(p):
+                    if L[u][v] > NONE:
+                        D[k][v] = max(D[k][v], D[k - 1][u] + L[u][v])
+    best = 0.0
+    for v in range(p):
+        if D[p][v] > NONE:
+            best = max(best, min((D[p][v] - D[k][v]) / (p - k) for k in range(p) if D[k][v] > NONE))
+    return best

@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import Op, Problem, Schedule, ScheduleError, load_problem, simulate
 from schedc.solvers.bounds import Bound, all_bounds, lower_bound
+from schedc.solvers.ilp import best_registry_schedule
+from tests.exhaustive import exhaustive_optimum, span_with_delays
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
+ZB_PAPER = EXAMPLES / "zb-paper"
 
 
 def uniform(p, m, v=1, placement="loop", comm=0.0, limit=None, objective="makespan", costs=(1, 1, 1)):
@@ -82,11 +85,58 @@ def problems(draw):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_bound_never_above_a_schedule_that_fits(problem):
+    timelines = fitting_timelines(problem)
     for objective in ("makespan", "span"):
         bound = lower_bound(problem, objective)
         assert isinstance(bound, Bound) and bound.reason
-        for name, t in fitting_timelines(problem).items():
-            assert bound.value <= t.objective_value(objective) + 1e-9, (name, objective, bound)
+        terms = all_bounds(problem, objective)
+        assert bound.value == pytest.approx(max(b.value for b in terms), abs=1e-9)
+        for name, t in timelines.items():
+            for b in terms:  # every term is a bound on its own
+                assert b.value <= t.objective_value(objective) + 1e-9, (name, objective, b)
+
+
+@st.composite
+def span_problems(draw):
+    """Span problems shaped like the zero-bubble paper's (uniform or per-stage costs, W often
+    small against F + B, B freeing most of the activation) with few microbatches per rank, where
+    the start offsets between ranks matter; memory limits from just feasible to plenty."""
+    p = draw(st.integers(2, 6))
+    v = draw(st.sampled_from([1, 1, 2]))
+    n = p * v
+    m = draw(st.integers(1, 3 * p))
+    if draw(st.booleans()):
+        f, b, w = draw(st.floats(0.5, 2)), draw(st.floats(0.5, 2)), draw(st.floats(0.05, 2))
+    else:
+        f, b, w = (draw(st.lists(st.floats(0.05, 2), min_size=n, max_size=n)) for _ in range(3))
+    mem_f = draw(st.sampled_from([1.0, 0.5]))
+    problem = Problem.parse(
+        dict(
+            ranks=p, microbatches=m, chunks=v, placement=draw(st.sampled_from(["loop", "v"])),
+            costs=dict(F=f, B=b, W=w), comm=draw(st.sampled_from([0.0, 0.05, 0.5, 1.0])),
+            memory=dict(F=mem_f, B=-mem_f * draw(st.floats(0.3, 1))), objective="span",
+        )
+    )
+    if draw(st.integers(0, 4)) == 0:  # a fused backward cheaper than B + W
+        c = problem.cost
+        problem = problem.with_changes(costs={"BW": [(b + w) * draw(st.floats(0.6, 1)) for b, w in zip(c["B"], c["W"])]})
+    room = draw(st.sampled_from([None, 0, 0.5, 1, 2, 4, 8]))  # activations beyond the least feasible
+    if room is not None:
+        need = max(problem.min_memory(r) for r in range(p))
+        problem = problem.with_changes(memory={"limit": need + room * mem_f * v})
+    return problem
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(span_problems())
+def test_span_bound_never_above_a_schedule_that_fits(problem):
+    """Every term of the span bound, against every registry schedule that fits, on problems where
+    the terms that couple two ranks (start offset, deferred W, the chain back) can bind."""
+    terms = all_bounds(problem, "span")
+    timelines = fitting_timelines(problem)
+    for name, t in timelines.items():
+        for b in terms:
+            assert b.value <= t.span + 1e-9, (name, b)
 
 
 @pytest.mark.parametrize("p, m", [(2, 2), (3, 7), (4, 8), (5, 3)])
@@ -132,9 +182,11 @@ def rank_orders(problem, r, fused):
     return out
 
 
-def optimum(problem):
-    """objective -> the best value over every split and every fused schedule that fits."""
-    best = {"makespan": float("inf"), "span": float("inf")}
+def optimum(problem, delays=False):
+    """objective -> the best value over every split and every fused schedule that fits, timed as
+    soon as possible; with ``delays``, "span" is over every timing (a rank may start late on
+    purpose) and "asap span" as the simulator times them."""
+    best = {"makespan": float("inf"), "span": float("inf"), "asap span": float("inf")}
     for fused in (False, True):
         for ranks in itertools.product(*(rank_orders(problem, r, fused) for r in range(problem.ranks))):
             try:
@@ -142,8 +194,11 @@ def optimum(problem):
             except ScheduleError:  # deadlock: the ranks wait on each other
                 continue
             if t.fits:
-                for objective in best:
-                    best[objective] = min(best[objective], t.objective_value(objective))
+                best["makespan"] = min(best["makespan"], t.makespan)
+                best["asap span"] = min(best["asap span"], t.span)
+                any_timing = span_with_delays(problem, [[tuple(op) for op in ops] for ops in ranks]) if delays else t.span
+                assert any_timing <= t.span + 1e-9
+                best["span"] = min(best["span"], any_timing)
     return best
 
 
@@ -170,8 +225,40 @@ def tiny_problems(draw):
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_problems())
 def test_bound_never_above_the_true_optimum(problem):
-    for objective, value in optimum(problem).items():
-        assert lower_bound(problem, objective).value <= value + 1e-9, objective
+    best = optimum(problem)
+    for objective in ("makespan", "span"):
+        for b in all_bounds(problem, objective):
+            assert b.value <= best[objective] + 1e-9, (objective, b)
+
+
+@st.composite
+def tiny_span_problems(draw):
+    """Tiny span problems where the terms coupling two ranks bind: W small, several ranks."""
+    p, v, m = draw(st.sampled_from([(2, 1, 1), (2, 1, 2), (3, 1, 1), (3, 1, 2), (4, 1, 1), (2, 2, 1)]))
+    n = p * v
+    costs = st.lists(st.sampled_from([0.25, 0.5, 1, 2, 3]), min_size=n, max_size=n)
+    problem = Problem.parse(
+        dict(
+            ranks=p, microbatches=m, chunks=v, placement=draw(st.sampled_from(["loop", "v"])),
+            costs=dict(F=draw(costs), B=draw(costs), W=draw(st.lists(st.sampled_from([0.1, 0.25, 1]), min_size=n, max_size=n))),
+            comm=draw(st.sampled_from([0, 0.5])), memory=dict(F=1, B=-draw(st.sampled_from([0.5, 0.75, 1]))),
+            objective="span",
+        )
+    )
+    room = draw(st.sampled_from([None, 0, 1, 2]))
+    if room is not None:
+        problem = problem.with_changes(memory={"limit": max(problem.min_memory(r) for r in range(p)) + room})
+    return problem
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_span_problems())
+def test_span_bound_never_above_the_optimum_over_every_timing(problem):
+    """Stronger than against the simulator's timings: a span bound must hold for schedules whose
+    ranks start late on purpose (tests/exhaustive.py, span_with_delays)."""
+    best = optimum(problem, delays=True)["span"]
+    for b in all_bounds(problem, "span"):
+        assert b.value <= best + 1e-9, b
 
 
 # ---- tightness where the optimum is known ----
@@ -274,3 +361,77 @@ def test_examples(path):
         assert bound <= found + 1e-9
         if path.stem in PROVEN:
             assert bound == pytest.approx(found, abs=1e-9), objective
+
+
+# ---- span: terms that couple two ranks ----
+
+
+def test_span_pair_term_through_the_last_backward_is_optimal():
+    """p=4, m=2, F=B=1, W=0.25, no limit: rank 3's first op starts >= 3 after rank 0's (forward
+    chain); by its last backward it has done its work 4.5 but for the W it defers (at most both,
+    0.5); from there the gradient needs 3 to reach stage 0 and W 0.25 more. Rank 0's span >= 3 +
+    4 + 3.25 = 10.25 although each rank's work is 4.5, and that is the optimum."""
+    problem = uniform(4, 2, objective="span", costs=(1, 1, 0.25))
+    b = lower_bound(problem)
+    assert b.value == pytest.approx(10.25, abs=1e-12)
+    assert "rank 0: its span holds rank 3's first op to last backward" in b.reason
+    assert exhaustive_optimum(problem)[0] == pytest.approx(10.25, abs=1e-9)
+
+
+def test_span_pair_term_through_the_last_forward_is_optimal():
+    """V placement, p=2 (rank 0: stages 0 and 3; rank 1: stages 1 and 2), m=2, F=B=2, W=0.5,
+    room for 3 activations: rank 1 starts >= 2 after rank 0 and works 18, less the backward work
+    that memory holds at its last forward (3 activations x (B + W) = 7.5), and idles >= 2 in
+    warm-up (its first B waits 8 after its first op, 3 forwards fit); from the end of its last
+    forward F(2, j) the microbatch goes round stage 3 (4), B(2), B(1), B(0) (6) and W(0) (0.5):
+    rank 0's span >= 2 + 10.5 + 2 + 10.5 = 25, the optimum."""
+    problem = Problem.parse(
+        dict(ranks=2, microbatches=2, chunks=2, placement="v", costs=dict(F=2, B=2, W=0.5),
+             memory=dict(F=1, B=-0.5, limit=3), objective="span")
+    )
+    b = lower_bound(problem)
+    assert b.value == pytest.approx(25, abs=1e-6)  # less the simulator's 1e-9 memory tolerance
+    assert "rank 0: its span holds rank 1's first op to last forward" in b.reason and "warm-up idle 2" in b.reason
+    assert exhaustive_optimum(problem)[0] == pytest.approx(25, abs=1e-9)
+
+
+def test_span_warm_up_counts_the_forward_chain_between_a_ranks_stages():
+    """Rank 0 of a V placement holds the first and the last stage: its first B (of the last stage)
+    waits for the whole forward chain after its first op, and only the forwards that memory
+    holds can fill it. p=4, v=2, F=B=W=1, room for 4 activations: 8 forwards later, of which 4
+    fit: idle >= 4 (the term counted only F + rt of the last stage, 1, before)."""
+    problem = uniform(4, 8, v=2, placement="v", limit=4, objective="span")
+    rank0 = all_bounds(problem)[0]
+    assert rank0.value == pytest.approx(48 + 4, abs=1e-6) and "warm-up idle 4" in rank0.reason
+    assert lower_bound(problem).value <= best(problem, "span") + 1e-9
+
+
+def test_zero_bubble_paper_2p_optimum_is_certified():
+    """The paper's 1.5B model at m=24, p=8, memory 2p (examples/problems/zb-paper): rank 7 starts
+    >= 7 (F + comm) after rank 0, may defer all its 24 W past its last B, and from there the
+    gradient needs 7 (B + comm) and W(0): the span is >= 1152.6, the published ZB-2p bubble
+    (0.0433 of 1152.6, against rank work 1102.68) exactly, so that schedule is optimal."""
+    problem = load_problem(ZB_PAPER / "zb-1.5B-m24-2p.yaml")
+    b = lower_bound(problem)
+    work = 24 * (18.522 + 18.086 + 9.337)
+    assert b.value == pytest.approx(7 * (18.522 + 0.601) + work - 24 * 9.337 + 7 * (18.086 + 0.601) + 9.337)
+    assert 1 - work / b.value == pytest.approx(0.0433, abs=5e-5)
+    assert "rank 0: its span holds rank 7's first op to last backward" in b.reason
+
+
+@pytest.mark.parametrize("name", ["zb-1.5B-m24-2p", "zb-1.5B-m24-1p-v", "zb-6.2B-m24-2p", "zb-6.2B-m24-1p"])
+def test_zero_bubble_paper_bound_below_the_best_registry_schedule(name):
+    problem = load_problem(ZB_PAPER / f"{name}.yaml")
+    _, t = best_registry_schedule(problem)
+    for b in all_bounds(problem):
+        assert b.value <= t.span + 1e-9, b
+
+
+def test_span_bound_is_cheap_at_the_largest_paper_setting():
+    """p=32, m=256 bounds in well under a second (one pass over pairs of ranks)."""
+    import time
+
+    problem = load_problem(ZB_PAPER / "zb-28.3B-m256-2p.yaml")
+    t0 = time.perf_counter()
+    lower_bound(problem)
+    assert time.perf_counter() - t0 < 0.5

@@ -16,7 +16,7 @@ import schedc.solvers as S
 from schedc import Problem, Schedule, simulate
 from schedc.analytic import FORMULAS
 
-from tests.exhaustive import BudgetExceeded, exhaustive_optimum
+from tests.exhaustive import BudgetExceeded, exhaustive_optimum, span_with_delays
 
 TOL = 1e-9
 
@@ -322,3 +322,126 @@ def test_budget_exceeded_raises_instead_of_guessing():
     hard = problem(4, 6, F=[1, 2, 3, 1], B=[2, 2, 3, 2], W=[1, 2, 1, 2], comm=0.5, limit=5)
     with pytest.raises(BudgetExceeded, match="not proven optimal"):
         exhaustive_optimum(hard, time_budget=0.0)
+
+
+# ---- span: as soon as possible, and over every timing ----
+
+def span_problems(seed=7, count=12):
+    """Seeded tiny span problems, memory from just feasible to none, W often small."""
+    rng = random.Random(seed)
+    shapes = [(2, 2, 1), (3, 1, 1), (3, 2, 1), (2, 1, 2), (4, 1, 1), (1, 2, 2)]
+    out = []
+    for k in range(count):
+        p, m, v = shapes[k % len(shapes)]
+        n = p * v
+
+        def costs(choices):
+            return [rng.choice(choices) for _ in range(n)]
+
+        prob = Problem.parse(dict(
+            ranks=p, microbatches=m, chunks=v, placement=rng.choice(["loop", "v"]),
+            costs=dict(F=costs([1, 2, 3]), B=costs([1, 2, 3]), W=costs([0.5, 1, 3])), comm=rng.choice([0, 0.5]),
+            memory=dict(F=1, B=-rng.choice([0.5, 1])), objective="span",
+        ))
+        need = max(prob.min_memory(r) for r in range(p))
+        room = rng.choice([None, 0, 1, 2])
+        if room is not None:
+            prob = prob.with_changes(memory={"limit": need + room})
+        out.append(pytest.param(prob, id=f"{k}-p{p}m{m}v{v}-room{room}"))
+    return out
+
+
+def every_order(prob):
+    """Every per-rank order of the split ops that fits the memory limit (tiny problems only)."""
+    n, m = prob.n_stages, prob.microbatches
+
+    def before(op):
+        k, s, i = op
+        if k == "F":
+            return {("F", t, i) for t in range(s)}
+        if k == "B":
+            return {("F", t, i) for t in range(s + 1)} | {("B", t, i) for t in range(s + 1, n)}
+        return {("B", s, i)}
+
+    def orders(r):
+        mine = [(k, s, i) for k in "FBW" for s in prob.rank_stages[r] for i in range(m)]
+        out = []
+
+        def extend(prefix, done, level):
+            if len(prefix) == len(mine):
+                out.append(list(prefix))
+            for op in mine:
+                if op not in done and all(d in done or prob.stage_rank[d[1]] != r for d in before(op)):
+                    new = level + prob.mem[op[0]][op[1]]
+                    if op[0] == "F" and prob.memory_limit and new > prob.memory_limit[r] + TOL:
+                        continue
+                    extend(prefix + [op], done | {op}, new)
+
+        extend([], frozenset(), prob.static_memory[r])
+        return out
+
+    return itertools.product(*(orders(r) for r in range(prob.ranks)))
+
+
+def lp_span(prob, orders):
+    """The least span of ``orders`` over every timing, as a linear program (PuLP + CBC): start
+    times free, each rank's order kept, inputs waited for (comm across ranks)."""
+    import warnings
+
+    import pulp
+
+    n, comm, rank = prob.n_stages, prob.comm, prob.stage_rank
+    lp = pulp.LpProblem("span", pulp.LpMinimize)
+    T = lp.add_variable("T")
+    x = {op: lp.add_variable(f"x_{op[0]}_{op[1]}_{op[2]}", lowBound=0) for ops in orders for op in ops}
+    dur = {op: prob.cost[op[0]][op[1]] for op in x}
+    lp += T
+    for ops in orders:
+        for a, b in zip(ops, ops[1:]):
+            lp += x[b] >= x[a] + dur[a]
+        lp += x[ops[-1]] + dur[ops[-1]] - x[ops[0]] <= T
+    for k, s, i in x:
+        ins = [("F", s - 1, i)] if k == "F" and s else []
+        ins += [("F", s, i)] + ([("B", s + 1, i)] if s + 1 < n else []) if k == "B" else []
+        ins += [("B", s, i)] if k == "W" else []
+        for d in ins:
+            lp += x[(k, s, i)] >= x[d] + dur[d] + (comm if rank[d[1]] != rank[s] else 0)
+    with warnings.catch_warnings():  # PuLP 3.3 marks its bundled CBC deprecated for 4.0
+        warnings.simplefilter("ignore", DeprecationWarning)
+        lp.solve(pulp.PULP_CBC_CMD(msg=False))
+    assert pulp.LpStatus[lp.status] == "Optimal"
+    return T.value()
+
+
+@pytest.mark.parametrize("prob", span_problems())
+def test_span_over_every_timing(prob):
+    """The oracle's span optimum is over as-soon-as-possible timings (as the simulator runs
+    schedules); the least span over every timing of every order (a rank may start late on
+    purpose) is no larger, and span_with_delays (maximum mean cycle) agrees with an LP."""
+    asap = optimum(prob)
+    assert asap == pytest.approx(brute_force(prob, "span"), abs=TOL)
+    best, checked = math.inf, 0
+    for orders in every_order(prob):
+        value = span_with_delays(prob, orders)
+        if value is None:
+            continue  # deadlock
+        best = min(best, value)
+        if checked < 4 and (checked == 0 or value < best + TOL):  # the first, and new bests
+            assert value == pytest.approx(lp_span(prob, orders), abs=1e-6)
+            checked += 1
+    assert best <= asap + TOL
+
+
+def test_an_order_may_span_less_with_a_late_start():
+    """p=2, m=2, F 2 | 1, B 1, W 1 | 3. With rank 1 running F F B B W W, as soon as possible its
+    F(1, 0) starts at 2 and waits for F(1, 1)'s input until 4: span 11 (2 .. 13). Started at 3
+    instead, it ends at 13 all the same: span 10. Another order reaches 10 as soon as possible,
+    which is the oracle's optimum (over as-soon-as-possible timings)."""
+    prob = problem(2, 2, F=[2, 1], B=1, W=[1, 3], objective="span")
+    rank0 = [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("W", 0, 0), ("B", 0, 1), ("W", 0, 1)]
+    rank1 = [("F", 1, 0), ("F", 1, 1), ("B", 1, 0), ("B", 1, 1), ("W", 1, 0), ("W", 1, 1)]
+    assert replay(prob, {0: rank0, 1: rank1}, "span") == (11, True)
+    assert span_with_delays(prob, [rank0, rank1]) == 10
+    assert lp_span(prob, [rank0, rank1]) == pytest.approx(10, abs=1e-6)
+    value, orders = exhaustive_optimum(prob)
+    assert value == 10 and span_with_delays(prob, orders) == 10
