@@ -120,51 +120,72 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     """Replay ``schedule`` on ``problem``. Raises ScheduleError for missing or duplicated ops
     and for deadlock; memory-limit violations are reported in the Timeline."""
     where = schedule.check_complete(problem)
-    n_stages, comm = problem.n_stages, problem.comm
-    cost, stage_rank = problem.cost, problem.stage_rank
-    ranks = schedule.ranks
-    p = len(ranks)
+    ops = [op for rank_ops in schedule.ranks for op in rank_ops]
+    index = {op: k for k, op in enumerate(ops)}
+    start, end, pos = replay(
+        [[index[op] for op in rank_ops] for rank_ops in schedule.ranks],
+        dependencies(problem, ops, index, where),
+        [problem.cost[op.kind][op.stage] for op in ops],
+    )
+    stuck = [r for r, ops_r in enumerate(schedule.ranks) if pos[r] < len(ops_r)]
+    if stuck:
+        deps = {op: [(d, 0.0) for d in producers(op, problem.n_stages, where)] for op in ops}
+        raise ScheduleError(
+            f"{schedule.name}: deadlock: {_describe_wait(schedule.ranks, pos, stuck, deps, where)}"
+        )
+    return _timeline(problem, schedule, start, end)
 
-    # Each op's producers, resolved once: (producer, latency added after its end).
-    deps: dict[Op, list[tuple[Op, float]]] = {}
-    for op, (r, _) in where.items():
-        deps[op] = [(d, 0.0 if stage_rank[d.stage] == r else comm) for d in producers(op, n_stages, where)]
 
-    finish: dict[Op, float] = {}
+def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where) -> list[list[tuple[int, float]]]:
+    """Per op (by its index in ``ops``), its producers' indices and the latency added after each
+    producer's end (``comm`` across ranks)."""
+    rank_of = problem.stage_rank
+    return [
+        [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
+         for d in producers(op, problem.n_stages, where)]
+        for op in ops
+    ]
+
+
+def replay(
+    orders: list[list[int]], deps: list[list[tuple[int, float]]], dur: list[float]
+) -> tuple[list[list[float]], list[list[float]], list[int]]:
+    """The list scheduling every schedule is judged by, over integer op ids: rank r runs the ops
+    ``orders[r]`` in that order, each as soon as its rank is free and every producer ``(id,
+    latency)`` in ``deps[op]`` has ended, plus the latency. Returns per rank the start and end
+    times of the ops that ran and how many ran (fewer than the rank's list: a deadlock)."""
+    p = len(orders)
+    finish = [-1.0] * len(dur)
     start: list[list[float]] = [[] for _ in range(p)]
     end: list[list[float]] = [[] for _ in range(p)]
     free = [0.0] * p
     pos = [0] * p
-    waiting: dict[Op, list[int]] = {}  # unfinished op -> ranks blocked on it
+    waiting: dict[int, list[int]] = {}  # unfinished op -> ranks blocked on it
     ready = list(range(p))
     while ready:
         r = ready.pop()
-        ops = ranks[r]
-        while pos[r] < len(ops):
-            op = ops[pos[r]]
+        ks = orders[r]
+        while pos[r] < len(ks):
+            k = ks[pos[r]]
             t = free[r]
-            blocked = None
-            for d, lat in deps[op]:
-                done = finish.get(d)
-                if done is None:
+            blocked = -1
+            for d, lat in deps[k]:
+                done = finish[d]
+                if done < 0:
                     blocked = d
                     break
-                t = max(t, done + lat)
-            if blocked is not None:
+                if done + lat > t:
+                    t = done + lat
+            if blocked >= 0:
                 waiting.setdefault(blocked, []).append(r)
                 break
-            t_end = t + cost[op.kind][op.stage]
+            t_end = t + dur[k]
             start[r].append(t)
             end[r].append(t_end)
-            finish[op] = free[r] = t_end
+            finish[k] = free[r] = t_end
             pos[r] += 1
-            ready.extend(waiting.pop(op, ()))
-
-    stuck = [r for r in range(p) if pos[r] < len(ranks[r])]
-    if stuck:
-        raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(ranks, pos, stuck, deps, where)}")
-
-    return _timeline(problem, schedule, start, end)
+            ready.extend(waiting.pop(k, ()))
+    return start, end, pos
 
 
 def with_times(problem: Problem, schedule: Schedule, start, end) -> Timeline:

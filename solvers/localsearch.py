@@ -26,27 +26,23 @@ from typing import Callable
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
-from schedc.simulate import Timeline, simulate
+from schedc.simulate import Timeline, dependencies, replay, simulate
 
 _EPS = 1e-9
 
 
 class _Evaluator:
-    """The simulator's list scheduling and memory check over integer op ids, for screening many
-    candidate orders quickly. A candidate it accepts is then judged by ``simulate`` itself."""
+    """The simulator's replay and memory check over integer op ids (``schedc.simulate.replay``,
+    without building a Timeline), to screen many candidate orders quickly. A candidate it accepts
+    is then judged by ``simulate`` itself."""
 
     def __init__(self, problem: Problem, schedule: Schedule):
         where = schedule.check_complete(problem)
         self.ops = list(where)
         self.index = {op: k for k, op in enumerate(self.ops)}
-        rank_of = problem.stage_rank
         self.dur = [problem.cost[op.kind][op.stage] for op in self.ops]
         self.mem = [problem.mem[op.kind][op.stage] for op in self.ops]
-        self.deps = [
-            [(self.index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
-             for d in producers(op, problem.n_stages, where)]
-            for op in self.ops
-        ]
+        self.deps = dependencies(problem, self.ops, self.index, where)
         limits = problem.memory_limit
         self.room = (
             None if limits is None else [limits[r] - problem.static_memory[r] + _EPS for r in range(problem.ranks)]
@@ -66,38 +62,10 @@ class _Evaluator:
                     if level + max(delta, 0.0) > room:
                         return None
                     level += delta
-        dur, deps = self.dur, self.deps
-        finish = [-1.0] * len(dur)
-        p = len(orders)
-        pos, free = [0] * p, [0.0] * p
-        first = [0.0] * p
-        waiting: dict[int, list[int]] = {}
-        ready = list(range(p))
-        while ready:
-            r = ready.pop()
-            ks = orders[r]
-            while pos[r] < len(ks):
-                k = ks[pos[r]]
-                t = free[r]
-                blocked = -1
-                for d, lat in deps[k]:
-                    done = finish[d]
-                    if done < 0:
-                        blocked = d
-                        break
-                    if done + lat > t:
-                        t = done + lat
-                if blocked >= 0:
-                    waiting.setdefault(blocked, []).append(r)
-                    break
-                if pos[r] == 0:
-                    first[r] = t
-                finish[k] = free[r] = t + dur[k]
-                pos[r] += 1
-                ready.extend(waiting.pop(k, ()))
-        if any(pos[r] < len(orders[r]) for r in range(p)):
+        start, end, pos = replay(orders, self.deps, self.dur)
+        if any(pos[r] < len(ks) for r, ks in enumerate(orders)):
             return None
-        per_rank = free if self.makespan else [free[r] - first[r] for r in range(p)]
+        per_rank = [es[-1] if self.makespan else es[-1] - ss[0] for ss, es in zip(start, end) if es]
         return (max(per_rank), sum(per_rank))
 
 
