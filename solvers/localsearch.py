@@ -65,17 +65,18 @@ class _Evaluator:
         start, end, pos = replay(orders, self.deps, self.dur)
         if any(pos[r] < len(ks) for r, ks in enumerate(orders)):
             return None
-        per_rank = [es[-1] if self.makespan else es[-1] - ss[0] for ss, es in zip(start, end) if es]
-        return (max(per_rank), sum(per_rank))
+        return _score(start, end, self.makespan)
 
 
 def score(t: Timeline) -> tuple[float, float]:
-    """(objective, sum of per-rank objective): lower is better; the second breaks plateaus."""
-    if t.problem.objective == "makespan":
-        second = sum(es[-1] for es in t.end if es)
-    else:
-        second = sum(t.rank_span)
-    return (t.objective_value(), second)
+    """(objective, sum over ranks of their own end or span): lower is better; the second key
+    breaks plateaus."""
+    return _score(t.start, t.end, t.problem.objective == "makespan")
+
+
+def _score(start, end, makespan: bool) -> tuple[float, float]:
+    per_rank = [es[-1] if makespan else es[-1] - ss[0] for ss, es in zip(start, end) if es]
+    return (max(per_rank), sum(per_rank))
 
 
 def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
