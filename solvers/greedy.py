@@ -106,6 +106,25 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     for s in range(n - 2, -1, -1):
         hop = comm if stage_rank[s] != stage_rank[s + 1] else 0.0
         round_trip[s] = round_trip[s + 1] + cost["F"][s + 1] + cost["B"][s + 1] + 2 * hop
+    # Earliest start of F(s, 0) if the forward chain runs without a wait (the last stage's included).
+    head = [0.0] * n
+    for s in range(1, n):
+        head[s] = head[s - 1] + cost["F"][s - 1] + (comm if stage_rank[s - 1] != stage_rank[s] else 0.0)
+
+    def first_arrivals(r: int) -> list[float]:
+        """When the first microbatch's next pieces of work can reach rank r at the earliest: the
+        forward of each later local stage, and the rank's first B (once its last stage's forward
+        ran), counted from what the rank has done of microbatch 0 so far."""
+        lo, hi = first_local[r], last_local[r]
+        out = []
+        f_lo = finish.get(Op("F", lo, 0))
+        if f_lo is not None:
+            out += [f_lo - cost["F"][lo] + head[s] - head[lo] for s in problem.rank_stages[r]
+                    if s != lo and Op("F", s, 0) not in finish]
+        f_hi = finish.get(Op("F", hi, 0))
+        if f_hi is not None:
+            out.append(f_hi + round_trip[hi])
+        return out
 
     def producers(op: Op) -> list[Op]:
         kind, s, i = op
@@ -133,12 +152,9 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
         if policy.shallow_warmup and not seen_b[r] and started[r] >= depth[r]:
             return False
         if policy.timed_warmup and not seen_b[r]:
-            hi = last_local[r]
-            first_f = finish.get(Op("F", hi, 0))
-            if first_f is not None:
-                end = free[r] + (0.0 if policy.overrun_warmup else cost["F"][op.stage])
-                if end > first_f + round_trip[hi] + 1e-9:
-                    return False
+            end = free[r] + (0.0 if policy.overrun_warmup else cost["F"][op.stage])
+            if any(end > due + 1e-9 for due in first_arrivals(r)):
+                return False
         held = level[r] if policy.lean else level[r] + reserved[r]
         return held + need[r] <= room[r] + 1e-9
 
