@@ -189,7 +189,7 @@ def torch_rows(path: Path) -> dict[str, float | None]:
 
 
 def _pct(x: float | None, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{100 * x:.{digits}f}"
+    return "does not fit" if x is None else f"{100 * x:.{digits}f}%"
 
 
 def main() -> None:
@@ -220,7 +220,7 @@ def main() -> None:
         extra = torch_rows(path) if v else {}
         if v:
             zbv = extra.get("torch:ZBVZeroBubble")
-            cells[3] = f"ZBV {_pct(zbv)}%, DualPipeV {_pct(extra.get('torch:DualPipeV'))}%"
+            cells[3] = f"ZBV {_pct(zbv)}, DualPipeV {_pct(extra.get('torch:DualPipeV'))}"
         for solver in solver_names:
             r = solve_cell(path, solver, args.time_limit, out_dir)
             if "error" in r:
@@ -237,7 +237,7 @@ def main() -> None:
                 verdict = "< ZBV" if bubble < extra["torch:ZBVZeroBubble"] - 1e-12 else (
                     "= ZBV, proven optimal" if r["status"] == "optimal" else "= ZBV")
             if r["wall"] > args.time_limit * 1.1 + 2:
-                verdict += f"; over the time limit"
+                verdict += "; over the time limit"
             if r["gap"] > 0.01:
                 misses.append(f"{path.stem} ({solver}): gap {100 * r['gap']:.2f}% ({r['status']})")
             if verdict.startswith("WORSE"):
