@@ -4,11 +4,13 @@ Variables: a start time per op (F, B, W of every stage and microbatch) and, for 
 ops on one rank whose order no dependency fixes, a binary "a before b". Constraints:
 
 - data: an op starts after each input's end, plus ``comm`` across ranks;
-- one op at a time per rank: each free pair is ordered one way or the other (big-M with the
-  horizon as M); microbatches are numbered in the order they enter stage 0 (no loss: they are
-  interchangeable), which breaks the symmetry between them;
+- one op at a time per rank: each free pair is ordered one way or the other (big-M, each pair's
+  from the ops' windows of earliest and latest starts); microbatches are numbered in the order
+  they enter stage 0 (no loss: they are interchangeable), which breaks the symmetry between them,
+  and the W of a stage run in the order of their B (no loss either, see ``_Model``);
 - memory: at every F, static memory plus the deltas of the ops ordered before it, plus its own,
-  stays within the limit (a linear function of the same binaries);
+  stays within the limit (a linear function of the same binaries); and the activation held
+  integrated over time fits under the limit over the rank's window (a cut in the start times);
 - objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
   a variable below every start on the rank).
 
@@ -286,6 +288,22 @@ class _Model:
     With ``keep`` (a schedule) and ``window`` (per rank, a range of positions in keep's order),
     it is a neighbourhood of ``keep``: only the ops in each rank's window may be reordered, among
     themselves; every other pair keeps keep's order (large neighbourhood search).
+
+    What makes it tighter than the plain big-M model, all of it exact:
+
+    - windows: each op starts between its earliest start (longest path from the sources) and the
+      horizon minus its tail (longest path to the end), and each pair's big-M is the largest
+      amount by which its constraint can be violated within those windows, not the horizon;
+      a pair that cannot run one way round within the windows is ordered the other way (and
+      the windows recomputed with that edge, until nothing changes);
+    - W follow B: on each stage, the W run in the order of their B (one binary for both pairs).
+      No optimum is lost: two W of one stage last as long and free as much, and no op consumes a
+      W, so handing a schedule's W slots of a stage to its microbatches in B order keeps every
+      time and memory level; the k-th W slot is no earlier than k of the B have ended, so each W
+      still starts after its own B;
+    - memory-time: on a rank, the activation held integrated over time (a microbatch holds its
+      F's allocation from the F's start to the B's, then what the B left until the W) is at most
+      the room times the rank's window: a linear cut in the start times.
     """
 
     def __init__(
@@ -317,37 +335,39 @@ class _Model:
                     edges += [(ks[w.start - 1], ks[k], 0.0) for k in w]
                 if w and w.stop < len(ks):
                     edges += [(ks[k], ks[w.stop], 0.0) for k in w]
-        # Earliest starts (longest path from the sources) tighten the LP.
-        order, earliest, _, succ = longest_paths(dur, edges)
-        # Which same-rank pairs the edges already order: descendants as bit sets.
-        reach = [0] * len(self.ops)
-        for a in reversed(order):
-            bits = 0
-            for b, _ in succ[a]:
-                bits |= reach[b] | (1 << b)
-            reach[a] = bits
+        on_rank: list[list[int]] = [[] for _ in range(p)]
+        for k, op in enumerate(self.ops):
+            on_rank[rank_of[op.stage]].append(k)
+        # (W pair, its B pair) of one stage, both as (lower microbatch, higher): tied in the full
+        # model (in a neighbourhood the W outside the window keep their place).
+        self.twins = {} if keep is not None else _w_follow_b(self.ops, index, n, m)
+        edges, earliest, latest, reach = _windows(dur, edges, on_rank, free, horizon, self.twins, fix=keep is None)
 
         lp = pulp.LpProblem("schedc", pulp.LpMinimize)
         start = [
-            lp.add_variable(f"s{k}", lowBound=earliest[k], upBound=max(earliest[k], horizon - dur[k]))
+            lp.add_variable(f"s{k}", lowBound=earliest[k], upBound=max(earliest[k], latest[k]))
             for k in range(len(self.ops))
         ]
         for a, b, lat in edges:
             lp += start[b] >= start[a] + dur[a] + lat
         self.before: dict[tuple[int, int], pulp.LpVariable] = {}  # (a, b) with a < b: 1 if a first
-        on_rank: list[list[int]] = [[] for _ in range(p)]
-        for k, op in enumerate(self.ops):
-            on_rank[rank_of[op.stage]].append(k)
         for ks in on_rank:
             open_ks = [k for k in ks if k in free]  # other pairs are fixed by keep's order
             for x, a in enumerate(open_ks):
                 for b in open_ks[x + 1 :]:
                     if reach[a] >> b & 1 or reach[b] >> a & 1:
                         continue
+                    twin = self.twins.get((a, b))
+                    if twin in self.before:  # W pair: the same binary as its B pair
+                        self.before[a, b] = self.before[twin]
+                        continue
                     y = lp.add_variable(f"y{a}_{b}", cat="Binary")
                     self.before[a, b] = y
-                    lp += start[b] >= start[a] + dur[a] - horizon * (1 - y)
-                    lp += start[a] >= start[b] + dur[b] - horizon * y
+                    # Each big-M: the most start[a] + dur[a] - start[b] can be when b goes first.
+                    m_ab = max(0.0, max(earliest[a], latest[a]) + dur[a] - earliest[b])
+                    m_ba = max(0.0, max(earliest[b], latest[b]) + dur[b] - earliest[a])
+                    lp += start[b] >= start[a] + dur[a] - m_ab * (1 - y)
+                    lp += start[a] >= start[b] + dur[b] - m_ba * y
 
         def first(a: int, b: int):
             """1 if op a runs before op b on their rank (a constant when an edge fixes it)."""
@@ -389,11 +409,31 @@ class _Model:
                 before = pulp.lpSum(dur[a] * first(a, o) for a in ks if a != o)
                 lp += self.C >= start[o] + dur[o] + after - origin
                 lp += start[o] >= first_start + before
+            if limits is not None:
+                # Memory-time: frees count from their op's start, as in the memory rows above, so
+                # the level never exceeds the room between the rank's first start and C (+ it).
+                held = []
+                for s in problem.rank_stages[r]:
+                    f, b = mem["F"][s], mem["B"][s]
+                    for i in range(m):
+                        kf, kb, kw = (index[Op(kind, s, i)] for kind in ("F", "B", "W"))
+                        held += [f * (start[kb] - start[kf]), (f + b) * (start[kw] - start[kb])]
+                room = limits[r] - problem.static_memory[r]
+                window_length = self.C if problem.objective == "span" else self.C - first_start
+                lp += pulp.lpSum(held) <= room * window_length
         lp += self.C
         self.lp, self.start, self.on_rank, self.index = lp, start, on_rank, index
 
     def warm(self, timeline: Timeline) -> None:
+        """Start the search from ``timeline``'s order and times (its W of each stage handed to
+        the microbatches in B order, as the model has them: same times, same memory)."""
         times = {op: s for op, (_, s, _) in timeline.op_times().items()}
+        if self.twins:
+            for s in range(self.problem.n_stages):
+                slots = sorted(times[Op("W", s, i)] for i in range(self.problem.microbatches))
+                by_b = sorted(range(self.problem.microbatches), key=lambda i: times[Op("B", s, i)])
+                for slot, i in zip(slots, by_b):
+                    times[Op("W", s, i)] = slot
         for k, op in enumerate(self.ops):
             self.start[k].setInitialValue(times[op])
         for (a, b), y in self.before.items():
@@ -406,6 +446,57 @@ class _Model:
             return None
         per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (values[k], k))] for ks in self.on_rank]
         return Schedule.from_lists(name, per_rank)
+
+
+def _w_follow_b(ops: list[Op], index: dict[Op, int], n: int, m: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(W(s, i), W(s, j)) -> (B(s, i), B(s, j))`` for every stage s and i < j (as op indices)."""
+    twins = {}
+    for s in range(n):
+        for i in range(m):
+            for j in range(i + 1, m):
+                pair = (index[Op("W", s, i)], index[Op("W", s, j)])
+                twins[pair] = (index[Op("B", s, i)], index[Op("B", s, j)])
+    return twins
+
+
+def _windows(dur, edges, on_rank, free, horizon, twins, fix=True):
+    """Earliest and latest starts and the descendants (bit sets) over ``edges``. With ``fix``
+    the edges grow: a same-rank pair that cannot run one way round within the windows gets the
+    other order as an edge, and so does a W pair whose B pair is ordered (or a B pair whose W
+    pair is), until nothing changes (a pair that fits neither way is left to the solver, which
+    then finds the model infeasible). Returns ``(edges, earliest, latest, reach)``."""
+    eps = 1e-9 * max(1.0, abs(horizon))
+    while True:
+        order, earliest, tail, succ = longest_paths(dur, edges)
+        latest = [horizon - t for t in tail]
+        reach = [0] * len(dur)
+        for a in reversed(order):
+            bits = 0
+            for b, _ in succ[a]:
+                bits |= reach[b] | (1 << b)
+            reach[a] = bits
+        if not fix:
+            return edges, earliest, latest, reach
+        added = []
+        for ks in on_rank:
+            open_ks = [k for k in ks if k in free]
+            for x, a in enumerate(open_ks):
+                for b in open_ks[x + 1 :]:
+                    if reach[a] >> b & 1 or reach[b] >> a & 1:
+                        continue
+                    a_first = earliest[a] + dur[a] <= latest[b] + eps  # a can end by b's latest start
+                    b_first = earliest[b] + dur[b] <= latest[a] + eps
+                    if a_first != b_first:
+                        added.append((a, b) if a_first else (b, a))
+        for (wa, wb), (ba, bb) in twins.items():
+            for (x, y), (u, v) in (((wa, wb), (ba, bb)), ((ba, bb), (wa, wb))):
+                if reach[x] >> y & 1 and not reach[u] >> v & 1:
+                    added.append((u, v))
+                elif reach[y] >> x & 1 and not reach[v] >> u & 1:
+                    added.append((v, u))
+        if not added:
+            return edges, earliest, latest, reach
+        edges = edges + [(a, b, 0.0) for a, b in dict.fromkeys(added)]
 
 
 # CBC's log: incumbents and the bound as it goes, and the final bound.
