@@ -12,13 +12,15 @@ Each rank walks its instruction list in order:
   (``schedc.runtime.wgrad``). The loss of each microbatch is scaled by 1/m, so the gradients are
   those of the mean loss over the batch, as in ordinary training.
 - ``SEND`` / ``RECV``: ``isend`` / ``irecv`` posted in the Program's order; a received tensor
-  is waited on only where it is consumed, a send only at ``STEP`` (its buffer is kept alive).
+  is waited on only where it is consumed. A send's buffer is dropped as soon as the transfer
+  has completed (checked after every instruction); ``STEP`` waits for those still in flight.
 - ``LOCAL``: hands the tensor to the other stage on this rank.
 - ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
   one was given (otherwise the caller runs it after ``step``).
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
-inputs), so memory follows the schedule. Receive buffers get their shapes and dtypes from a
+inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
+variable keeps a microbatch's tensors alive past its instruction. Receive buffers get their shapes and dtypes from a
 metadata exchange along the pipeline on the first step (and again if the input shape changes).
 
 On CUDA with NCCL, torch runs point-to-point transfers on its own NCCL streams and ``wait`` makes
@@ -29,16 +31,18 @@ through host memory.
 Faults: every wait has a deadline (``timeout``). A rank whose step raises records the error in
 the process group's store before re-raising; a rank that cannot complete a wait (its peer died,
 the connection closed, or the deadline passed) raises ``PipelineError`` naming the rank that
-failed first, as far as the store tells (else the peer it waited for).
+failed first, as far as the store tells (else the peer it waited for). Waiting ranks also poll
+the store (``schedc.runtime.comm``), so they stop within a fraction of a second of any rank's
+report, also when the failed rank stays alive. A runtime whose step failed is not used again.
 """
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +51,7 @@ from torch import nn
 
 from schedc.errors import SchedcError
 from schedc.program import Instr, Message
+from schedc.runtime.comm import Stopped, TransferFailed, Transport
 from schedc.runtime.wgrad import WeightGradStore, enable_split
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
@@ -62,6 +67,18 @@ class PipelineError(SchedcError):
     def __init__(self, message: str, culprit: int | None = None, why: str | None = None):
         super().__init__(message)
         self.culprit, self.why = culprit, why
+
+
+@dataclass
+class _StepState:
+    """What one step holds between instructions."""
+
+    xs: Any  # this rank's input microbatches (stage 0), else None
+    ys: Any  # its targets (last stage), else None
+    saved: dict = field(default_factory=dict)  # (stage, mb) -> (stage input leaf or None, output or loss)
+    outbox: dict = field(default_factory=dict)  # Message -> computed, to be sent or handed off
+    inbox: dict = field(default_factory=dict)  # Message -> (work or None, tensor)
+    losses: list = field(default_factory=list)
 
 
 class PipelineRuntime:
@@ -115,14 +132,18 @@ class PipelineRuntime:
             for module in self.stages.values():
                 enable_split(module)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
-        self._peer_global = {r: dist.get_global_rank(group, r) if group is not None else r for r in range(world)}
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # stage s -> its output activation
         self._meta_key: tuple | None = None
         self._key = f"schedc/runtime{next(_RUNTIMES)}"
         self._store = _default_store()
+        self.comm = Transport(group, self.timeout, self._someone_failed, threaded=backend == "gloo")
         self.trace_enabled = trace
         self.events: list[tuple[Instr, float, float]] = []  # (instruction, start, end) of the last step
         self.steps = 0
+        self._ops = {  # opcode -> its method
+            "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
+            "SEND": self._send, "RECV": self._recv, "LOCAL": self._local, "STEP": self._optimizer_step,
+        }
 
     # ---- the step ----
 
@@ -145,61 +166,64 @@ class PipelineRuntime:
         ys = self._split("targets", targets) if self.last in self.stages else None
         self._exchange_meta(xs)
         self.events = []
-        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
-        outbox: dict[Message, torch.Tensor] = {}  # computed, to be sent or handed off
-        inbox: dict[Message, tuple[Any, torch.Tensor]] = {}  # (work or None, tensor)
-        sends: list[tuple[Any, torch.Tensor, int, Instr]] = []
-        losses: list[torch.Tensor] = []
+        state = _StepState(xs, ys)
         for k, instr in enumerate(self.program):
             t0 = time.perf_counter()
-            op, s, mb = instr.op, instr.stage, instr.mb
-            if op == "F":
-                x = xs[mb].to(self.device) if s == 0 else self._take(inbox, Message("act", mb, s - 1, s), instr, k)
-                if s > 0 and x.is_floating_point():
-                    x = x.detach().requires_grad_(True)
-                y = self.stages[s](x)
-                if s == self.last:
-                    loss = self.loss_fn(y, ys[mb])
-                    losses.append(loss.detach())
-                    saved[(s, mb)] = (x if s > 0 else None, loss / self.m)
-                else:
-                    if not isinstance(y, torch.Tensor):
-                        raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
-                    saved[(s, mb)] = (x if s > 0 else None, y)
-                    outbox[Message("act", mb, s, s + 1)] = y.detach()
-            elif op in ("B", "BW"):
-                x, out = saved.pop((s, mb))
-                grad = None if s == self.last else self._take(inbox, Message("grad", mb, s + 1, s), instr, k)
-                inputs_ = [x] if x is not None and x.requires_grad else []
-                if op == "B":
-                    self.store.backward_input((s, mb), out, grad, inputs_, self.params[s])
-                else:
-                    self.store.backward_full(out, grad, inputs_, self.params[s])
-                if s > 0:
-                    outbox[Message("grad", mb, s, s - 1)] = x.grad
-            elif op == "W":
-                self.store.backward_weight((s, mb))
-            elif op == "SEND":
-                tensor = outbox.pop(instr.message).to(self.comm_device).contiguous()
-                work = dist.isend(tensor, self._peer_global[instr.peer], group=self.group)
-                sends.append((work, tensor, k, instr))
-            elif op == "RECV":
-                shape, dtype = self._meta[min(instr.message.src, instr.message.dst)]
-                buf = torch.empty(shape, dtype=dtype, device=self.comm_device)
-                inbox[instr.message] = (dist.irecv(buf, self._peer_global[instr.peer], group=self.group), buf)
-            elif op == "LOCAL":
-                inbox[instr.message] = (None, outbox.pop(instr.message))
-            elif op == "STEP":
-                for work, _, j, send in sends:
-                    self._wait(work, send, j)
-                sends.clear()
-                self._finish_step(saved, outbox, inbox)
+            self._ops[instr.op](state, instr, k)
             if self.trace_enabled:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 self.events.append((instr, t0, time.perf_counter()))
         self.steps += 1
-        return torch.stack(losses).mean() if losses else None
+        return torch.stack(state.losses).mean() if state.losses else None
+
+    # ---- one method per opcode (``self._ops``); each leaves nothing behind in locals ----
+
+    def _forward(self, state: _StepState, instr: Instr, k: int) -> None:
+        s, mb = instr.stage, instr.mb
+        x = state.xs[mb].to(self.device) if s == 0 else self._take(state.inbox, Message("act", mb, s - 1, s), instr, k)
+        if s > 0 and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+        y = self.stages[s](x)
+        if s == self.last:
+            loss = self.loss_fn(y, state.ys[mb])
+            state.losses.append(loss.detach())
+            state.saved[(s, mb)] = (x if s > 0 else None, loss / self.m)
+            return
+        if not isinstance(y, torch.Tensor):
+            raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
+        state.saved[(s, mb)] = (x if s > 0 else None, y)
+        state.outbox[Message("act", mb, s, s + 1)] = y.detach()
+
+    def _backward(self, state: _StepState, instr: Instr, k: int) -> None:
+        s, mb = instr.stage, instr.mb
+        x, out = state.saved.pop((s, mb))
+        grad = None if s == self.last else self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
+        inputs = [x] if x is not None and x.requires_grad else []
+        if instr.op == "B":
+            self.store.backward_input((s, mb), out, grad, inputs, self.params[s])
+        else:
+            self.store.backward_full(out, grad, inputs, self.params[s])
+        if s > 0:
+            state.outbox[Message("grad", mb, s, s - 1)] = x.grad
+
+    def _weight(self, state: _StepState, instr: Instr, k: int) -> None:
+        self.store.backward_weight((instr.stage, instr.mb))
+
+    def _send(self, state: _StepState, instr: Instr, k: int) -> None:
+        self.comm.send(state.outbox.pop(instr.message).to(self.comm_device).contiguous(), instr.peer, (k, instr))
+
+    def _recv(self, state: _StepState, instr: Instr, k: int) -> None:
+        shape, dtype = self._meta[min(instr.message.src, instr.message.dst)]
+        buf = torch.empty(shape, dtype=dtype, device=self.comm_device)
+        state.inbox[instr.message] = (self.comm.recv(buf, instr.peer), buf)
+
+    def _local(self, state: _StepState, instr: Instr, k: int) -> None:
+        state.inbox[instr.message] = (None, state.outbox.pop(instr.message))
+
+    def _optimizer_step(self, state: _StepState, instr: Instr, k: int) -> None:
+        self._waiting(self.comm.flush)
+        self._finish_step(state.saved, state.outbox, state.inbox)
 
     def _finish_step(self, saved, outbox, inbox) -> None:
         left = [f"saved activations {sorted(saved)}"] if saved else []
@@ -221,26 +245,26 @@ class PipelineRuntime:
         return batch.chunk(self.m) if n else []
 
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
-        work, tensor = inbox.pop(msg)
-        if work is not None:
-            self._wait(work, instr, k, peer=self._sender(msg))
+        pending, tensor = inbox.pop(msg)
+        if pending is not None:
+            self._waiting(lambda: self.comm.wait(pending, (k, instr)))
         return tensor.to(self.device)
-
-    def _sender(self, msg: Message) -> int:
-        return self.problem.stage_rank[msg.src]
 
     # ---- waiting, and naming who failed ----
 
-    def _wait(self, work, instr: Instr, k: int, peer: int | None = None) -> None:
-        peer = instr.peer if peer is None else peer
+    def _waiting(self, wait: Callable[[], None]) -> None:
+        """Run ``wait`` (of the transport); a failed or stopped wait becomes a PipelineError
+        naming the rank that failed first, as far as the store tells (else the peer waited for)."""
         try:
-            work.wait(datetime.timedelta(seconds=self.timeout))
+            wait()
             return
-        except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses
-            cause = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        culprit, why = self._read_report(peer) or (
-            peer, f"did not answer within {self.timeout:g} s or closed the connection (died?) [{cause}]"
-        )
+        except Stopped as e:
+            (k, instr), peer = e.tag, e.peer
+            cause = "(this rank stopped waiting when it read that)"
+        except TransferFailed as e:
+            (k, instr), peer = e.tag, e.peer
+            cause = f"did not answer within {self.timeout:g} s or closed the connection (died?) [{e.cause}]"
+        culprit, why = self._first_failure(peer) or (peer, cause)
         raise PipelineError(
             f"rank {self.rank}: pipeline stopped at instruction {k} ({instr}) of step {self.steps}:"
             f" rank {culprit} {why}",
@@ -248,12 +272,28 @@ class PipelineRuntime:
             why,
         )
 
+    def _someone_failed(self) -> bool:
+        """Has any rank of this runtime reported a failure? (polled while a wait lasts)"""
+        if self._store is None:
+            return False
+        try:
+            return self._store.add(f"{self._key}/failed", 0) > 0
+        except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+            return False
+
+    def _first_failure(self, peer: int) -> tuple[int, str] | None:
+        """The report of a rank that failed by itself (blamed no other), else ``peer``'s, else None."""
+        reports = {r: self._read_report(r) for r in range(self.problem.ranks) if r != self.rank}
+        own = [rep for r, rep in reports.items() if rep is not None and rep[0] == r]
+        return own[0] if own else reports.get(peer)
+
     def _report(self, culprit: int, why: str) -> None:
         """Tell the other ranks, through the store, which rank failed first and how."""
         if self._store is None:
             return
         try:
             self._store.set(f"{self._key}/rank{self.rank}", json.dumps({"culprit": culprit, "why": why}))
+            self._store.add(f"{self._key}/failed", 1)
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             pass
 
@@ -300,12 +340,13 @@ class PipelineRuntime:
                     raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
                 self._meta[s] = (y.shape, y.dtype)
                 if dst != here:
-                    self._wait(dist.isend(_encode(y), self._peer_global[dst], group=self.group), meta_instr, -1)
+                    self.comm.send(_encode(y), dst, (-1, meta_instr))  # waited for with the step's sends
                 x = y
             elif dst == here:
                 meta = torch.empty(_META_LEN, dtype=torch.int64)
-                work = dist.irecv(meta, self._peer_global[src], group=self.group)
-                self._wait(work, meta_instr._replace(op="RECV", stage=s + 1, peer=src, peer_stage=s), -1)
+                pending = self.comm.recv(meta, src)
+                tag = (-1, meta_instr._replace(op="RECV", stage=s + 1, peer=src, peer_stage=s))
+                self._waiting(lambda: self.comm.wait(pending, tag))
                 self._meta[s] = _decode(meta)
                 x = torch.zeros(self._meta[s][0], dtype=self._meta[s][1], device=self.device)
         self._meta_key = key
@@ -328,7 +369,8 @@ class PipelineRuntime:
         if not self.trace_enabled:
             raise PipelineError("save_trace needs PipelineRuntime(..., trace=True)")
         gathered = [None] * self.problem.ranks if self.rank == 0 else None
-        dist.gather_object(self.trace_events(), gathered, dst=self._peer_global[0], group=self.group)
+        dist.gather_object(self.trace_events(), gathered, dst=dist.get_global_rank(self.group, 0) if self.group is not None else 0,
+                          group=self.group)
         if self.rank == 0:
             write_trace_file(path, self.compiled.name, self.steps - 1, gathered)
 

@@ -204,6 +204,10 @@ class WeightGradStore:
         with torch.no_grad():
             for run in queue:
                 run()
+        # The autograd graph's split nodes still point at this list (their tag) for as long as
+        # anything keeps the graph alive (the caller's output tensor): empty it, so that the
+        # inputs and output gradients it held are freed now.
+        queue.clear()
 
     def backward_full(
         self,

@@ -4,6 +4,7 @@ error naming the rank that failed; mismatched stages or world size fail at const
 
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -122,6 +123,54 @@ def failing(rank, world, path, victim, how, timeout):
         except PipelineError as e:
             return {"error": str(e), "culprit": e.culprit}
     return {"error": None}
+
+
+def failing_alive(rank, world, path, victim):
+    """The victim's stage raises on the 2nd forward of step 2 and its caller catches the error and
+    stays alive until every other rank has stopped (told through the store); the others' runtime
+    timeout (600 s) is far beyond the harness's, so they must stop by reading the victim's report."""
+    import datetime
+
+    import torch.distributed as dist
+
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    calls = []
+
+    def hook(module, args):
+        calls.append(1)
+        if rank == victim and len(calls) == 7:
+            raise ValueError("bad batch in the user's stage")
+
+    for mod in mine.values():
+        mod.register_forward_pre_hook(hook)
+    rt = PipelineRuntime(compiled, mine, lm_loss, timeout=600)
+    store = dist.distributed_c10d._get_default_store()
+    for x, y in token_batches(STEPS, 2 * prob.microbatches):
+        try:
+            rt.step(x, y)
+        except (PipelineError, ValueError) as e:
+            stopped = time.perf_counter()
+            if rank != victim:
+                store.set(f"test/stopped{rank}", "1")
+                return {"error": str(e), "culprit": getattr(e, "culprit", None)}
+            store.wait([f"test/stopped{r}" for r in range(world) if r != victim], datetime.timedelta(seconds=200))
+            return {"error": str(e), "alive_for": time.perf_counter() - stopped}
+    return {"error": None}
+
+
+@pytest.mark.parametrize("victim", [0, 2, 3])
+def test_a_failed_rank_that_stays_alive_is_named_by_every_other_rank(victim, tmp_path):
+    prob = problem(4, 1, "loop", 4)
+    schedc.compile(prob, "zb-h1").save(tmp_path / "s.json")
+    results = run_local(failing_alive, 4, str(tmp_path / "s.json"), victim, timeout=240)
+    assert "bad batch" in results[victim]["error"]
+    print(f"victim {victim}: every other rank stopped {results[victim]['alive_for']:.2f} s after it failed")
+    for r in range(4):
+        if r != victim:
+            assert results[r]["culprit"] == victim, results[r]["error"]
+            assert f"rank {victim} raised ValueError: bad batch" in results[r]["error"]
 
 
 @pytest.mark.parametrize("how", ["kill", "raise"])

@@ -1,0 +1,155 @@
+"""Point-to-point transfers between pipeline ranks: the runtime's one seam to torch.distributed.
+
+``Transport`` posts sends and receives on the pipeline's process group and waits for them:
+
+- ``send(tensor, peer, tag)``: posts the send and keeps the buffer only until the transfer is
+  done, so memory follows the schedule (a boundary tensor is not held to the optimizer step).
+- ``recv(buffer, peer)`` posts a receive; ``wait(pending, tag)`` waits for it.
+- ``flush()`` waits for every send (at the optimizer step).
+
+Waiting has a deadline (``timeout``) and stops early when ``stopped()`` says another rank has
+failed (checked every ``POLL`` seconds while a wait lasts), so a rank whose peer raised and
+stayed alive does not sit out its whole timeout.
+
+gloo: a transfer's completion is seen only by ``wait()`` (``is_completed()`` stays false until
+then, and a wait can be neither interrupted nor given up and resumed). So blocking waits run on
+helper threads: one waits for sends in posting order and drops each buffer when its transfer is
+done; another waits for the receive the interpreter needs, while the interpreter's thread waits
+on an event in POLL slices and checks ``stopped()`` between them. After a failure the runtime is
+not used again (a receive may still be pending on the helper thread).
+
+NCCL: ``wait()`` does not block the host (it makes the current stream wait for the transfer's
+stream), and the process group holds each sent tensor until its transfer has completed; sends
+are dropped here once ``is_completed()``. Blocking happens in CUDA, under NCCL's own timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+POLL = 0.25  # seconds between checks of ``stopped()`` while a wait lasts
+
+
+class TransferFailed(RuntimeError):
+    """A wait failed: the peer died or closed the connection, or the timeout passed."""
+
+    def __init__(self, tag: Any, peer: int, cause: str):
+        super().__init__(cause)
+        self.tag, self.peer, self.cause = tag, peer, cause
+
+
+class Stopped(RuntimeError):
+    """Another rank reported a failure while this one waited."""
+
+    def __init__(self, tag: Any, peer: int):
+        super().__init__(f"stopped while waiting for rank {peer}")
+        self.tag, self.peer = tag, peer
+
+
+class Pending:
+    """A posted receive (or send) and what waiting for it found."""
+
+    __slots__ = ("work", "peer", "done", "error")
+
+    def __init__(self, work, peer: int):
+        self.work, self.peer = work, peer
+        self.done = threading.Event()
+        self.error: str | None = None
+
+
+class Transport:
+    def __init__(self, group, timeout: float, stopped: Callable[[], bool], *, threaded: bool):
+        """``group``: the process group (None: the world); peers are ranks in it. ``threaded``:
+        wait on helper threads (gloo), else in place (NCCL)."""
+        self.group, self.timeout, self.stopped, self.threaded = group, timeout, stopped, threaded
+        world = dist.get_world_size(group)
+        self._global = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
+        self._sends: list[tuple[Pending, torch.Tensor | None, Any]] = []  # NCCL: in flight; gloo: waited for
+        self._lock = threading.Lock()
+        self._send_queue: queue.SimpleQueue | None = None
+        self._recv_queue: queue.SimpleQueue | None = None
+
+    # ---- posting ----
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: Any) -> None:
+        work = dist.isend(tensor, self._global[peer], group=self.group)
+        pending = Pending(work, peer)
+        if not self.threaded:
+            self._sends = [s for s in self._sends if not s[0].work.is_completed()]
+            self._sends.append((pending, tensor, tag))
+            return
+        with self._lock:
+            self._sends.append((pending, None, tag))
+        self._start("_send_queue", self._send_loop).put((pending, tensor, tag))
+
+    def recv(self, buffer: torch.Tensor, peer: int) -> Pending:
+        return Pending(dist.irecv(buffer, self._global[peer], group=self.group), peer)
+
+    # ---- waiting ----
+
+    def wait(self, pending: Pending, tag: Any) -> None:
+        """Wait for a posted receive (or send); raises TransferFailed or Stopped."""
+        if not self.threaded:
+            self._wait_here(pending)
+        else:
+            self._start("_recv_queue", self._recv_loop).put(pending)
+            self._until_done(pending, tag)
+        if pending.error is not None:
+            raise TransferFailed(tag, pending.peer, pending.error)
+
+    def flush(self) -> None:
+        """Wait for every send posted so far; raises as ``wait`` does, for the first that failed."""
+        with self._lock:
+            sends, self._sends = self._sends, []
+        for pending, _, tag in sends:
+            if self.threaded:
+                self._until_done(pending, tag)
+            else:
+                self._wait_here(pending)
+            if pending.error is not None:
+                raise TransferFailed(tag, pending.peer, pending.error)
+
+    def _until_done(self, pending: Pending, tag: Any) -> None:
+        deadline = time.monotonic() + self.timeout + 2 * POLL  # the helper's own wait ends by the timeout
+        while not pending.done.wait(POLL):
+            if self.stopped():
+                raise Stopped(tag, pending.peer)
+            if time.monotonic() > deadline:
+                pending.error = f"no answer within {self.timeout:g} s"
+                return
+
+    def _wait_here(self, pending: Pending) -> None:
+        try:
+            pending.work.wait(datetime.timedelta(seconds=self.timeout))
+        except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses
+            pending.error = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        pending.done.set()
+
+    # ---- helper threads (gloo) ----
+
+    def _start(self, name: str, loop: Callable[[queue.SimpleQueue], None]) -> queue.SimpleQueue:
+        q = getattr(self, name)
+        if q is None:
+            q = queue.SimpleQueue()
+            setattr(self, name, q)
+            threading.Thread(target=loop, args=(q,), name=f"schedc{name}", daemon=True).start()
+        return q
+
+    def _send_loop(self, q: queue.SimpleQueue) -> None:
+        while True:
+            pending, tensor, tag = q.get()
+            self._wait_here(pending)
+            del tensor  # the buffer goes as soon as its transfer is done
+            pending.work = None  # gloo's work holds the tensor too
+
+    def _recv_loop(self, q: queue.SimpleQueue) -> None:
+        while True:
+            self._wait_here(q.get())
