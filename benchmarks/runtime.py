@@ -26,7 +26,10 @@ zeroed between iterations, so every iteration sees the same weights and data):
    of the schedule on it is the prediction, set against our measured median. (The ranks
    compile the schedules from the first profile; the orders of 1F1B and ZB-H1 do not depend
    on the costs, which the script checks.)
-3. Diagnosis, from our runtime's trace (``trace=True``): each compute op's duration in the
+3. Steps back to back (``STEADY``): ``--steady-steps`` steps of our runtime with an optimizer and
+   no barrier between them, against as many that each start from a barrier, and against the
+   simulator's ``back_to_back`` on the same costs (between the span and the makespan of one step).
+4. Diagnosis, from our runtime's trace (``trace=True``): each compute op's duration in the
    run, not counting the wait for its input (an op that consumes a message is taken to start
    computing when the peer posted it, if that is later than the op's own start); those in-run
    costs against the profiled ones, and the makespan the simulator predicts from the in-run
@@ -70,12 +73,14 @@ from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local
 from schedc.runtime.profile import StageProfile, make_problem, measure_comm, profile_stages
+from schedc.simulate import back_to_back
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _results import machine, write_section  # noqa: E402
 
 RANKS = 2
 SCHEDULES = ("1f1b", "zb-h1")
+STEADY = ("1f1b", "zb-h1", "zb-h2")  # steps back to back: zb-h2's span is below its makespan
 COMPUTE = ("F", "B", "W", "BW")
 # One timed iteration on one rank: (start, end, machine busy CPU s at start, at end, this
 # process's CPU s at start, at end). Busy times are NaN where /proc/stat is unavailable.
@@ -98,6 +103,7 @@ class Config:
     max_foreign: float = 0.15  # cores other processes may use during an iteration that counts
     quiet_wait: float = 45.0  # seconds to wait for a quiet machine before profiling / running
     profile_every: int = 10  # timed iterations between two profiles (0: profile only before the run)
+    steady_steps: int = 12  # steps back to back, per schedule in STEADY (and as many from a barrier each)
     seed: int = 0
 
     @property
@@ -327,7 +333,34 @@ def rank_main(rank: int, world: int, cfg: Config, profile: StageProfile, tmp: Pa
             "loss_ours": loss_ours, "loss_torch": loss_torch, "grad_diff": grad_diff,
             "samples": samples, "traces": traces, "torch_ops": torch_ops, "csv": to_torch_csv(compiled.schedule),
         }
+    for name in STEADY:
+        out.setdefault(name, {})["steady"] = steady(cfg, problem, name, rank, x, y)
     return out
+
+
+def steady(cfg: Config, problem: schedc.Problem, name: str, rank: int, x, y) -> dict[str, list[float]]:
+    """Our runtime (plain SGD, so each step also updates and zeroes the gradients): ``steady_steps``
+    steps back to back (one barrier before the first; each rank starts its next step when its own
+    is done), then as many that each start from a barrier. Per step, this rank's end time
+    (back to back) and its start and end times (from a barrier)."""
+    module = model_stages(cfg)[rank]
+    opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+    rt = PipelineRuntime(schedc.compile(problem, name), {rank: module}, lm_loss, optimizer=opt, timeout=300)
+    xs, ys = (x if rank == 0 else None), (y if rank == RANKS - 1 else None)
+    for _ in range(cfg.warmup):
+        rt.step(xs, ys)
+    dist.barrier()
+    ends = []
+    for _ in range(cfg.steady_steps):
+        rt.step(xs, ys)
+        ends.append(time.perf_counter())
+    spans = []
+    for _ in range(cfg.steady_steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        rt.step(xs, ys)
+        spans.append((t0, time.perf_counter()))
+    return {"ends": ends, "barrier": spans}
 
 
 # ---- analysis in the parent ----
@@ -553,6 +586,24 @@ def report(cfg: Config, profiles: list[StageProfile], results: list[dict], comma
                          f" its W the whole backward, fused); profiled alone: B + W"
                          f" {fmt([profile.B[s] + profile.W[s] for s in range(RANKS)])} ms, fused BW {fmt(profile.BW)} ms")
 
+    steady_rows = []
+    for name in STEADY:
+        n = cfg.steady_steps
+        ends = [r[name]["steady"]["ends"] for r in results]
+        back = 1e3 * (max(e[-1] for e in ends) - max(e[0] for e in ends)) / (n - 1)
+        barrier = 1e3 * statistics.median(
+            max(t[1] for t in step) - min(t[0] for t in step) for step in zip(*(r[name]["steady"]["barrier"] for r in results))
+        )
+        prob = problem_of(cfg, profile, comm)
+        compiled = schedc.compile(prob, name)
+        sim = back_to_back(prob, compiled.schedule, n)
+        sim_back = (sim[-1] - sim[0]) / (n - 1)
+        t = compiled.timeline
+        steady_rows.append(
+            f"| {name} | {barrier:.1f} | {back:.1f} | {back / barrier:.3f} | {t.makespan:.1f} | {t.span:.1f}"
+            f" | {sim_back:.1f} | {100 * (sim_back / back - 1):+.1f}% | {sim_back / t.makespan:.3f} |"
+        )
+
     spread = "; ".join(f"{kind} " + " / ".join(f"{min(getattr(p, kind)[s] for p in profiles):.1f}-"
                                               f"{max(getattr(p, kind)[s] for p in profiles):.1f}" for s in range(RANKS))
                        for kind in COMPUTE)
@@ -589,6 +640,18 @@ def report(cfg: Config, profiles: list[StageProfile], results: list[dict], comma
         *cost_rows,
         "",
         *(f"- {n}" for n in notes),
+        "",
+        f"Steps back to back (our runtime with plain SGD, {cfg.steady_steps} steps per row after"
+        f" {cfg.warmup} warm-up): each rank starts its next step as soon as its own step is done, with no"
+        " barrier; per step: (the last rank's end of the last step - the last rank's end of the first) /"
+        f" {cfg.steady_steps - 1}. From a barrier: the median step when every step starts from a barrier."
+        " Simulated: `schedc.simulate.back_to_back` on the median profile (as above), the same difference;"
+        " the makespan and span of one step beside it.",
+        "",
+        "| schedule | from a barrier (ms) | back to back (ms) | back to back / barrier | simulated makespan (ms)"
+        " | simulated span (ms) | simulated back to back (ms) | error | simulated back to back / makespan |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *steady_rows,
     ]
     return "\n".join(table)
 
@@ -607,13 +670,16 @@ def main() -> None:
                     help="seconds to wait for a quiet machine before profiling and before running (0: do not)")
     ap.add_argument("--profile-every", type=int, default=Config.profile_every,
                     help="timed iterations between two profiles while the ranks pause (0: profile only before)")
+    ap.add_argument("--steady-steps", type=int, default=Config.steady_steps,
+                    help="steps back to back per schedule (at least 2), and as many from a barrier each")
     ap.add_argument("--raw", type=Path, help="also write the raw measurements to this JSON file")
     ap.add_argument("--write", action="store_true", help="write the tables into benchmarks/RESULTS.md")
     args = ap.parse_args()
     threads = max(1, (os.cpu_count() or 1) // RANKS)
     cfg = Config(layers=args.layers, d_model=args.d_model, microbatches=args.microbatches, mb_size=args.mb_size,
                  iters=args.iters, warmup=max(1, args.warmup), threads=threads, max_foreign=args.max_foreign,
-                 quiet_wait=args.quiet_wait, profile_every=max(0, args.profile_every))
+                 quiet_wait=args.quiet_wait, profile_every=max(0, args.profile_every),
+                 steady_steps=max(2, args.steady_steps))
     say: Callable[[str], None] = lambda msg: print(msg, flush=True)  # noqa: E731
     say(cfg.describe())
 

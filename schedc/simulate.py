@@ -188,6 +188,29 @@ def replay(
     return start, end, pos
 
 
+def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float]:
+    """When each rank starts step k + 1 as soon as its own step k is done (no barrier between
+    steps; the optimizer step takes no time): the time by which every rank has finished step k,
+    for k = 1 .. ``steps``. Steps are copies of ``schedule``: a rank runs its ops of every step in
+    order, each op as ``simulate`` would. The steady-state time per step is the limit of the
+    differences; it lies between the span and the makespan of one step."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, not {steps}")
+    where = schedule.check_complete(problem)
+    ops = [op for rank_ops in schedule.ranks for op in rank_ops]
+    n = len(ops)
+    index = {op: k for k, op in enumerate(ops)}
+    one = dependencies(problem, ops, index, where)
+    deps = [[(d + j * n, lat) for d, lat in one[k]] for j in range(steps) for k in range(n)]
+    orders = [[index[op] + j * n for j in range(steps) for op in rank_ops] for rank_ops in schedule.ranks]
+    dur = [problem.cost[op.kind][op.stage] for op in ops] * steps
+    start, end, pos = replay(orders, deps, dur)
+    if any(pos[r] < len(ks) for r, ks in enumerate(orders)):
+        simulate(problem, schedule)  # raises the deadlock, described
+    per = [len(rank_ops) for rank_ops in schedule.ranks]
+    return [max(end[r][(j + 1) * per[r] - 1] for r in range(problem.ranks) if per[r]) for j in range(steps)]
+
+
 def with_times(problem: Problem, schedule: Schedule, start, end) -> Timeline:
     """A Timeline of ``schedule`` with given (e.g. measured) op times, aligned with
     ``schedule.ranks``; memory follows the order, as in ``simulate``."""

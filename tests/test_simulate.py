@@ -1,6 +1,9 @@
 import pytest
+from hypothesis import given, settings
 
+import schedc.solvers as solvers
 from schedc import Op, Problem, Schedule, ScheduleError, simulate
+from tests.strategies import pipeline_problems
 
 
 def two_ranks(**changes):
@@ -97,3 +100,21 @@ def test_deadlock_names_who_waits_on_what():
     assert "deadlock" in msg
     assert "rank 0 waits at B0@s0 for B0@s1 (rank 1, behind its F1@s1)" in msg
     assert "rank 1 waits at F1@s1 for F1@s0 (rank 0, behind its B0@s0)" in msg
+
+
+@settings(max_examples=40, deadline=None)
+@given(pipeline_problems(max_microbatches=6))
+def test_back_to_back_steps_take_between_the_span_and_the_makespan(problem):
+    """The first step ends at the makespan; each later step adds at most the makespan (the first
+    step's pattern, shifted, is always possible) and at least the busiest rank's work."""
+    from schedc.simulate import back_to_back
+
+    for name in ("1f1b", "zb-h1", "zb-h2", "zb-greedy"):
+        schedule = solvers.build(name, problem) if solvers.REGISTRY[name].why_not(problem) is None else None
+        if schedule is None:
+            continue
+        t = simulate(problem, schedule)
+        ends = back_to_back(problem, schedule, 4)
+        assert ends[0] == pytest.approx(t.makespan)
+        for a, b in zip(ends, ends[1:]):
+            assert max(t.busy) - 1e-9 * t.makespan <= b - a <= t.makespan + 1e-9 * t.makespan
