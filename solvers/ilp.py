@@ -595,7 +595,8 @@ def solve(
         # Local search first (cheap, any size): a better incumbent for the exact search to start from.
         polished = improve(
             problem, warm_t, min(finish, t0 + LOCAL_SEARCH_SHARE * time_limit),
-            progress=progress and (lambda t: progress(Progress(time.perf_counter() - t0, t.objective_value(), None))),
+            others=[t for _, t in run.fitting if t is not warm_t], enough=own.value,
+            progress=progress and (lambda value: progress(Progress(time.perf_counter() - t0, value, None))),
         )
         if polished.objective_value() < warm_t.objective_value() - 1e-9:
             best_schedule, best_t, from_registry = polished.schedule, polished, False

@@ -1,40 +1,55 @@
-"""Local search on a schedule's order: move single ops on a rank, keep what the simulator says is
-better. Used by ``schedc solve`` after the exact search, on problems of any size.
+"""Local search on a schedule's order, used by ``schedc solve`` before the exact search, on
+problems of any size: move single ops on a rank, keep what the simulator's replay says is better.
 
-The moves aim at the idle time of the ranks that set the objective (the latest-ending rank for
-makespan, the longest-span rank for span):
+1. **Climb** (first improvement, to a local optimum) from the warm start. The moves aim at the
+   idle time of the ranks that set the objective (the latest-ending rank for makespan, the
+   longest-span rank for span), critical ranks first:
 
-- fill a gap: an op that runs after an idle gap on the critical rank moves in front of the op
-  that waited there (so work that was ready fills the wait);
-- hurry the input: the op whose result arrived last (on another rank, or on the same rank for
-  a rank's own chain) moves a few places earlier on its own rank;
-- then, when no targeted move helps, each op of the critical rank moves one to ``reach``
-  places either way.
+   - fill a gap: an op that runs after an idle gap moves in front of the op that waited there
+     (so work that was ready fills the wait);
+   - hurry the input: the op whose result arrived last (on another rank, or on the same rank for
+     a rank's own chain) moves a few places earlier on its own rank;
+   - then, when no targeted move helps, each op moves one to ``reach`` places either way.
 
-A move is kept when the schedule still fits the memory limit and is strictly better by
-(objective, sum over ranks of their span or end): the second key lets the search cross plateaus
-where only a non-critical rank gets shorter. Every candidate is judged by ``simulate``, so the
-result is exactly what the simulator (the one judge) reports. It proves nothing: the bound comes
-from elsewhere. First improvement, until the deadline or a full round without one.
+2. **Other starts**: climb from each other schedule given (the registry's that fit), best first;
+   a worse start often climbs to a different and better local optimum than the best one does.
+3. **Kicks** (iterated local search) until the deadline or ``PATIENCE`` kicks in a row without
+   a better schedule: a few random moves that keep the order deadlock-free and within the memory
+   limit, then a climb with the targeted moves. A result no worse than the current schedule
+   becomes the current one (so the search walks plateaus), else it goes back to the best. The
+   random generator is seeded: with time to spare, the same problem gives the same schedule.
+
+A move is kept when the order still fits the memory limit and is strictly better by (objective,
+sum over ranks of their span or end): the second key lets the search cross plateaus where only a
+non-critical rank gets shorter. Orders are judged by ``schedc.simulate.replay`` (the simulator's
+own list scheduling) and the simulator's memory rule over integer op ids; the result is then
+simulated once, so what it reports is exactly what the simulator (the one judge) says. It
+proves nothing: the bound comes from elsewhere.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
-from schedc.errors import ScheduleError
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, producers
+from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
 
 _EPS = 1e-9
+_TIE = 1e-7  # relative: an objective this close to the lower bound meets it (float noise)
+PATIENCE = 200  # kicks in a row without a better schedule before the search stops
+KICK_MOVES = 4  # at most this many random moves per kick
+KICK_REACH = 6  # each by at most this many places
+
+Orders = list[list[int]]  # per rank, op ids in order
+Score = tuple[float, float]
 
 
 class _Evaluator:
     """The simulator's replay and memory check over integer op ids (``schedc.simulate.replay``,
-    without building a Timeline), to screen many candidate orders quickly. A candidate it accepts
-    is then judged by ``simulate`` itself."""
+    without building a Timeline), to judge many candidate orders quickly."""
 
     def __init__(self, problem: Problem, schedule: Schedule):
         where = schedule.check_complete(problem)
@@ -49,96 +64,147 @@ class _Evaluator:
         )
         self.makespan = problem.objective == "makespan"
 
-    def orders(self, schedule: Schedule) -> list[list[int]]:
-        return [[self.index[op] for op in ops] for ops in schedule.ranks]
+    def orders(self, schedule: Schedule) -> Orders | None:
+        """``schedule``'s order as op ids, or None when it holds other ops (a fused backward)."""
+        try:
+            orders = [[self.index[op] for op in ops] for ops in schedule.ranks]
+        except KeyError:
+            return None
+        return orders if sum(map(len, orders)) == len(self.ops) else None
 
-    def score(self, orders: list[list[int]]) -> tuple[float, float] | None:
-        """``score()`` of the simulated orders, or None when they deadlock or break the limit."""
-        if self.room is not None:
-            for r, ks in enumerate(orders):
-                level, room = 0.0, self.room[r]
-                for k in ks:
-                    delta = self.mem[k]
-                    if level + max(delta, 0.0) > room:
-                        return None
-                    level += delta
+    def schedule(self, name: str, orders: Orders) -> Schedule:
+        return Schedule.from_lists(name, [[self.ops[k] for k in ks] for ks in orders])
+
+    def fits(self, orders: Orders) -> bool:
+        if self.room is None:
+            return True
+        for r, ks in enumerate(orders):
+            level, room = 0.0, self.room[r]
+            for k in ks:
+                delta = self.mem[k]
+                if level + max(delta, 0.0) > room:
+                    return False
+                level += delta
+        return True
+
+    def run(self, orders: Orders):
+        """``(score, start, end)`` of the replayed orders, or None when they deadlock or break
+        the memory limit."""
+        if not self.fits(orders):
+            return None
         start, end, pos = replay(orders, self.deps, self.dur)
         if any(pos[r] < len(ks) for r, ks in enumerate(orders)):
             return None
-        return _score(start, end, self.makespan)
+        return _score(start, end, self.makespan), start, end
+
+    def score(self, orders: Orders) -> Score | None:
+        """``score()`` of the simulated orders, or None when they deadlock or break the limit."""
+        out = self.run(orders)
+        return None if out is None else out[0]
 
 
-def score(t: Timeline) -> tuple[float, float]:
+def score(t: Timeline) -> Score:
     """(objective, sum over ranks of their own end or span): lower is better; the second key
     breaks plateaus."""
     return _score(t.start, t.end, t.problem.objective == "makespan")
 
 
-def _score(start, end, makespan: bool) -> tuple[float, float]:
+def _score(start, end, makespan: bool) -> Score:
     per_rank = [es[-1] if makespan else es[-1] - ss[0] for ss, es in zip(start, end) if es]
     return (max(per_rank), sum(per_rank))
 
 
-def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+def _better(a: Score, b: Score) -> bool:
     tol = 1e-9 * max(1.0, abs(b[0]))
     if a[0] < b[0] - tol:
         return True
     return a[0] <= b[0] and a[1] < b[1] - 1e-9 * max(1.0, abs(b[1]))  # never a hair worse
 
 
-def _critical_ranks(t: Timeline) -> list[int]:
-    """Ranks in order of how much they set the objective (latest end, or longest span)."""
-    key = [es[-1] if es else 0.0 for es in t.end] if t.problem.objective == "makespan" else list(t.rank_span)
-    return sorted(range(len(key)), key=lambda r: -key[r])
-
-
-def _moved(ranks: list[list[Op]], r: int, i: int, j: int) -> list[list[Op]]:
-    new = ranks[r][:]
-    op = new.pop(i)
-    new.insert(j, op)
-    out = ranks[:]
-    out[r] = new
+def _moved(orders: Orders, r: int, i: int, j: int) -> Orders:
+    out = orders[:]
+    out[r] = new = orders[r][:]
+    new.insert(j, new.pop(i))
     return out
 
 
-def _candidates(t: Timeline, reach: int, critical: int):
-    """(rank, from, to) moves, targeted ones first."""
-    problem, schedule = t.problem, t.schedule
-    ranks = schedule.ranks
-    where = {op: (r, i) for r, ops in enumerate(ranks) for i, op in enumerate(ops)}
-    finish = {op: t.end[r][i] for op, (r, i) in where.items()}
+def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bool) -> Iterator[tuple[int, int, int]]:
+    """(rank, from, to) moves, targeted ones first; the reach-neighbourhood only when ``full``."""
+    where = {k: (r, i) for r, ks in enumerate(orders) for i, k in enumerate(ks)}
+    key = [(es[-1] if ev.makespan else es[-1] - ss[0]) if es else 0.0 for ss, es in zip(start, end)]
+    critical = sorted(range(len(orders)), key=lambda r: -key[r])
     seen = set()
 
-    def emit(r, i, j):
-        if 0 <= j < len(ranks[r]) and i != j and (r, i, j) not in seen:
+    def new(r, i, j):
+        if 0 <= j < len(orders[r]) and i != j and (r, i, j) not in seen:
             seen.add((r, i, j))
             return True
         return False
 
-    for r in _critical_ranks(t)[:critical]:
-        starts, ends = t.start[r], t.end[r]
-        for i in range(1, len(ranks[r])):
+    for r in critical:
+        ks, starts, ends = orders[r], start[r], end[r]
+        for i in range(1, len(ks)):
             if starts[i] - ends[i - 1] <= _EPS * max(1.0, starts[i]):
                 continue
-            op = ranks[r][i]
             # fill the gap with a later op of this rank
-            for k in range(i + 1, min(len(ranks[r]), i + 1 + reach)):
-                if emit(r, k, i):
+            for k in range(i + 1, min(len(ks), i + 1 + reach)):
+                if new(r, k, i):
                     yield r, k, i
             # hurry the input that arrived last
-            deps = producers(op, problem.n_stages, where)
+            deps = ev.deps[ks[i]]
             if deps:
-                last = max(deps, key=lambda d: finish[d])
+                last = max(deps, key=lambda d: end[where[d[0]][0]][where[d[0]][1]] + d[1])[0]
                 rd, id_ = where[last]
                 for k in range(1, reach + 1):
-                    if emit(rd, id_, id_ - k):
+                    if new(rd, id_, id_ - k):
                         yield rd, id_, id_ - k
-    for r in _critical_ranks(t)[:critical]:
-        for i in range(len(ranks[r])):
+    if not full:
+        return
+    for r in critical:
+        for i in range(len(orders[r])):
             for d in range(1, reach + 1):
                 for j in (i - d, i + d):
-                    if emit(r, i, j):
+                    if new(r, i, j):
                         yield r, i, j
+
+
+def _climb(ev: _Evaluator, orders: Orders, deadline: float, reach: int, full: bool, found=None):
+    """First-improvement hill climb from ``orders`` (which must be feasible) to a local optimum
+    or the deadline: ``(orders, score)``. ``found(score)`` hears of each improvement."""
+    s, start, end = ev.run(orders)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for r, i, j in _candidates(ev, orders, start, end, reach, full):
+            if time.perf_counter() >= deadline:
+                break
+            trial = _moved(orders, r, i, j)
+            out = ev.run(trial)
+            if out is not None and _better(out[0], s):
+                orders, (s, start, end), improved = trial, out, True
+                if found:
+                    found(s)
+                break
+    return orders, s
+
+
+def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
+    """A few random single-op moves, each kept only when the order stays feasible."""
+    for _ in range(rng.randint(1, KICK_MOVES)):
+        for _ in range(20):  # tries for one feasible move
+            r = rng.randrange(len(orders))
+            n = len(orders[r])
+            if n < 2:
+                continue
+            i = rng.randrange(n)
+            j = min(max(0, i + rng.choice((-1, 1)) * rng.randint(1, KICK_REACH)), n - 1)
+            if i == j:
+                continue
+            trial = _moved(orders, r, i, j)
+            if ev.run(trial) is not None:
+                orders = trial
+                break
+    return orders
 
 
 def improve(
@@ -146,39 +212,64 @@ def improve(
     start: Timeline,
     deadline: float,
     *,
+    others: Sequence[Timeline] = (),
     reach: int = 3,
-    critical: int | None = None,
-    progress: Callable[[Timeline], None] | None = None,
+    seed: int = 0,
+    enough: float | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> Timeline:
-    """Hill-climb from ``start`` (a Timeline of ``problem`` that fits) until ``deadline``
-    (a ``time.perf_counter()`` value) or a local optimum; returns the best Timeline found."""
-    critical = critical or problem.ranks
-    best = start
-    best_score = score(best)
-    ev = _Evaluator(problem, best.schedule)
-    improved = True
-    while improved and time.perf_counter() < deadline:
-        improved = False
-        ranks = [list(ops) for ops in best.schedule.ranks]
-        orders = ev.orders(best.schedule)
-        for r, i, j in _candidates(best, reach, critical):
-            if time.perf_counter() >= deadline:
-                break
-            trial = orders[:]
-            trial[r] = moved = orders[r][:]
-            moved.insert(j, moved.pop(i))
-            quick = ev.score(trial)
-            if quick is None or not _better(quick, best_score):
-                continue
-            t = simulate(problem, Schedule(best.schedule.name, tuple(map(tuple, _moved(ranks, r, i, j)))))
-            if t.fits and _better(s := score(t), best_score):
-                best, best_score, improved = t, s, True
-                if progress:
-                    progress(best)
-                break
-    if best is start:
+    """Search from ``start`` (a Timeline of ``problem`` that fits), and from ``others`` (more
+    Timelines that fit; those of other ops, e.g. a fused backward, are skipped), until
+    ``deadline`` (a ``time.perf_counter()`` value) or the search ends; returns the best Timeline
+    found (``start`` itself when nothing beats it). ``progress(objective)`` hears of each better
+    schedule. It stops early once the objective is at most ``enough`` (a proven lower bound)."""
+    ev = _Evaluator(problem, start.schedule)
+    best_s = score(start)
+    best = ev.orders(start.schedule)
+
+    def done() -> bool:
+        return time.perf_counter() >= deadline or (enough is not None and best_s[0] <= enough + _TIE * max(1.0, enough))
+
+    def found(s: Score) -> None:
+        nonlocal best_s
+        if _better(s, best_s):
+            best_s = s
+            if progress:
+                progress(s[0])
+
+    def climb(orders: Orders, full: bool = True) -> tuple[Orders, Score]:
+        nonlocal best
+        orders, s = _climb(ev, orders, deadline, reach, full, found)
+        if s == best_s:
+            best = orders
+        return orders, s
+
+    if not done():
+        climb(best)
+    for t in sorted(others, key=lambda t: score(t)):
+        orders = ev.orders(t.schedule)
+        if done():
+            break
+        if orders is not None and t.fits:
+            climb(orders)
+    rng = random.Random(seed)
+    current, current_s = best, best_s
+    misses = 0
+    while misses < PATIENCE and not done():
+        before = best_s
+        orders, s = climb(_kick(ev, current, rng), full=False)
+        if best_s != before:  # a new best: make it a local optimum of the full neighbourhood
+            orders, s = climb(orders)
+            misses = 0
+        else:
+            misses += 1
+        current, current_s = (orders, s) if s[0] <= current_s[0] + _EPS * max(1.0, current_s[0]) else (best, best_s)
+    if best_s == score(start):
         return start
-    return simulate(problem, renumbered(best.schedule))
+    t = simulate(problem, renumbered(ev.schedule(start.schedule.name, best)))
+    if not t.fits or _better(score(start), score(t)):  # the replay is the simulator's: never happens
+        raise RuntimeError(f"bug: local search result {score(t)} judged {best_s} by its evaluator")
+    return t
 
 
 def renumbered(schedule: Schedule) -> Schedule:

@@ -77,3 +77,26 @@ def test_a_window_model_accepts_an_incumbent_out_of_microbatch_order():
                             keep=keep.schedule, window=window)
     assert found is not None
     assert simulate(problem, found).objective_value() <= keep.objective_value() + 1e-9
+
+
+def test_kicks_and_other_starts_reach_an_optimum_the_climb_alone_misses():
+    """A small problem (benchmarks/solve_small.py seed 41) where a plain hill climb from the best
+    registry schedule (zb-greedy, 98) stays at 98: with the other registry starts and the kicks,
+    the search ends (200 kicks without a better order, long before the deadline, so the result
+    does not depend on the machine's speed) at 94, the exhaustive optimum."""
+    from schedc import Problem
+    from schedc.solvers.ilp import fitting_registry_schedules
+    from tests.exhaustive import exhaustive_optimum
+
+    problem = Problem.parse(dict(
+        ranks=2, microbatches=5, chunks=2, placement="loop", comm=3.0, objective="makespan",
+        costs=dict(F=[4, 1, 2, 1], B=[4, 2, 2, 3], W=[2, 3, 1, 1]),
+        memory=dict(F=[2, 3, 3, 2], B=[-1, -1.5, -1.5, -1], limit=[10, 10]),
+    ))
+    fitting = [t for _, t in fitting_registry_schedules(problem)]
+    start = min(fitting, key=lambda t: t.objective_value())
+    assert start.objective_value() == 98
+    best = improve(problem, start, time.perf_counter() + 600, others=[t for t in fitting if t is not start])
+    optimum, _ = exhaustive_optimum(problem, time_budget=120)
+    assert optimum == 94 == best.objective_value()
+    assert simulate(problem, best.schedule).objective_value() == 94
