@@ -2,12 +2,14 @@
 one) trains a small GPT exactly like single-process training; faults stop every rank with an
 error naming the rank that failed; mismatched stages or world size fail at construction."""
 
+import datetime
 import os
 import signal
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import schedc
 import schedc.solvers as solvers
@@ -101,7 +103,9 @@ def test_every_schedule_trains_exactly_like_one_process(p, v, placement, m, tmp_
 # ---- faults ----
 
 
-def failing(rank, world, path, victim, how, timeout):
+def faulty_runtime(rank, path, victim, how, timeout):
+    """A runtime whose stage on rank ``victim`` raises ValueError (``how="raise"``) or kills its
+    process (``"kill"``) on the 2nd forward of step 2 (one shape probe, 4 forwards in step 1)."""
     compiled = schedc.load(path)
     prob = compiled.problem
     mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
@@ -109,14 +113,18 @@ def failing(rank, world, path, victim, how, timeout):
 
     def hook(module, args):
         calls.append(1)
-        if rank == victim and len(calls) == 7:  # the 2nd forward of step 2 (one shape probe, 4 in step 1)
+        if rank == victim and len(calls) == 7:
             if how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError("bad batch in the user's stage")
 
     for mod in mine.values():
         mod.register_forward_pre_hook(hook)
-    rt = PipelineRuntime(compiled, mine, lm_loss, timeout=timeout)
+    return PipelineRuntime(compiled, mine, lm_loss, timeout=timeout), prob
+
+
+def failing(rank, world, path, victim, how, timeout):
+    rt, prob = faulty_runtime(rank, path, victim, how, timeout)
     for x, y in token_batches(STEPS, 2 * prob.microbatches):
         try:
             rt.step(x, y)
@@ -129,23 +137,7 @@ def failing_alive(rank, world, path, victim):
     """The victim's stage raises on the 2nd forward of step 2 and its caller catches the error and
     stays alive until every other rank has stopped (told through the store); the others' runtime
     timeout (600 s) is far beyond the harness's, so they must stop by reading the victim's report."""
-    import datetime
-
-    import torch.distributed as dist
-
-    compiled = schedc.load(path)
-    prob = compiled.problem
-    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
-    calls = []
-
-    def hook(module, args):
-        calls.append(1)
-        if rank == victim and len(calls) == 7:
-            raise ValueError("bad batch in the user's stage")
-
-    for mod in mine.values():
-        mod.register_forward_pre_hook(hook)
-    rt = PipelineRuntime(compiled, mine, lm_loss, timeout=600)
+    rt, prob = faulty_runtime(rank, path, victim, "raise", 600.0)
     store = dist.distributed_c10d._get_default_store()
     for x, y in token_batches(STEPS, 2 * prob.microbatches):
         try:
