@@ -16,7 +16,11 @@ Each rank walks its instruction list in order:
   has completed (checked after every instruction); ``STEP`` waits for those still in flight.
 - ``LOCAL``: hands the tensor to the other stage on this rank.
 - ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
-  one was given (otherwise the caller runs it after ``step``).
+  one was given (otherwise the caller runs it after ``step``). With ``clip_grad_norm``, it
+  clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
+  as ``torch.nn.utils.clip_grad_norm_`` in one process (``schedc.runtime.clip``): either waiting
+  for the norm (``clip_mode="sync"``) or stepping at once and rolling the step back if the norm,
+  checked at the next ``step`` or in ``synchronize()``, says so (``"post"``).
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
@@ -51,7 +55,8 @@ from torch import nn
 
 from schedc.errors import SchedcError
 from schedc.program import Instr, Message
-from schedc.runtime.comm import Stopped, TransferFailed, Transport
+from schedc.runtime.clip import GradClip, clip_args_error
+from schedc.runtime.comm import Pending, Stopped, TransferFailed, Transport
 from schedc.runtime.wgrad import WeightGradStore, enable_split
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
@@ -91,12 +96,23 @@ class PipelineRuntime:
         device: torch.device | str | None = None,
         group: dist.ProcessGroup | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        clip_grad_norm: float | None = None,
+        clip_mode: str = "sync",
+        skip_nonfinite: bool = True,
         timeout: float = 300.0,
         trace: bool = False,
     ):
         """``compiled``: a CompiledSchedule (``schedc.load(path)``). ``stages``: this rank's stage
         modules by stage id. ``group``: the pipeline's process group (default: the world), so that
-        other parallel axes can have groups of their own. ``timeout``: seconds any wait may take."""
+        other parallel axes can have groups of their own. ``timeout``: seconds any wait may take.
+        ``clip_grad_norm``: clip to this max norm of all gradients of the whole model (every rank),
+        as ``torch.nn.utils.clip_grad_norm_``, then step; a non-finite norm skips the step
+        (``skip_nonfinite``). Needs ``optimizer``. ``clip_mode``: ``"sync"`` (wait for the norm
+        at STEP) or ``"post"`` (step at once, check later; call ``synchronize()`` after the last
+        step): see ``schedc.runtime.clip``."""
+        clip_error = clip_args_error(clip_grad_norm, clip_mode, optimizer)
+        if clip_error:
+            raise PipelineError(clip_error)
         if not dist.is_initialized():
             raise PipelineError("torch.distributed is not initialised: call init_process_group first (torchrun sets env://)")
         problem = compiled.problem
@@ -144,6 +160,11 @@ class PipelineRuntime:
             "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
             "SEND": self._send, "RECV": self._recv, "LOCAL": self._local, "STEP": self._optimizer_step,
         }
+        self.clip: GradClip | None = None  # made last: its process group is made by every rank
+        if clip_grad_norm is not None:
+            mine = list({id(p): p for ps in self.params.values() for p in ps}.values())
+            self.clip = GradClip(mine, optimizer, clip_grad_norm, clip_mode, skip_nonfinite, group, self.comm_device,
+                                 self._wait_norm)
 
     # ---- the step ----
 
@@ -153,13 +174,48 @@ class PipelineRuntime:
         None). Returns the mean loss over microbatches on the last stage's rank, else None.
         Gradients accumulate into ``.grad`` as with ``loss.backward()``."""
         try:
+            if self.clip is not None:
+                self.clip.check()  # clip_mode="post": the previous step's norm, before these forwards
             return self._step(inputs, targets)
-        except PipelineError as e:
-            self._report(self.rank if e.culprit is None else e.culprit, e.why or str(e))
-            raise
         except BaseException as e:
-            self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            self._failed(e)
             raise
+
+    def synchronize(self) -> None:
+        """With ``clip_mode="post"``: wait for the last step's global gradient norm and, if that
+        step should have been clipped or skipped, roll it back and redo it clipped or skip it.
+        Call it after the last ``step()`` (before evaluating or saving the model); ``step()`` does
+        it for the previous step by itself. Any rank may call it alone. A no-op otherwise."""
+        if self.clip is None:
+            return
+        try:
+            self.clip.check()
+        except BaseException as e:
+            self._failed(e)
+            raise
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last checked step (clipping only; with ``"post"``
+        the step before the last until ``synchronize()``), for logging."""
+        return None if self.clip is None else self.clip.norm
+
+    @property
+    def last_step_clipped(self) -> bool:
+        """Whether the last checked step's gradients were scaled down."""
+        return self.clip is not None and self.clip.clipped
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last checked step was skipped (non-finite norm, ``skip_nonfinite``)."""
+        return self.clip is not None and self.clip.skipped
+
+    def _failed(self, e: BaseException) -> None:
+        """Tell the other ranks, through the store, why this rank's step (or check) failed."""
+        if isinstance(e, PipelineError):
+            self._report(self.rank if e.culprit is None else e.culprit, e.why or str(e))
+        else:
+            self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
     def _step(self, inputs, targets):
         xs = self._split("inputs", inputs) if 0 in self.stages else None
@@ -223,16 +279,18 @@ class PipelineRuntime:
 
     def _optimizer_step(self, state: _StepState, instr: Instr, k: int) -> None:
         self._waiting(self.comm.flush)
-        self._finish_step(state.saved, state.outbox, state.inbox)
+        self._finish_step(state.saved, state.outbox, state.inbox, (k, instr, self.steps))
 
-    def _finish_step(self, saved, outbox, inbox) -> None:
+    def _finish_step(self, saved, outbox, inbox, where) -> None:
         left = [f"saved activations {sorted(saved)}"] if saved else []
         left += [f"unsent {list(map(str, outbox))}"] if outbox else []
         left += [f"unused {list(map(str, inbox))}"] if inbox else []
         left += [f"weight gradients without W {self.store.pending()}"] if self.store.pending() else []
         if left:
             raise PipelineError(f"rank {self.rank}: the program ended with " + "; ".join(left))
-        if self.optimizer is not None:
+        if self.clip is not None:
+            self.clip.step(where)
+        elif self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -271,6 +329,20 @@ class PipelineRuntime:
             culprit,
             why,
         )
+
+    def _wait_norm(self, work, where) -> None:
+        """Wait for the gradient-norm all-reduce of the STEP ``where`` = (k, instr, step), with the
+        deadline and failure polling of a transfer; a PipelineError names the rank that failed."""
+        k, instr, step = where
+        try:
+            self.comm.wait(Pending(work, -1), (k, instr))
+        except (Stopped, TransferFailed) as e:
+            reports = (self._read_report(r) for r in range(self.problem.ranks) if r != self.rank)
+            culprit, why = self._first_failure(-1) or next(filter(None, reports), None) or (
+                None, f"the gradient-norm all-reduce failed: {e}")
+            who = why if culprit is None else f"rank {culprit} {why}"
+            raise PipelineError(f"rank {self.rank}: pipeline stopped at instruction {k} ({instr}) of step {step}: {who}",
+                                culprit, why) from None
 
     def _someone_failed(self) -> bool:
         """Has any rank of this runtime reported a failure? (polled while a wait lasts)"""
