@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import tempfile
 import time
 import traceback
@@ -37,9 +38,9 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     ``threads`` sets each process's torch threads (default: cores shared out)."""
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     # The parent hosts the key-value store, as torchrun's agent does: it outlives any rank.
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    store, listener = loopback_store(world_size)
     port = store.port
-    with tempfile.TemporaryDirectory(prefix="schedc-") as tmp:
+    with listener, tempfile.TemporaryDirectory(prefix="schedc-") as tmp:
         ctx = mp.get_context("spawn")
         procs = [
             ctx.Process(target=_child, args=(fn, r, world_size, args, backend, port, tmp, threads), daemon=True)
@@ -65,6 +66,18 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         if errors:
             raise RankFailed(errors, results)
         return [results[r] for r in range(world_size)]
+
+
+def loopback_store(world_size: int) -> tuple[dist.TCPStore, socket.socket]:
+    """A TCPStore server that listens on 127.0.0.1 only, on a free port. (Given the host
+    "127.0.0.1", TCPStore still listens on every interface: it is handed a socket bound to the
+    loopback instead.) Keep the returned socket open as long as the store."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], world_size, is_master=True,
+                          wait_for_workers=False, master_listen_fd=listener.fileno())
+    return store, listener
 
 
 def _child(fn, rank, world_size, args, backend, port, tmp, threads) -> None:
