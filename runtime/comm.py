@@ -66,10 +66,15 @@ class Pending:
 
 
 class Transport:
-    def __init__(self, group, timeout: float, stopped: Callable[[], bool], *, threaded: bool):
+    def __init__(self, group, timeout: float, stopped: Callable[[], bool], *, threaded: bool,
+                 release_on_caller: bool = False):
         """``group``: the process group (None: the world); peers are ranks in it. ``threaded``:
-        wait on helper threads (gloo), else in place (NCCL)."""
+        wait on helper threads (gloo), else in place (NCCL). ``release_on_caller``: a completed
+        send's buffer is freed by the next ``release()`` on the caller's thread, not on the
+        helper thread (for ``schedc.runtime.memory``, whose CPU profiler sees one thread only)."""
         self.group, self.timeout, self.stopped, self.threaded = group, timeout, stopped, threaded
+        self.release_on_caller = release_on_caller
+        self._released: list[torch.Tensor] = []  # completed sends' buffers, for release()
         world = dist.get_world_size(group)
         self._global = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
         self._sends: list[tuple[Pending, torch.Tensor | None, Any]] = []  # NCCL: in flight; gloo: waited for
@@ -89,6 +94,11 @@ class Transport:
         with self._lock:
             self._sends.append((pending, None, tag))
         self._start("_send_queue", self._send_loop).put((pending, tensor, tag))
+
+    def release(self) -> None:
+        """Free (on this thread) the buffers of sends completed so far (``release_on_caller``)."""
+        with self._lock:
+            self._released.clear()
 
     def recv(self, buffer: torch.Tensor, peer: int) -> Pending:
         return Pending(dist.irecv(buffer, self._global[peer], group=self.group), peer)
@@ -126,12 +136,13 @@ class Transport:
                 pending.error = f"no answer within {self.timeout:g} s"
                 return
 
-    def _wait_here(self, pending: Pending) -> None:
+    def _wait_here(self, pending: Pending, signal: bool = True) -> None:
         try:
             pending.work.wait(datetime.timedelta(seconds=self.timeout))
         except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses
             pending.error = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        pending.done.set()
+        if signal:
+            pending.done.set()
 
     # ---- helper threads (gloo) ----
 
@@ -146,9 +157,13 @@ class Transport:
     def _send_loop(self, q: queue.SimpleQueue) -> None:
         while True:
             pending, tensor, tag = q.get()
-            self._wait_here(pending)
-            del tensor  # the buffer goes as soon as its transfer is done
+            self._wait_here(pending, signal=False)
             pending.work = None  # gloo's work holds the tensor too
+            if self.release_on_caller:
+                with self._lock:
+                    self._released.append(tensor)
+            del tensor  # the buffer goes as soon as its transfer is done (or at release())
+            pending.done.set()  # after the hand-over: a release() after flush() frees it
 
     def _recv_loop(self, q: queue.SimpleQueue) -> None:
         while True:

@@ -101,6 +101,7 @@ class PipelineRuntime:
         skip_nonfinite: bool = True,
         timeout: float = 300.0,
         trace: bool = False,
+        measure_memory: bool = False,
     ):
         """``compiled``: a CompiledSchedule (``schedc.load(path)``). ``stages``: this rank's stage
         modules by stage id. ``group``: the pipeline's process group (default: the world), so that
@@ -109,7 +110,12 @@ class PipelineRuntime:
         as ``torch.nn.utils.clip_grad_norm_``, then step; a non-finite norm skips the step
         (``skip_nonfinite``). Needs ``optimizer``. ``clip_mode``: ``"sync"`` (wait for the norm
         at STEP) or ``"post"`` (step at once, check later; call ``synchronize()`` after the last
-        step): see ``schedc.runtime.clip``."""
+        step): see ``schedc.runtime.clip``.
+        ``trace``: record each instruction's start and end (``trace_events``, ``save_trace``).
+        ``measure_memory``: also measure this rank's activation memory per instruction
+        (``schedc.runtime.memory``: the level after each and the peak during it, relative to the
+        step's start, gradients and the optimizer step excluded); implies ``trace``. Set the
+        attribute ``measure_memory`` to False to run a step unmeasured (e.g. a warm-up step)."""
         clip_error = clip_args_error(clip_grad_norm, clip_mode, optimizer)
         if clip_error:
             raise PipelineError(clip_error)
@@ -152,9 +158,17 @@ class PipelineRuntime:
         self._meta_key: tuple | None = None
         self._key = f"schedc/runtime{next(_RUNTIMES)}"
         self._store = _default_store()
-        self.comm = Transport(group, self.timeout, self._someone_failed, threaded=backend == "gloo")
-        self.trace_enabled = trace
+        self.comm = Transport(group, self.timeout, self._someone_failed, threaded=backend == "gloo",
+                              release_on_caller=measure_memory)
+        self.trace_enabled = trace or measure_memory
         self.events: list[tuple[Instr, float, float]] = []  # (instruction, start, end) of the last step
+        self.meter = None
+        self.measure_memory = measure_memory
+        if measure_memory:
+            from schedc.runtime.memory import MemoryMeter
+
+            self.meter = MemoryMeter(self.device, [p for ps in self.params.values() for p in ps])
+        self.memory: list[tuple[int, int]] = []  # measure_memory: (after, peak) bytes per instruction, last step
         self.steps = 0
         self._ops = {  # opcode -> its method
             "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
@@ -223,13 +237,29 @@ class PipelineRuntime:
         self._exchange_meta(xs)
         self.events = []
         state = _StepState(xs, ys)
-        for k, instr in enumerate(self.program):
-            t0 = time.perf_counter()
-            self._ops[instr.op](state, instr, k)
-            if self.trace_enabled:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                self.events.append((instr, t0, time.perf_counter()))
+        meter = self.meter if self.measure_memory else None
+        self.memory = []
+        if meter is not None:
+            meter.start()
+        done = False
+        try:
+            for k, instr in enumerate(self.program):
+                t0 = time.perf_counter()
+                if meter is None:
+                    self._ops[instr.op](state, instr, k)
+                    self.comm.release()
+                else:
+                    with meter.instruction(k, counted=instr.op != "STEP"):
+                        self._ops[instr.op](state, instr, k)
+                        self.comm.release()  # completed sends' buffers, freed where the meter sees it
+                if self.trace_enabled:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    self.events.append((instr, t0, time.perf_counter()))
+            done = True
+        finally:
+            if meter is not None:
+                self.memory = meter.stop(discard=not done)
         self.steps += 1
         return torch.stack(state.losses).mean() if state.losses else None
 
@@ -248,8 +278,8 @@ class PipelineRuntime:
             return
         if not isinstance(y, torch.Tensor):
             raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
-        state.saved[(s, mb)] = (x if s > 0 else None, y)
         state.outbox[Message("act", mb, s, s + 1)] = y.detach()
+        state.saved[(s, mb)] = (x if s > 0 else None, _without_data(y))
 
     def _backward(self, state: _StepState, instr: Instr, k: int) -> None:
         s, mb = instr.stage, instr.mb
@@ -427,11 +457,17 @@ class PipelineRuntime:
 
     def trace_events(self) -> list[dict]:
         """The last step's executed instructions (``trace=True``): instruction, op, stage, mb, start
-        and end in seconds (``time.perf_counter``, comparable between processes on one host)."""
-        return [
+        and end in seconds (``time.perf_counter``, comparable between processes on one host); with
+        ``measure_memory=True`` also ``memory`` (MiB after the instruction) and ``memory_peak``
+        (MiB during it), this rank's activation memory relative to the step's start."""
+        events = [
             {"instr": str(i), "op": i.op, "stage": i.stage, "mb": i.mb, "start": t0, "end": t1}
             for i, t0, t1 in self.events
         ]
+        if self.memory and len(self.memory) == len(events):
+            for e, (after, peak) in zip(events, self.memory):
+                e["memory"], e["memory_peak"] = after / 2**20, peak / 2**20
+        return events
 
     def save_trace(self, path: str) -> None:
         """Collective (every rank calls it): rank 0 of the group writes the last step's trace of
@@ -445,6 +481,18 @@ class PipelineRuntime:
                           group=self.group)
         if self.rank == 0:
             write_trace_file(path, self.compiled.name, self.steps - 1, gathered)
+
+
+def _without_data(y: torch.Tensor) -> torch.Tensor:
+    """``y`` with its storage replaced by one element (expanded to its shape): B needs only its
+    autograd node, and the values travel on in ``y.detach()`` (the send or hand-off), so a
+    stage's output is not held from F to B (as Megatron-LM's ``deallocate_output_tensor``). A
+    view or a tensor without a node is returned as it is; so is the storage autograd saved (its
+    own reference stays valid)."""
+    if y.grad_fn is None or y._base is not None or y.numel() <= 1:
+        return y
+    y.data = torch.empty(1, dtype=y.dtype, device=y.device).expand(y.shape)
+    return y
 
 
 def _encode(t: torch.Tensor) -> torch.Tensor:

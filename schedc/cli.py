@@ -363,11 +363,13 @@ def bubble(p: int, m: int, v: int, F: float, B: float, W: float, as_json: bool) 
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Figure file: .png, .svg or .pdf.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Also write a Chrome/Perfetto trace JSON here.")
 @click.option("--measured", type=click.Path(dir_okay=False),
-              help="A trace the runtime wrote (PipelineRuntime.save_trace): drawn below the simulated timeline.")
+              help="A trace the runtime wrote (PipelineRuntime.save_trace): drawn below the simulated timeline;"
+                   " with measure_memory=True, its memory per rank too.")
 def show(problem: str, memory_limit, objective, name: str | None, output: str, trace: str | None,
          measured: str | None) -> None:
     """Draw the Gantt chart (and memory per rank) of a schedule, and with --measured the run
-    the runtime traced beside it.
+    the runtime traced beside it (and the memory it measured, if it did, over the simulated
+    memory: static plus measured activation, in MiB).
 
     INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
     """
@@ -376,8 +378,9 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
     prob, schedule = _schedule_input(problem, name, memory_limit, objective)
     t = simulate(prob, schedule)
     timelines = [t]
+    memory = None
     if measured:
-        from schedc.trace import measured_timeline
+        from schedc.trace import measured_memory, measured_timeline
 
         run = measured_timeline(measured, prob, schedule)
         timelines.append(run)
@@ -386,6 +389,16 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
             f" ({100 * (run.makespan / t.makespan - 1):+.1f}%); bubble simulated {100 * t.bubble_rate():.2f}%,"
             f" measured {100 * run.bubble_rate():.2f}%"
         )
+        points = measured_memory(measured)
+        if points is not None:
+            memory = {1: points}
+            peaks = [max(level for _, level in rank) for rank in points]
+            click.echo(
+                "peak activation memory per rank: simulated "
+                + " ".join(f"{x:.4g}" for x in t.peak_activation) + ", measured (MiB) "
+                + " ".join(f"{x:.4g}" for x in peaks) + ", measured / simulated "
+                + " ".join(f"{m / s:.3f}" if s else "-" for m, s in zip(peaks, t.peak_activation))
+            )
     draw_gantt(timelines, output)
     click.echo(f"wrote {output}")
     if trace:

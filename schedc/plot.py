@@ -66,8 +66,13 @@ def write_trace(timeline: Timeline, path: str | Path) -> None:
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
-def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None = None) -> None:
-    """Draw each timeline as a Gantt chart over its memory curves, on one shared time axis."""
+def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None = None,
+               measured_memory: dict[int, list[list[tuple[float, float]]]] | None = None) -> None:
+    """Draw each timeline as a Gantt chart over its memory curves, on one shared time axis.
+    ``measured_memory``: for the timeline at an index, per rank the measured activation memory
+    as step points (time, level; ``schedc.trace.measured_memory``), drawn solid over that
+    timeline's simulated curve (dashed) with the problem's static memory added, so both are in
+    the problem's memory units (MiB for a problem from ``schedc profile``)."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise SchedcError(f"{path}: unknown figure format {path.suffix!r}: use {', '.join(FORMATS)}")
@@ -92,7 +97,7 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
         ax_g, ax_m = axes[2 * i], axes[2 * i + 1]
         row_pt = gantt_h[i] * scale * 72 / tl.problem.ranks
         _draw_ops(ax_g, tl, pt_per_unit, row_pt)
-        _draw_memory(ax_m, tl)
+        _draw_memory(ax_m, tl, (measured_memory or {}).get(i))
         ax_g.axvline(tl.makespan, color="black", linestyle="--", linewidth=1)
         for ax in (ax_g, ax_m):
             ax.set_xlim(0, t_max * 1.02)
@@ -143,20 +148,29 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
         ax.spines[side].set_visible(False)
 
 
-def _draw_memory(ax, tl: Timeline) -> None:
-    """Memory (static + activation) per rank as a step function; the limit dashed."""
+def _draw_memory(ax, tl: Timeline, measured: list[list[tuple[float, float]]] | None = None) -> None:
+    """Memory (static + activation) per rank as a step function; the limit dashed. With
+    ``measured`` (per rank, activation memory step points): those solid, the simulated dashed."""
     import matplotlib as mpl
 
     p = tl.problem
     cmap = mpl.colormaps["viridis"]
+    top = max([*tl.peak_memory, *(p.memory_limit or ())])
     for r, points in enumerate(memory_steps(tl)):
+        color = cmap(r / max(1, p.ranks - 1) * 0.9)
         ts, levels = zip(*points, (tl.makespan, points[-1][1]))
-        ax.step(ts, levels, where="post", linewidth=1, color=cmap(r / max(1, p.ranks - 1) * 0.9),
-                label=f"rank {r}")
+        if measured is None:
+            ax.step(ts, levels, where="post", linewidth=1, color=color, label=f"rank {r}")
+            continue
+        ax.step(ts, levels, where="post", linewidth=0.8, linestyle="--", color=color,
+                label="simulated (dashed)" if r == 0 else None)
+        mts, mlevels = zip(*measured[r])
+        mlevels = [p.static_memory[r] + level for level in mlevels]
+        ax.step(mts, mlevels, where="post", linewidth=1.2, color=color, label=f"rank {r} measured")
+        top = max(top, *mlevels)
     for i, limit in enumerate(sorted(set(p.memory_limit or ()))):
         ax.axhline(limit, color="red", linestyle="--", linewidth=1, label=None if i else "limit")
-    ax.set_ylabel("memory", fontsize=9)
-    top = max([*tl.peak_memory, *(p.memory_limit or ())])
+    ax.set_ylabel("memory" if measured is None else "memory (MiB)", fontsize=9)
     ax.set_ylim(0, top * 1.35 or 1.0)  # headroom for the legend
     if p.ranks <= 8:
         ax.legend(fontsize=7, ncol=p.ranks + 1, loc="upper right", frameon=False)

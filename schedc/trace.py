@@ -6,7 +6,10 @@ Chrome / Perfetto trace (``traceEvents``) and data for ``schedc show --measured`
                 "ranks": [[{"instr": "F0@s0", "op": "F", "stage": 0, "mb": 0, "start": ms, "end": ms}, ...], ...]}}
 
 Times are milliseconds from the earliest instruction of the step on any rank (clocks of one
-host; ranks on several hosts are only as aligned as their clocks).
+host; ranks on several hosts are only as aligned as their clocks). With
+``PipelineRuntime(..., measure_memory=True)`` each event also has ``memory`` (MiB after the
+instruction) and ``memory_peak`` (MiB during it): the rank's activation memory relative to the
+start of the step; the Perfetto trace then has a counter per rank ("activation memory rank R").
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ def write_trace_file(path: str | Path, schedule_name: str, step: int, ranks: lis
              "dur": 1e3 * (e["end"] - e["start"]), "args": {"stage": e["stage"], "microbatch": e["mb"]}}
             for e in events
         ]
+        trace += [
+            {"name": f"activation memory rank {r} (MiB)", "ph": "C", "pid": 0, "ts": 1e3 * t, "args": {"MiB": level}}
+            for t, level in _memory_points(events)
+        ]
     doc = {
         "traceEvents": trace,
         "displayTimeUnit": "ms",
@@ -47,15 +54,39 @@ def write_trace_file(path: str | Path, schedule_name: str, step: int, ranks: lis
     path.write_text(json.dumps(doc))
 
 
-def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline:
-    """The compute ops' measured times from a trace file, as a Timeline of ``schedule`` (which
-    must be the schedule that ran)."""
+def _memory_points(events: list[dict]) -> list[tuple[float, float]]:
+    """Step points (ms, MiB) of one rank's measured memory: at each instruction's start its
+    peak, at its end the level after it; empty without measurements."""
+    if not events or any("memory" not in e for e in events):
+        return []
+    points = [(0.0, 0.0)]
+    for e in events:
+        points += [(e["start"], e["memory_peak"]), (e["end"], e["memory"])]
+    return points
+
+
+def measured_memory(path: str | Path) -> list[list[tuple[float, float]]] | None:
+    """Per rank, the measured activation memory of a trace file as step points (ms, MiB), as
+    ``schedc.plot.memory_steps`` gives the simulated ones; None if the run did not measure it."""
+    ranks = _read(path)["ranks"]
+    points = [_memory_points(events) for events in ranks]
+    return points if all(points) else None
+
+
+def _read(path: str | Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())["schedc"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SchedcError(f"{path}: not a schedc trace file ({type(e).__name__}: {e})") from None
-    if data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise SchedcError(f"{path}: not a schedc trace file")
+    return data
+
+
+def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline:
+    """The compute ops' measured times from a trace file, as a Timeline of ``schedule`` (which
+    must be the schedule that ran)."""
+    data = _read(path)
     if data.get("schedule") != schedule.name:
         raise SchedcError(f"{path}: traces schedule {data.get('schedule')!r}, not {schedule.name!r}")
     ranks = data["ranks"]
