@@ -24,8 +24,10 @@ Each rank walks its instruction list in order:
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
-variable keeps a microbatch's tensors alive past its instruction. Receive buffers get their shapes and dtypes from a
+variable keeps a microbatch's tensors alive past its instruction. A stage's output keeps only
+its autograd node until B (its values live on in the send or hand-off). Receive buffers get their shapes and dtypes from a
 metadata exchange along the pipeline on the first step (and again if the input shape changes).
+``measure_memory=True`` measures the activation memory per instruction (``schedc.runtime.memory``).
 
 On CUDA with NCCL, torch runs point-to-point transfers on its own NCCL streams and ``wait`` makes
 only the consuming compute stream wait (an event), so transfers overlap compute; with gloo on
