@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schedc.errors import ProblemError
+from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
 KINDS = ("F", "B", "W", "BW")
@@ -110,15 +111,16 @@ class Problem(_Strict):
             if getattr(self.costs, kind) is not None:
                 self._per_stage(f"costs.{kind}", getattr(self.costs, kind))
         deltas = self.mem_deltas
+        tol = self.memory_tol
         for s, (f, b, w) in enumerate(zip(*deltas)):
             if f < 0:
                 raise ValueError(f"memory.F of stage {s} is {f}: a forward allocates, it cannot be negative")
-            if not (-f - 1e-9 <= b <= 1e-9 and -f - 1e-9 <= w <= 1e-9):
+            if not (tol.le(-f, b) and tol.le(b, 0.0) and tol.le(-f, w) and tol.le(w, 0.0)):
                 raise ValueError(
                     f"memory deltas of stage {s} are F {f:g}, B {b:g}, W {w:g}: B frees part of what F"
                     f" allocated and W the rest, so each must lie in [-{f:g}, 0]"
                 )
-            if abs(f + b + w) > 1e-9 * max(1.0, abs(f)):
+            if not tol.eq(f + b + w, 0.0):
                 raise ValueError(
                     f"memory deltas of stage {s} sum to {f + b + w:g}, not 0 (F {f:g}, B {b:g}, W {w:g}):"
                     f" set memory.W to {-(f + b):g} or leave it out"
@@ -130,7 +132,7 @@ class Problem(_Strict):
         if limits is not None:
             for r, limit in enumerate(limits):
                 need = self.min_memory(r)
-                if limit < need:
+                if tol.lt(limit, need):
                     raise ValueError(
                         f"memory.limit of rank {r} is {limit:g}, below the {need:g} that any schedule needs"
                         f" there (static memory plus one microbatch through stages"
@@ -211,7 +213,32 @@ class Problem(_Strict):
     def fused_cheaper(self) -> bool:
         """Whether some stage's fused backward costs less than its B plus its W."""
         c = self.cost
-        return any(bw < b + w - 1e-12 for bw, b, w in zip(c["BW"], c["B"], c["W"]))
+        return any(self.time_tol.lt(bw, b + w) for bw, b, w in zip(c["BW"], c["B"], c["W"]))
+
+    # ---- the scale of times and of memory (see schedc.tolerance) ----
+
+    @cached_property
+    def time_scale(self) -> float:
+        """The largest op cost (F, B, W or fused BW of any stage) or ``comm``: the unit that
+        comparisons of times are relative to. Scales with the costs."""
+        return max(max(map(max, self.cost.values())), self.comm)
+
+    @cached_property
+    def memory_scale(self) -> float:
+        """The largest activation a forward allocates (no B or W frees more): the unit that
+        comparisons of memory are relative to (0 when no op allocates: levels are then exact).
+        Scales with the memory amounts."""
+        return max(max(map(abs, d)) for d in self.mem_deltas)
+
+    @cached_property
+    def time_tol(self) -> Tolerance:
+        """Comparisons of times (op ends, arrivals, objectives) up to float noise."""
+        return Tolerance.of(self.time_scale)
+
+    @cached_property
+    def memory_tol(self) -> Tolerance:
+        """Comparisons of memory (levels against limits) up to float noise."""
+        return Tolerance.of(self.memory_scale, REL_MEMORY)
 
     @cached_property
     def mem_deltas(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
@@ -262,6 +289,19 @@ class Problem(_Strict):
             peak = max(peak, level)
             level += w[s]
         return self.static_memory[rank] + peak
+
+    def scaled(self, time: float = 1.0, memory: float = 1.0) -> "Problem":
+        """The same problem in other units: every cost and ``comm`` times ``time``, every memory
+        amount (deltas, static memory, limit) times ``memory``."""
+
+        def times(value: Any, k: float) -> Any:
+            return [x * k for x in value] if isinstance(value, list) else value * k
+
+        data = self.model_dump(exclude_none=True)
+        data["costs"] = {kind: times(v, time) for kind, v in data["costs"].items()}
+        data["comm"] = data["comm"] * time
+        data["memory"] = {key: times(v, memory) for key, v in data["memory"].items()}
+        return Problem.parse(data, source=self.name or "problem")
 
     def with_changes(self, **changes: Any) -> "Problem":
         """A validated copy with top-level fields replaced (nested ones as dicts, merged)."""

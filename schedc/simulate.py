@@ -3,7 +3,9 @@
 Each rank runs its ops in the schedule's order. An op starts when its rank is free and every
 op it consumes has finished, plus ``problem.comm`` when the producer is on another rank (a list
 schedule: as soon as possible, never reordered). Memory follows the order alone: F allocates its
-stage's activation, B and W free it; a rank's level is static memory plus the running sum.
+stage's activation, B and W free it; a rank's level is static memory plus the running sum,
+over the limit when beyond float noise (``Problem.memory_tol``, relative to the problem's memory
+scale, so the verdict does not depend on the unit).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from dataclasses import dataclass, field
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
-
-_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ def _describe_wait(ranks, pos, stuck, deps, where) -> str:
 
 
 def _memory(problem: Problem, schedule: Schedule):
-    mem, static, limits = problem.mem, problem.static_memory, problem.memory_limit
+    mem, static, limits, tol = problem.mem, problem.static_memory, problem.memory_limit, problem.memory_tol
     levels, peaks, violations = [], [], []
     for r, ops in enumerate(schedule.ranks):
         level = peak = 0.0
@@ -257,7 +257,7 @@ def _memory(problem: Problem, schedule: Schedule):
             level += mem[op.kind][op.stage]
             after.append(level)
             peak = max(peak, held)
-            if limits is not None and first_over is None and static[r] + held > limits[r] + _EPS:
+            if limits is not None and first_over is None and tol.gt(static[r] + held, limits[r]):
                 first_over = op
         levels.append(tuple(after))
         peaks.append(peak)

@@ -9,7 +9,7 @@ Notation, per stage s: ``F, B, W`` its costs; ``mF >= 0`` what its forward alloc
 ``mW = -memory.W`` what its weight gradient frees (``mF - mW`` is freed by B); ``d(s, t)`` the
 latency between stages s and t (``comm`` when they sit on different ranks, else 0). Per rank r:
 ``lo``/``hi`` its lowest / highest stage, ``work = m * sum(F + B + W)`` over its stages, ``cap =
-limit - static`` plus the simulator's 1e-9 tolerance (infinite without a limit). Three chains
+limit - static`` plus the simulator's tolerance, ``Problem.memory_tol`` (infinite without a limit). Three chains
 of one microbatch, true of every schedule because they are data dependencies:
 
 - ``head(s) = sum_{t<s} (F(t) + d(t, t+1))``: F(s, i) cannot start before it (the forward
@@ -42,6 +42,8 @@ B within rank 0's window and can only push its W past it.
 
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
 fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
+Every value is a sum, maximum or ratio of costs, so it scales with the unit of time, and the term
+named as binding among equal ones (up to ``Problem.time_tol``) is the same in every unit.
 """
 
 from __future__ import annotations
@@ -50,8 +52,6 @@ import math
 from dataclasses import dataclass
 
 from schedc.problem import Problem
-
-_EPS = 1e-9  # the simulator's tolerance on the memory limit
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,15 @@ class Bound:
 def lower_bound(problem: Problem, objective: str | None = None) -> Bound:
     """The largest of ``all_bounds``: a lower bound on ``objective`` (default: the problem's)
     for every schedule that fits the memory limit."""
-    best = None
-    for b in all_bounds(problem, objective):
-        if best is None or b.value > best.value + 1e-12:  # ties: keep the simpler, earlier term
-            best = b
-    return best
+    value, (_, first) = _largest(problem, [(b.value, b) for b in all_bounds(problem, objective)])
+    return Bound(value, first.reason)
+
+
+def _largest(problem: Problem, items: list[tuple]) -> tuple:
+    """``(the largest value, the first item whose value equals it up to float noise)`` of
+    ``(value, ...)`` items: ties keep the simpler, earlier term, in any unit of time."""
+    top = max(item[0] for item in items)
+    return top, next(item for item in items if problem.time_tol.ge(item[0], top))
 
 
 def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
@@ -124,7 +128,7 @@ class _Chains:
 
 def _cap(problem: Problem, r: int) -> float:
     limits = problem.memory_limit
-    return math.inf if limits is None else limits[r] - problem.static_memory[r] + _EPS
+    return math.inf if limits is None else limits[r] - problem.static_memory[r] + problem.memory_tol.eps
 
 
 def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
@@ -309,7 +313,7 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
     head, rt, down = ch.head, ch.rt, ch.down
     mine = problem.rank_stages[r]
     lo_r = mine[0]
-    best = None
+    candidates = []
     for q, k in enumerate(ranks):
         if q == r:
             lead = 0.0
@@ -322,8 +326,7 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
         below = [down[k.lo] - down[t] + W[t] for t in mine if t < k.lo]
         if below:
             value = lead + k.work - k.knap_w + idle_b + max(below)
-            if best is None or value > best[0] + 1e-12:
-                best = (value, q, "last backward", lead, idle_b, max(below), k.knap_w, k)
+            candidates.append((value, q, "last backward", lead, idle_b, max(below), k.knap_w, k))
         # The last forward's chain to an op of r.
         hi = k.hi
         chains = []
@@ -333,11 +336,10 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
             else:
                 chains.append(head[t] - head[hi] - F[hi] + F[t] + rt[t] + B[t] + W[t])
         value = lead + k.work - k.knap_back + idle_f + max(chains)
-        if best is None or value > best[0] + 1e-12:
-            best = (value, q, "last forward", lead, idle_f, max(chains), k.knap_back, k)
-    if best is None:
+        candidates.append((value, q, "last forward", lead, idle_f, max(chains), k.knap_back, k))
+    if not candidates:
         return None
-    value, q, cut, lead, idle, chain, after, k = best
+    value, (_, q, cut, lead, idle, chain, after, k) = _largest(problem, candidates)
     held = (
         f"less the W work {after:g} memory lets it defer past its last backward"
         if cut == "last backward"
@@ -378,7 +380,8 @@ def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) ->
     lead = f"start no earlier than {start:g} + " if start > 0 else ""
     return Bound(
         start + held,
-        f"rank {r}: {lead}memory-time {held:g} (activation held x time {area:g} over room {cap - _EPS:g})",
+        f"rank {r}: {lead}memory-time {held:g} (activation held x time {area:g}"
+        f" over room {cap - problem.memory_tol.eps:g})",
     )
 
 
@@ -388,10 +391,9 @@ def _critical_path(problem: Problem, ch: _Chains, objective: str) -> Bound:
     with a large W can bind instead. Span: the rank of s runs from F(s, i)'s start to W(s, i)'s
     end, so the same length without head(s)."""
     F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
-    best, arg = -1.0, 0
-    for s in range(problem.n_stages):
-        value = F[s] + ch.rt[s] + B[s] + W[s] + (ch.head[s] if objective == "makespan" else 0.0)
-        if value > best + 1e-12:
-            best, arg = value, s
+    best, (_, arg) = _largest(problem, [
+        (F[s] + ch.rt[s] + B[s] + W[s] + (ch.head[s] if objective == "makespan" else 0.0), s)
+        for s in range(problem.n_stages)
+    ])
     where = "all forwards up, all input gradients back" if arg == 0 else f"through stage {arg} and back"
     return Bound(best, f"critical path of one microbatch ({where}, then W of stage {arg}): {best:g}")

@@ -17,11 +17,13 @@ disjunctive scheduling directly instead of through big-M binaries:
 Times are integers: costs and ``comm`` are multiplied by the least ``scale`` that makes them all
 integers (their decimals as written, e.g. 1000 when they are multiples of 0.001, 1 when they are
 integers), so the model is exact. When no scale up to 10**6 does that, they are multiplied by
-1000 (or the power of ten that keeps the shortest op at least one unit) and rounded *down*: every
+10**4 over the largest op cost (so that op lasts 10**4 units whatever the unit of the problem;
+10 times more while the shortest op would last less than one unit) and rounded *down*: every
 real schedule then stays feasible in the model, no later than scaled, so the search bound remains
 a lower bound (minus one unit for span, whose two ends round separately). Memory is scaled the
-same way (exact up to 10**9); otherwise allocations and frees are rounded towards more memory
-held and the room down, so every schedule the model accepts fits, and no bound is reported.
+same way (exact up to 10**9; else the largest activation is 10**6 units); otherwise allocations
+and frees are rounded towards more memory held and the room down, so every schedule the model
+accepts fits, and no bound is reported.
 
 The time limit covers the whole call: building the model (checked as it goes), the search
 (``max_time_in_seconds`` with what is left, and ``stop_search`` at the deadline should presolve
@@ -69,7 +71,7 @@ def _exact_scale(values, cap: int) -> int | None:
     d = 1
     for x in values:
         f = Fraction(x).limit_denominator(10**6)
-        if abs(float(f) - x) > 1e-12 * max(1.0, abs(x)):
+        if abs(float(f) - x) > 1e-12 * abs(x):  # relative: the test is the same in any unit
             return None
         d = d * f.denominator // math.gcd(d, f.denominator)
         if d > cap:
@@ -179,7 +181,7 @@ class _CpModel:
         # ---- integer times ----
         raw = [cost[k][s] for k in KINDS for s in range(n)] + [problem.comm]
         shortest = min(cost[k][s] for k in KINDS for s in range(n))
-        fallback = 1000
+        fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
         while shortest * fallback < 1:
             fallback *= 10
         self.time = _Scale(raw, 10**6, fallback)
@@ -232,7 +234,7 @@ class _CpModel:
         if limits is not None:
             values = [mem[k][s] for k in KINDS for s in range(n)]
             values += list(limits) + list(problem.static_memory)
-            self.memory = _Scale(values, 10**9, 10**6)
+            self.memory = _Scale(values, 10**9, 10**6 / (problem.memory_scale or 1.0))
             for r, ks in enumerate(on_rank):
                 _on_time(deadline)
                 room = self.memory.down(limits[r] - problem.static_memory[r])

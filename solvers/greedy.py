@@ -25,6 +25,11 @@ strict F/B alternation after warm-up, warm-up depth, which stage first on a rank
 how much room to reserve, the timed warm-up) change the result from problem to problem, so a
 coordinate search over these switches builds variants and the simulator, the one judge, keeps the
 best that fits.
+
+Every comparison of times (an input arrived, a forward ends in time, ranks free at once, one
+variant faster than another) and of memory (a forward fits) is up to float noise relative to the
+problem's scale (``Problem.time_tol``, ``Problem.memory_tol``): in any unit of time or memory the
+same problem gives the same schedule.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     p, m, n = problem.ranks, problem.microbatches, problem.n_stages
     cost, mem, stage_rank = problem.cost, problem.mem, problem.stage_rank
     comm = problem.comm
+    tol, mtol = problem.time_tol, problem.memory_tol
     local = [sorted(st, reverse=policy.late_stage_first) for st in problem.rank_stages]
     first_local = [min(st) for st in problem.rank_stages]
     # Activation room per rank, and what one microbatch needs through the rank's stages.
@@ -146,17 +152,17 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
         """May ``op`` (an F) run on rank r now? Only a microbatch's first forward on the rank is
         gated: its later local forwards were reserved and must stay free to run (or it deadlocks)."""
         if op.stage != first_local[r]:
-            return not policy.lean or level[r] + mem["F"][op.stage] <= room[r] + 1e-9
+            return not policy.lean or mtol.le(level[r] + mem["F"][op.stage], room[r])
         if policy.alternate and seen_b[r] and last_fb[r] == "F":
             return False  # steady state: a B between two new microbatches
         if policy.shallow_warmup and not seen_b[r] and started[r] >= depth[r]:
             return False
         if policy.timed_warmup and not seen_b[r]:
             end = free[r] + (0.0 if policy.overrun_warmup else cost["F"][op.stage])
-            if any(end > due + 1e-9 for due in first_arrivals(r)):
+            if any(tol.gt(end, due) for due in first_arrivals(r)):
                 return False
         held = level[r] if policy.lean else level[r] + reserved[r]
-        return held + need[r] <= room[r] + 1e-9
+        return mtol.le(held + need[r], room[r])
 
     def run(op: Op, r: int, t: float) -> None:
         kind, s, _ = op
@@ -180,26 +186,44 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             next_b[s] += 1
             pending_w[r].append(Op("W", s, op.mb))
 
+    def earliest() -> tuple[float, int]:
+        """Pop the next (free time, rank) to advance: the earliest; ranks free at the same time up
+        to float noise go in rank order, as exact ties do."""
+        first = heapq.heappop(heap)
+        if not heap or tol.gt(heap[0][0], first[0]):
+            return first
+        tied = [first]
+        while heap and tol.le(heap[0][0], first[0]):
+            tied.append(heapq.heappop(heap))
+        pick = min(tied, key=lambda entry: entry[1])
+        for entry in tied:
+            if entry is not pick:
+                heapq.heappush(heap, entry)
+        return pick
+
     heap = [(0.0, r) for r in range(p)]  # (free time, rank): always advance the earliest rank
     waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
     while heap:
-        t, r = heapq.heappop(heap)
+        t, r = earliest()
         if t != free[r] or not remaining[r]:
             continue  # stale entry
         bs = [Op("B", s, next_b[s]) for s in local[r] if next_b[s] < next_f[s]]
         fs = [Op("F", s, next_f[s]) for s in local[r] if next_f[s] < m]
-        ready_b = [op for op in bs if arrival(op, r) <= t]
-        ready_f = [op for op in fs if arrival(op, r) <= t]
+        ready_b = [op for op in bs if tol.le(arrival(op, r), t)]
+        ready_f = [op for op in fs if tol.le(arrival(op, r), t)]
         admitted_f = [op for op in ready_f if admits(op, r)]
         if ready_b and (policy.b_first or not admitted_f):
             choice = ready_b[0]
         elif admitted_f:
             choice = admitted_f[0]
-        elif pending_w[r] and (policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], arrival, admits, cost)):
+        elif pending_w[r] and (
+            policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], arrival, admits, cost, tol)
+        ):
             choice = pending_w[r].pop(0)  # (ready_f here means F waits on memory: W frees it)
         else:
             # Only a B, or an F that memory admits, can end the wait (memory frees only by B/W here).
-            upcoming = [a for a in (arrival(op, r) for op in bs + [f for f in fs if admits(f, r)]) if t < a < math.inf]
+            arrivals = (arrival(op, r) for op in bs + [f for f in fs if admits(f, r)])
+            upcoming = [a for a in arrivals if tol.gt(a, t) and a < math.inf]
             if upcoming:
                 free[r] = min(upcoming)
                 heapq.heappush(heap, (free[r], r))
@@ -219,10 +243,10 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     return Schedule.from_lists(name, out)
 
 
-def _fits_gap(bs, fs, r, t, w, arrival, admits, cost) -> bool:
+def _fits_gap(bs, fs, r, t, w, arrival, admits, cost, tol) -> bool:
     """True when nothing useful can arrive on rank r before W would end."""
     soon = [arrival(op, r) for op in bs] + [arrival(op, r) for op in fs if admits(op, r)]
-    return min(soon, default=math.inf) >= t + cost["W"][w.stage]
+    return tol.ge(min(soon, default=math.inf), t + cost["W"][w.stage])
 
 
 def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) -> Schedule:
@@ -230,6 +254,7 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
     until no flip helps), so the cost grows with the number of switches, not 2 ** switches."""
     judged = problem if limit is None else problem.with_changes(memory={"limit": list(limit)})
     seen: dict[Policy, tuple] = {}
+    tol = problem.time_tol
 
     def score(policy: Policy) -> tuple:
         if policy not in seen:
@@ -242,14 +267,25 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
                 seen[policy] = (not t.fits, t.objective_value(), t.makespan, schedule)
         return seen[policy][:3]
 
-    starts = [Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)]
-    best = min(starts, key=score)
+    def better(a: Policy, b: Policy) -> bool:
+        """a's schedule beats b's: it fits and b's does not, or it is faster by (objective,
+        makespan) beyond float noise."""
+        (a_over, a_obj, a_make), (b_over, b_obj, b_make) = score(a), score(b)
+        if a_over != b_over:
+            return b_over
+        if not tol.eq(a_obj, b_obj):
+            return a_obj < b_obj
+        return tol.lt(a_make, b_make)
+
+    best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
+    if better(other, best):
+        best = other
     improved = True
     while improved:
         improved = False
         for flag in flags_for(problem):
             other = replace(best, **{flag: not getattr(best, flag)})
-            if score(other) < score(best):
+            if better(other, best):
                 best, improved = other, True
     return seen[best][3]
 

@@ -18,6 +18,11 @@ The order found is re-timed by the simulator (as soon as possible), which is nev
 the ILP's times, so the reported objective is the simulator's, the one judge. The bound is the
 larger of the solver's and schedc's own independent lower bound; "optimal" is said only when
 the schedule's objective meets it.
+
+Units: the model is built with times in units of the power of two nearest the problem's time
+scale (its largest op cost) and memory likewise (``_model_units``), an exact change of units, so
+the MIP solvers' absolute tolerances mean the same whatever unit the problem is written in; the
+comparisons of results are relative (``schedc.tolerance``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.deadline import END, LATE, MIN_SECONDS, Worker, WorkerDied, run_cbc
 from schedc.solvers.localsearch import improve
+from schedc.tolerance import Tolerance, meets
 
 SOLVERS = ("cbc", "highs", "cpsat")
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
@@ -101,11 +107,6 @@ class SolveResult:
             "binaries": self.binaries,
             "not_evaluated": list(self.not_evaluated),
         }
-
-
-def _meets(objective: float, bound: float) -> bool:
-    """The objective equals the bound up to float noise (sums of many float costs)."""
-    return objective - bound <= 1e-7 * max(1.0, abs(objective))
 
 
 def split_backward(schedule: Schedule) -> Schedule:
@@ -202,8 +203,9 @@ def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
     if limits is None:
         return False
     mem = problem.mem
+    clearly = Tolerance.of(problem.memory_scale, 1e-6)  # looser than the simulator's memory_tol
     for r, ops in enumerate(schedule.ranks):
-        room = limits[r] - problem.static_memory[r] + 1e-6 * max(1.0, abs(limits[r]))
+        room = limits[r] - problem.static_memory[r] + clearly.eps
         level = 0.0
         for op in ops:
             level += mem[op.kind][op.stage]
@@ -227,7 +229,7 @@ def best_registry_schedule(
     (the first of equals, in registry order)."""
     best = None
     for name, t in fitting_registry_schedules(problem) if fitting is None else fitting:
-        if best is None or t.objective_value() < best[1].objective_value() - 1e-12:
+        if best is None or problem.time_tol.lt(t.objective_value(), best[1].objective_value()):
             best = (name, t)
     return best
 
@@ -434,8 +436,9 @@ class _Model:
                 by_b = sorted(range(self.problem.microbatches), key=lambda i: times[Op("B", s, i)])
                 for slot, i in zip(slots, by_b):
                     times[Op("W", s, i)] = slot
-        for k, op in enumerate(self.ops):
-            self.start[k].setInitialValue(times[op])
+        for k, op in enumerate(self.ops):  # the simulator's sums may pass a window's by rounding
+            x = self.start[k]
+            x.setInitialValue(min(max(times[op], x.lowBound), x.upBound))
         for (a, b), y in self.before.items():
             y.setInitialValue(1 if times[self.ops[a]] < times[self.ops[b]] else 0)
         self.C.setInitialValue(timeline.objective_value())
@@ -556,6 +559,7 @@ def solve(
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     t0 = time.perf_counter()
     deadline = t0 + time_limit
+    tol = problem.time_tol
 
     def say(note: str) -> None:
         if progress:
@@ -591,18 +595,18 @@ def solve(
     solver_bound, result = None, ""
     binaries = 0
     finish = deadline - (1 + reserve) * run.simulate_seconds  # judging what the search found: one simulation
-    if not _meets(warm_t.objective_value(), own.value):  # else the warm start is already proven optimal
+    if not meets(warm_t.objective_value(), own.value):  # else the warm start is already proven optimal
         # Local search first (cheap, any size): a better incumbent for the exact search to start from.
         polished = improve(
             problem, warm_t, min(finish, t0 + LOCAL_SEARCH_SHARE * time_limit),
             others=[t for _, t in run.fitting if t is not warm_t], enough=own.value,
             progress=progress and (lambda value: progress(Progress(time.perf_counter() - t0, value, None))),
         )
-        if polished.objective_value() < warm_t.objective_value() - 1e-9:
+        if tol.lt(polished.objective_value(), warm_t.objective_value()):
             best_schedule, best_t, from_registry = polished.schedule, polished, False
         found = None
         left = finish - time.perf_counter()
-        if _meets(best_t.objective_value(), own.value):
+        if meets(best_t.objective_value(), own.value):
             pass  # the local search reached the bound: nothing left to search for
         elif left < MIN_SECONDS:
             result = "time limit (no time left to search)"
@@ -624,23 +628,24 @@ def solve(
             )
         if found is not None:
             t = simulate(problem, found.renamed("ilp"))
-            if t.fits and t.objective_value() < best_t.objective_value() - 1e-9:
+            if t.fits and tol.lt(t.objective_value(), best_t.objective_value()):
                 best_schedule, best_t, from_registry = t.schedule, t, False
     if problem.fused_cheaper:
         # A fused backward is cheaper than B + W here: a fused registry schedule may beat every
         # split one, and the solver's bound covers split schedules only.
         solver_bound = None
         for name, t in run.fused:
-            if t.objective_value() < best_t.objective_value() - 1e-9:
+            if tol.lt(t.objective_value(), best_t.objective_value()):
                 best_schedule, best_t, from_registry = t.schedule, t, True
                 warm_name, warm_t = name, t  # reported as the registry schedule it returns
     objective = best_t.objective_value()
     bound = max(own.value, solver_bound if solver_bound is not None else -math.inf)
-    reason = own.reason if own.value >= (solver_bound or -math.inf) else f"{solver} search bound"
-    if bound > objective + 1e-6 * max(1.0, objective):
+    # The independent bound's reason when it is as good as the solver's (up to the solver's noise).
+    reason = own.reason if solver_bound is None or meets(solver_bound, own.value) else f"{solver} search bound"
+    if Tolerance.of(objective, 1e-6).gt(bound, objective):
         raise RuntimeError(f"bug: lower bound {bound} ({reason}) above a found schedule's {objective}")
     bound = min(bound, objective)  # solver tolerance
-    if _meets(objective, bound):
+    if meets(objective, bound):
         status = "optimal"
     elif "time" in result.lower() or (from_registry and run.not_evaluated):
         status = "time limit"  # even when the warm start is returned: the search was cut short
@@ -685,7 +690,7 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
         improved = False
         for w0 in starts:
             left = deadline - time.perf_counter()
-            if _meets(best.objective_value(), lower):
+            if meets(best.objective_value(), lower):
                 return best.schedule, history, binaries, ""
             if left <= max(WINDOW_MIN_SECONDS, 1.5 * last):
                 return best.schedule, history, binaries, "time limit"
@@ -701,7 +706,7 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
             binaries = max(binaries, n_bin)
             last = time.perf_counter() - began
             t = simulate(problem, found) if found is not None else None
-            if t is not None and t.fits and t.objective_value() < best.objective_value() - 1e-9:
+            if t is not None and t.fits and problem.time_tol.lt(t.objective_value(), best.objective_value()):
                 best, improved = t, True
                 event = Progress(time.perf_counter() - t_start, best.objective_value(), None)
                 history.append(event)
@@ -710,12 +715,46 @@ def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress)
     return best.schedule, history, binaries, "time limit" if time.perf_counter() >= deadline else ""
 
 
+def _model_units(problem: Problem) -> tuple[float, float]:
+    """The units of time and of memory the MIP model is written in: the powers of two nearest
+    the problem's time and memory scales, so that its largest op cost and largest activation are
+    between 0.71 and 1.41 model units, whatever unit the problem is written in. Dividing by a
+    power of two is exact: in these units it is the same model, only the MIP solvers' absolute
+    tolerances (feasibility, integrality) no longer depend on the problem's unit."""
+
+    def nearest(x: float) -> float:
+        return 2.0 ** round(math.log2(x)) if x > 0 else 1.0
+
+    return nearest(problem.time_scale), nearest(problem.memory_scale)
+
+
 def _solve_pulp(problem, warm_t, lower, solver, deadline, gap, threads, progress, keep=None, window=None):
     """Build the ILP (of the whole problem, or of ``window`` with the rest of ``keep``'s order
     fixed), warm-start it from ``warm_t`` and solve it, all by ``deadline``: CBC runs under its
     watchdog, and on problems of more than WORKER_OPS ops everything runs in a child process
-    that is killed at the deadline (model building included). Returns
-    ``(schedule or None, bound or None, history, result, binaries)``."""
+    that is killed at the deadline (model building included). The model is written in
+    ``_model_units``; the bound and the history (and what ``progress`` hears) come back in the
+    problem's units. Returns ``(schedule or None, bound or None, history, result, binaries)``."""
+    unit, memory_unit = _model_units(problem)
+    if (unit, memory_unit) == (1.0, 1.0):
+        args = (problem, warm_t, lower, solver, deadline, gap, threads, progress, keep, window)
+        return _solve_pulp_in_model_units(*args)
+
+    def back(event: Progress) -> Progress:
+        scale = lambda x: None if x is None else x * unit  # noqa: E731
+        return replace(event, incumbent=scale(event.incumbent), bound=scale(event.bound))
+
+    model_problem = problem.scaled(1 / unit, 1 / memory_unit)
+    model_warm = simulate(model_problem, warm_t.schedule)  # warm_t's times over unit, exactly
+    schedule, bound, history, result, binaries = _solve_pulp_in_model_units(
+        model_problem, model_warm, lower / unit, solver, deadline, gap, threads,
+        progress and (lambda event: progress(back(event))), keep, window,
+    )
+    return schedule, None if bound is None else bound * unit, [back(e) for e in history], result, binaries
+
+
+def _solve_pulp_in_model_units(problem, warm_t, lower, solver, deadline, gap, threads, progress, keep, window):
+    """``_solve_pulp`` on a problem already in model units."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "solver.log"
         args = (problem, warm_t, lower, solver, deadline - SOLUTION_SECONDS, gap, threads, log, keep, window)

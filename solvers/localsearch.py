@@ -24,7 +24,9 @@ sum over ranks of their span or end): the second key lets the search cross plate
 non-critical rank gets shorter. Orders are judged by ``schedc.simulate.replay`` (the simulator's
 own list scheduling) and the simulator's memory rule over integer op ids; the result is then
 simulated once, so what it reports is exactly what the simulator (the one judge) says. It
-proves nothing: the bound comes from elsewhere.
+proves nothing: the bound comes from elsewhere. Times and memory are compared up to float noise
+relative to the problem's scale (``Problem.time_tol``, ``Problem.memory_tol``), so the search
+takes the same steps in any unit.
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ from typing import Callable, Iterator, Sequence
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
+from schedc.tolerance import Tolerance, meets
 
-_EPS = 1e-9
-_TIE = 1e-7  # relative: an objective this close to the lower bound meets it (float noise)
 PATIENCE = 200  # kicks in a row without a better schedule before the search stops
 KICK_MOVES = 4  # at most this many random moves per kick
 KICK_REACH = 6  # each by at most this many places
@@ -58,11 +59,12 @@ class _Evaluator:
         self.dur = [problem.cost[op.kind][op.stage] for op in self.ops]
         self.mem = [problem.mem[op.kind][op.stage] for op in self.ops]
         self.deps = dependencies(problem, self.ops, self.index, where)
-        limits = problem.memory_limit
+        limits, mtol = problem.memory_limit, problem.memory_tol
         self.room = (
-            None if limits is None else [limits[r] - problem.static_memory[r] + _EPS for r in range(problem.ranks)]
+            None if limits is None else [limits[r] - problem.static_memory[r] + mtol.eps for r in range(problem.ranks)]
         )
         self.makespan = problem.objective == "makespan"
+        self.tol = problem.time_tol
 
     def orders(self, schedule: Schedule) -> Orders | None:
         """``schedule``'s order as op ids, or None when it holds other ops (a fused backward)."""
@@ -114,11 +116,12 @@ def _score(start, end, makespan: bool) -> Score:
     return (max(per_rank), sum(per_rank))
 
 
-def _better(a: Score, b: Score) -> bool:
-    tol = 1e-9 * max(1.0, abs(b[0]))
-    if a[0] < b[0] - tol:
+def _better(a: Score, b: Score, tol: Tolerance) -> bool:
+    """a is better than b: a shorter objective, or the same (up to float noise) and a shorter
+    sum, each beyond noise."""
+    if tol.lt(a[0], b[0]):
         return True
-    return a[0] <= b[0] and a[1] < b[1] - 1e-9 * max(1.0, abs(b[1]))  # never a hair worse
+    return tol.le(a[0], b[0]) and tol.lt(a[1], b[1])
 
 
 def _moved(orders: Orders, r: int, i: int, j: int) -> Orders:
@@ -144,7 +147,7 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
     for r in critical:
         ks, starts, ends = orders[r], start[r], end[r]
         for i in range(1, len(ks)):
-            if starts[i] - ends[i - 1] <= _EPS * max(1.0, starts[i]):
+            if ev.tol.le(starts[i], ends[i - 1]):  # no gap before op i
                 continue
             # fill the gap with a later op of this rank
             for k in range(i + 1, min(len(ks), i + 1 + reach)):
@@ -180,7 +183,7 @@ def _climb(ev: _Evaluator, orders: Orders, deadline: float, reach: int, full: bo
                 break
             trial = _moved(orders, r, i, j)
             out = ev.run(trial)
-            if out is not None and _better(out[0], s):
+            if out is not None and _better(out[0], s, ev.tol):
                 orders, (s, start, end), improved = trial, out, True
                 if found:
                     found(s)
@@ -228,11 +231,11 @@ def improve(
     best = ev.orders(start.schedule)
 
     def done() -> bool:
-        return time.perf_counter() >= deadline or (enough is not None and best_s[0] <= enough + _TIE * max(1.0, enough))
+        return time.perf_counter() >= deadline or (enough is not None and meets(best_s[0], enough))
 
     def found(s: Score) -> None:
         nonlocal best_s
-        if _better(s, best_s):
+        if _better(s, best_s, ev.tol):
             best_s = s
             if progress:
                 progress(s[0])
@@ -263,11 +266,11 @@ def improve(
             misses = 0
         else:
             misses += 1
-        current, current_s = (orders, s) if s[0] <= current_s[0] + _EPS * max(1.0, current_s[0]) else (best, best_s)
+        current, current_s = (orders, s) if ev.tol.le(s[0], current_s[0]) else (best, best_s)
     if best_s == score(start):
         return start
     t = simulate(problem, renumbered(ev.schedule(start.schedule.name, best)))
-    if not t.fits or _better(score(start), score(t)):  # the replay is the simulator's: never happens
+    if not t.fits or _better(score(start), score(t), ev.tol):  # the replay is the simulator's: never happens
         raise RuntimeError(f"bug: local search result {score(t)} judged {best_s} by its evaluator")
     return t
 
