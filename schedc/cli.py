@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -300,12 +299,9 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         from schedc.interop import torch_schedules
 
         candidates = [(name, schedule) for name, schedule, _ in torch_schedules(prob) if schedule is not None]
-    # The limit is for the command as a whole (what a user times): count the interpreter's start
-    # and imports too (from the process's start time where the system tells it, else keep a
-    # second for them), and keep a little for the exit.
-    age = _seconds_since_start()
-    used = age if age is not None else time.perf_counter() - started + min(1.0, 0.02 * time_limit)
-    left = time_limit - used - min(1.0, 0.03 * time_limit)
+    # The interpreter's start and imports came before ``started``: keep a little for them too, so
+    # that the command as a whole (what a user times) ends within the limit.
+    left = time_limit - (time.perf_counter() - started) - min(1.0, 0.02 * time_limit)
     result = solve_ilp(prob, solver=solver, time_limit=max(left, 1e-3), gap=gap, threads=threads,
                        progress=show_progress, reserve=_WRITE_SIMULATIONS, candidates=candidates)
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
@@ -322,17 +318,6 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         click.echo(f"not evaluated (time limit): {', '.join(result.not_evaluated)}")
     _timeline_table(prob, [("ilp", result.timeline), *result.registry])
     click.echo(f"wrote {output}")
-
-
-def _seconds_since_start() -> float | None:
-    """Wall seconds since this process started (Linux: /proc), None where the system does not say."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks after boot
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(0.0, uptime - started)
 
 
 def _placement(prob: Problem) -> str:
@@ -414,7 +399,7 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
                 + " ".join(f"{x:.4g}" for x in peaks) + ", measured / simulated "
                 + " ".join(f"{m / s:.3f}" if s else "-" for m, s in zip(peaks, t.peak_activation))
             )
-    draw_gantt(timelines, output, measured_memory=memory)
+    draw_gantt(timelines, output)
     click.echo(f"wrote {output}")
     if trace:
         write_trace(t, trace)
