@@ -88,12 +88,16 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
     if instr.op not in OPCODES:
         raise ProgramError(f"rank {r} instruction {k}: unknown op {instr.op!r} (expected one of {', '.join(OPCODES)})")
     if instr.op == "STEP":
+        if (instr.stage, instr.mb, instr.tensor, instr.peer, instr.peer_stage) != (-1, -1, "", -1, -1):
+            raise ProgramError(f"{where}: STEP takes no stage, microbatch, tensor or peer")
         return
     if not (0 <= instr.stage < n and 0 <= instr.mb < m):
         raise ProgramError(f"{where}: stage or microbatch outside {n} stages x {m} microbatches")
     if stage_rank[instr.stage] != r:
         raise ProgramError(f"{where}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
     if instr.op in COMPUTE:
+        if (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
+            raise ProgramError(f"{where}: a compute instruction has no tensor or peer")
         return
     if instr.tensor not in TENSORS:
         raise ProgramError(f"{where}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
@@ -102,8 +106,9 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
         raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{'+' if msg.tensor == 'act' else '-'}1")
     peer_rank = stage_rank[instr.peer_stage]
     if instr.op == "LOCAL":
-        if peer_rank != r:
-            raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank")
+        if peer_rank != r or instr.peer != -1:
+            raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank"
+                               " (peer -1)")
     elif instr.peer != peer_rank or instr.peer == r:
         raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from schedc.inputs import one_line
 from schedc.problem import Problem
 from schedc.program import Program, lower
 from schedc.schedule import Schedule
@@ -83,4 +84,4 @@ def compile(  # noqa: A001 - schedc.compile is the documented name
 def _command() -> str:
     """How this process was started: the schedc command line, or the Python program."""
     argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
-    return " ".join(argv)
+    return one_line(" ".join(argv), 2000)  # the file's provenance is plain text on one line

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from schedc.errors import SchedcError
+from schedc.inputs import read_text
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 
@@ -62,10 +63,7 @@ def from_torch_csv(text_or_path: str | os.PathLike, name: str | None = None) -> 
     if isinstance(text_or_path, os.PathLike):
         path = Path(text_or_path)
         source, name = str(path), name or path.stem
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise SchedcError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+        text = read_text(path, what="torch CSV")
     else:
         text, source, name = text_or_path, "torch CSV", name or "torch-csv"
     rows = list(csv.reader(io.StringIO(text)))

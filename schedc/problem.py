@@ -19,14 +19,14 @@ Scalars broadcast to every stage (or rank).
 from __future__ import annotations
 
 import difflib
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from schedc.errors import ProblemError
+from schedc.inputs import read_data, shorten
 from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
@@ -38,17 +38,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _check_numbers(value: Any, *, positive: bool) -> Any:
+# Magnitudes in any unit (seconds to nanoseconds, bytes to terabytes fit): no amount above
+# LARGEST (sums would overflow), and the largest time (op cost or comm) at least SMALLEST (times
+# are compared relative to it; near the float limits nothing is exact any more).
+SMALLEST, LARGEST = 1e-9, 1e15
+# The most stage-microbatch pairs (p * v * m; three ops each with a split backward) a problem may
+# have: every pass holds a few objects per op, so this keeps any command within a few GB.
+MAX_STAGE_MICROBATCHES = 2**18
+
+
+def _check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = False) -> Any:
     """Per-element check of a scalar-or-list field, so the message names the offending value."""
     items = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        raise ValueError("must be a number or a non-empty list of numbers, got []")
     for i, x in enumerate(items):
         where = f" (index {i})" if isinstance(value, list) else ""
         if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise ValueError(f"must be a number, got {x!r}{where}")
+            raise ValueError(f"must be a number, got {shorten(x)}{where}")
         if x != x or x in (float("inf"), float("-inf")):
             raise ValueError(f"must be finite, got {x}{where}")
         if positive and x <= 0:
             raise ValueError(f"must be > 0, got {x}{where}")
+        if nonnegative and x < 0:
+            raise ValueError(f"must be >= 0, got {x}{where}")
+        if abs(x) > LARGEST:
+            raise ValueError(f"{shorten(x)}{where} is out of range: at most {LARGEST:g} in any unit; use another unit")
     return value
 
 
@@ -76,25 +91,47 @@ class Memory(_Strict):
     static: Number = 0.0
     limit: Number | None = None
 
-    @field_validator("F", "B", "W", "static", "limit", mode="before")
+    @field_validator("F", "B", "W", mode="before")
     @classmethod
-    def _numbers(cls, v: Any) -> Any:
-        return v if v is None else _check_numbers(v, positive=False)
+    def _deltas(cls, v: Any) -> Any:
+        return v if v is None else _check_numbers(v)
+
+    @field_validator("static", mode="before")
+    @classmethod
+    def _static(cls, v: Any) -> Any:
+        return _check_numbers(v, nonnegative=True)
+
+    @field_validator("limit", mode="before")
+    @classmethod
+    def _limit(cls, v: Any) -> Any:
+        return v if v is None else _check_numbers(v, nonnegative=True)
 
 
 class Problem(_Strict):
-    name: str = ""
-    ranks: int = Field(ge=1, le=4096)
-    microbatches: int = Field(ge=1, le=1_000_000)
-    chunks: int = Field(default=1, ge=1, le=64)
-    placement: Union[Literal["loop", "v"], list[int], list[list[int]]] = "loop"
+    name: str = Field(default="", max_length=200)
+    ranks: int = Field(ge=1, le=4096, strict=True)
+    microbatches: int = Field(ge=1, le=1_000_000, strict=True)
+    chunks: int = Field(default=1, ge=1, le=64, strict=True)
+    placement: Union[Literal["loop", "v"], list[StrictInt], list[list[StrictInt]]] = "loop"
     costs: Costs
-    comm: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    comm: float = 0.0
     memory: Memory = Memory()
     objective: Literal["makespan", "span"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage, from the partitioner (informational)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError(f"must be printable text on one line, got {shorten(v)}")
+        return v
+
+    @field_validator("comm", mode="before")
+    @classmethod
+    def _comm(cls, v: Any) -> Any:
+        return _check_numbers(v, nonnegative=True)
 
     @field_validator("placement", mode="before")
     @classmethod
@@ -105,11 +142,19 @@ class Problem(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":
+        pairs = self.ranks * self.chunks * self.microbatches
+        if pairs > MAX_STAGE_MICROBATCHES:
+            raise ValueError(
+                f"ranks x chunks x microbatches is {pairs}, above the {MAX_STAGE_MICROBATCHES} that schedc"
+                " handles (every pass holds each op in memory): fewer microbatches, or several problems"
+            )
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
         for kind in ("F", "B", "W", "BW"):
             if getattr(self.costs, kind) is not None:
                 self._per_stage(f"costs.{kind}", getattr(self.costs, kind))
+        if self.time_scale < SMALLEST:
+            raise ValueError(f"the largest op cost is {self.time_scale:g}, below {SMALLEST:g}: use a smaller unit of time")
         deltas = self.mem_deltas
         tol = self.memory_tol
         for s, (f, b, w) in enumerate(zip(*deltas)):
@@ -335,22 +380,7 @@ def _broadcast(field: str, value: Number, n: int, what: str) -> tuple[float, ...
 def load_problem(path: str | Path) -> Problem:
     """Read a problem from a YAML or JSON file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ProblemError(f"{path}: cannot read: {e.strerror or e}") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProblemError(f"{path}: not valid JSON: {e}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ProblemError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    data = read_data(path, error=ProblemError, what="problem file")
     problem = Problem.parse(data, source=str(path))
     return problem if problem.name else problem.model_copy(update={"name": path.stem})
 
@@ -370,7 +400,7 @@ def format_validation_error(e: ValidationError, root: type[BaseModel] | None = N
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
-        shown = "" if err["type"] == "value_error" or isinstance(got, (dict, list)) else f" (got {got!r})"
+        shown = "" if err["type"] == "value_error" or isinstance(got, (dict, list)) else f" (got {shorten(got)})"
         parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
     # pydantic reports each member of a union; keep the first message per field.
     seen, unique = set(), []

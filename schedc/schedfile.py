@@ -17,14 +17,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
+from schedc.inputs import MAX_DATA_BYTES, parse_json, read_text, shorten
 from schedc.problem import Problem, format_validation_error
 from schedc.program import OPCODES, Instr, Program
 from schedc.schedule import Schedule
+from schedc.tolerance import meets
 
 FORMAT = "schedc.schedule"
 VERSION = 1
@@ -48,10 +50,43 @@ class ScheduleModel(_Strict):
     ranks: list[list[tuple[Literal["F", "B", "W", "BW"], int, int]]]
 
 
+def _plain_text(v: str) -> str:
+    if not v.isprintable():
+        raise ValueError(f"must be printable text on one line, got {shorten(v)}")
+    return v
+
+
+PlainText = Annotated[str, Field(max_length=2000), AfterValidator(_plain_text)]
+Amount = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class Provenance(_Strict):
-    schedc: str
-    command: str
-    created: str
+    schedc: PlainText
+    command: PlainText
+    created: PlainText
+
+
+class SolverStats(_Strict):
+    """The solver's statistics as ``schedc.solvers.ilp.SolveResult.summary`` writes them; the
+    figures a simulation can confirm are checked against it when the file is read."""
+
+    status: Literal["optimal", "feasible", "time limit", "warm start"]
+    objective: Amount
+    objective_kind: Literal["makespan", "span"]
+    bound: Amount
+    bound_reason: PlainText
+    gap: Amount = Field(ge=0, le=1)
+    makespan: Amount
+    span: Amount
+    bubble: Amount
+    peak_memory: list[Amount]
+    fits: bool
+    warm_start: PlainText
+    warm_objective: Amount
+    solver: PlainText
+    seconds: Amount = Field(ge=0)
+    binaries: int = Field(ge=0, strict=True)
+    not_evaluated: list[PlainText]
 
 
 class ScheduleFile(_Strict):
@@ -64,7 +99,7 @@ class ScheduleFile(_Strict):
     schedule: ScheduleModel
     program: list[list[InstrModel]]
     timeline: dict[str, Any] = Field(description="simulate(problem, schedule).summary() when written")
-    solver: Optional[dict[str, Any]] = Field(default=None, description="solver statistics; null for a named schedule")
+    solver: Optional[SolverStats] = Field(default=None, description="solver statistics; null for a named schedule")
 
 
 def schema() -> dict:
@@ -136,16 +171,8 @@ def load(path: str | Path):
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ScheduleFileError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ScheduleFileError(f"{path}: not a schedule file (not UTF-8 text)") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ScheduleFileError(f"{path}: not valid JSON, truncated or corrupt? ({e})") from None
+    text = read_text(path, error=ScheduleFileError, what="schedule file", max_bytes=MAX_DATA_BYTES)
+    return parse_json(text, source=str(path), error=ScheduleFileError)
 
 
 def from_data(data: Any, path: str | Path = "schedule file"):
@@ -177,24 +204,67 @@ def from_data(data: Any, path: str | Path = "schedule file"):
         check(problem, program, schedule)
     except (ScheduleError, ProgramError) as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
-    _same_timeline(path, model.timeline, timeline.summary())
-    return CompiledSchedule(problem, schedule, program, timeline, model.solver, model.provenance.model_dump())
+    summary = timeline.summary()
+    _same(path, "timeline", model.timeline, summary, keys=summary)
+    solver = None
+    if model.solver is not None:
+        solver = model.solver.model_dump()
+        _same_solver(path, solver, timeline)
+    return CompiledSchedule(problem, schedule, program, timeline, solver, model.provenance.model_dump())
 
 
-def _same_timeline(path, stored: dict, actual: dict) -> None:
-    """The stored timeline summary must be what the schedule simulates to (edited by hand?)."""
-    for key in ("makespan", "span", "peak_memory", "fits"):
+def _same(path, field: str, stored: dict, actual: dict, keys) -> None:
+    """Each of ``keys`` in ``stored`` must be what the schedule simulates to (edited by hand?),
+    and ``stored`` may hold no other keys where ``keys`` is the whole summary."""
+    if keys is actual:
+        extra = sorted(set(stored) - set(actual))
+        if extra:
+            raise ScheduleFileError(f"{path}: {field} has unknown fields {shorten(extra)}")
+    for key in keys:
         want, got = actual[key], stored.get(key)
         if not _close(got, want):
             raise ScheduleFileError(
-                f"{path}: inconsistent: timeline.{key} is {got!r} but the schedule simulates to {want!r}"
-                " on the file's problem (was the file edited?)"
+                f"{path}: inconsistent: {field}.{key} is {shorten(got)} but the schedule simulates to"
+                f" {shorten(want)} on the file's problem (was the file edited?)"
             )
+
+
+def _same_solver(path, stats: dict, timeline) -> None:
+    """The solver's statistics against the simulation: its figures are the schedule's, its
+    objective is the problem's, its bound and gap agree with each other and the objective."""
+    problem = timeline.problem
+    if stats["objective_kind"] != problem.objective:
+        raise ScheduleFileError(
+            f"{path}: inconsistent: solver.objective_kind is {stats['objective_kind']!r} but the problem's"
+            f" objective is {problem.objective!r}"
+        )
+    actual = {"objective": timeline.makespan if problem.objective == "makespan" else timeline.span,
+              "makespan": timeline.makespan, "span": timeline.span, "bubble": timeline.bubble_rate(),
+              "peak_memory": list(timeline.peak_memory), "fits": timeline.fits}
+    _same(path, "solver", stats, actual, keys=list(actual))
+    objective, bound = stats["objective"], stats["bound"]
+    tol = problem.time_tol
+    if tol.lt(objective, bound):
+        raise ScheduleFileError(f"{path}: inconsistent: solver.bound {bound:g} is above the objective {objective:g}")
+    if tol.lt(stats["warm_objective"], objective):
+        raise ScheduleFileError(
+            f"{path}: inconsistent: solver.objective {objective:g} is worse than its warm start's"
+            f" {stats['warm_objective']:g} (the solver never returns worse)"
+        )
+    gap = (objective - bound) / objective if objective > 0 else 0.0
+    if not math.isclose(stats["gap"], gap, rel_tol=1e-6, abs_tol=1e-9):
+        raise ScheduleFileError(f"{path}: inconsistent: solver.gap is {stats['gap']:g}, but its objective and bound give {gap:g}")
+    if stats["status"] == "optimal" and not meets(objective, bound):
+        raise ScheduleFileError(f"{path}: inconsistent: solver.status is optimal with a gap of {gap:.2%}")
 
 
 def _close(a: Any, b: Any) -> bool:
     if isinstance(b, bool) or isinstance(a, bool):
         return a is b
+    if b is None or a is None:
+        return a is b
+    if isinstance(b, str):
+        return a == b
     if isinstance(b, list):
         return isinstance(a, list) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)

@@ -119,6 +119,9 @@ class Timeline:
 def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     """Replay ``schedule`` on ``problem``. Raises ScheduleError for missing or duplicated ops
     and for deadlock; memory-limit violations are reported in the Timeline."""
+    if not isinstance(problem, Problem) or not isinstance(schedule, Schedule):
+        raise TypeError(f"simulate(problem, schedule) takes a Problem and a Schedule, got"
+                        f" {type(problem).__name__} and {type(schedule).__name__}")
     where = schedule.check_complete(problem)
     ops = [op for rank_ops in schedule.ranks for op in rank_ops]
     index = {op: k for k, op in enumerate(ops)}

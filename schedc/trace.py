@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from schedc.errors import SchedcError
+from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
 from schedc.program import COMPUTE
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, with_times
@@ -74,13 +75,35 @@ def measured_memory(path: str | Path) -> list[list[tuple[float, float]]] | None:
 
 
 def _read(path: str | Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())["schedc"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SchedcError(f"{path}: not a schedc trace file ({type(e).__name__}: {e})") from None
+    """A trace file's "schedc" part, its structure checked (a malformed file is a one-line error)."""
+    doc = parse_json(read_text(path, what="trace file", max_bytes=MAX_DATA_BYTES), source=str(path))
+    data = doc.get("schedc") if isinstance(doc, dict) else None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise SchedcError(f"{path}: not a schedc trace file")
+        raise SchedcError(f"{one_line(str(path), 120)}: not a schedc trace file (no \"schedc\" part of format {FORMAT})")
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(events, list) for events in ranks):
+        raise SchedcError(f"{one_line(str(path), 120)}: not a schedc trace file (\"ranks\" is not a list per rank)")
+    for r, events in enumerate(ranks):
+        for i, e in enumerate(events):
+            problem = _bad_event(e)
+            if problem:
+                raise SchedcError(f"{one_line(str(path), 120)}: rank {r}, event {i}: {problem}")
     return data
+
+
+def _bad_event(e) -> str:
+    """What is wrong with one traced instruction, or ''."""
+    if not isinstance(e, dict):
+        return f"expected an object, got {shorten(e)}"
+    for key, kind in (("op", str), ("stage", int), ("mb", int), ("start", (int, float)), ("end", (int, float))):
+        if not isinstance(e.get(key), kind) or isinstance(e.get(key), bool):
+            return f"{key} must be {'text' if kind is str else 'a number'}, got {shorten(e.get(key))}"
+    if e["end"] < e["start"]:
+        return f"ends ({e['end']}) before it starts ({e['start']})"
+    for key in ("memory", "memory_peak"):
+        if key in e and (isinstance(e[key], bool) or not isinstance(e[key], (int, float))):
+            return f"{key} must be a number, got {shorten(e[key])}"
+    return ""
 
 
 def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline:
