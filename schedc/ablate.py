@@ -25,16 +25,19 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schedc.errors import ProblemError, SchedcError
+from schedc.inputs import read_data, refuse_unsafe_name, safe_filename
 from schedc.problem import Problem, format_validation_error, load_problem
 from schedc.simulate import Timeline, simulate
 
 ILP = "ilp"
+OWN_LIMIT = "own"  # memory-axis value of a grid without one: each problem keeps its own limit
+SafeName = Annotated[str, AfterValidator(refuse_unsafe_name)]
 
 
 class _Strict(BaseModel):
@@ -50,7 +53,10 @@ class Grid(_Strict):
     chunks: Optional[list[int]] = None
     placement: Optional[list[Literal["loop", "v"]]] = None
     comm: Optional[list[float]] = None
-    memory: list[Optional[float]] = Field(default=[None], description="x 1F1B's activation memory; null: no limit")
+    memory: Optional[list[Optional[float]]] = Field(
+        default=None,
+        description="x 1F1B's activation memory; null: no limit (without this axis: each problem's own limit)",
+    )
     objective: Optional[list[Literal["makespan", "span"]]] = None
 
     @model_validator(mode="after")
@@ -64,7 +70,7 @@ class ProblemEntry(_Strict):
     """One of: ``file`` (a problem file), ``problem`` (inline fields), ``profile`` (a model,
     FILE.py:FUNCTION, profiled at each cell's ranks, chunks and microbatches)."""
 
-    name: Optional[str] = None
+    name: Optional[SafeName] = None
     file: Optional[str] = None
     problem: Optional[dict[str, Any]] = None
     profile: Optional[str] = None
@@ -81,13 +87,14 @@ class ProblemEntry(_Strict):
 
     @property
     def label(self) -> str:
+        """The entry's name in cell ids and file names (a safe file name)."""
         if self.name:
             return self.name
         if self.file:
-            return Path(self.file).stem
+            return safe_filename(Path(self.file).stem)
         if self.profile:
-            return Path(self.profile.split(":")[0]).stem
-        return str(self.problem.get("name") or "inline")
+            return safe_filename(Path(self.profile.split(":")[0]).stem)
+        return safe_filename(str(self.problem.get("name") or "inline"))
 
 
 class SolverSettings(_Strict):
@@ -106,7 +113,7 @@ class Execute(_Strict):
 
 
 class AblationConfig(_Strict):
-    name: str = "ablation"
+    name: SafeName = "ablation"
     problems: list[ProblemEntry] = Field(min_length=1)
     grid: Grid = Grid()
     schedules: Optional[list[str]] = Field(default=None, description="registry names and 'ilp' (default: all)")
@@ -117,12 +124,7 @@ class AblationConfig(_Strict):
 
 def load_config(path: str | Path) -> AblationConfig:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise SchedcError(f"{path}: cannot read: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise SchedcError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    data = read_data(path, what="ablation config", fmt="yaml")
     if not isinstance(data, dict):
         raise SchedcError(f"{path}: expected a mapping of fields")
     try:
@@ -193,7 +195,7 @@ def expand(config: AblationConfig) -> list[Cell]:
             ("ranks", g.ranks), ("microbatches", g.microbatches), ("microbatches_per_rank", g.microbatches_per_rank),
             ("chunks", g.chunks), ("placement", g.placement), ("comm", g.comm), ("objective", g.objective),
         ) if v is not None}
-        axes["memory"] = g.memory
+        axes["memory"] = g.memory if g.memory is not None else [OWN_LIMIT]
         for combo in itertools.product(*axes.values()):
             values = dict(zip(axes, combo))
             cells.append(Cell(_cell_id(entry.label, values), entry, values))
@@ -206,8 +208,9 @@ def _cell_id(label: str, v: dict) -> str:
                        ("placement", ""), ("comm", "comm"), ("objective", "")):
         if key in v:
             parts.append(f"{short}{v[key]}")
-    parts.append("mem-" if v["memory"] is None else f"mem{v['memory']:g}")
-    return "-".join(parts)
+    if v["memory"] is not OWN_LIMIT:
+        parts.append("mem-" if v["memory"] is None else f"mem{v['memory']:g}")
+    return safe_filename("-".join(parts))
 
 
 def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] | None = None) -> Problem:
@@ -236,11 +239,11 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
             costs[0] *= entry.heavy_first
             costs[-1] *= entry.heavy_last
             data["costs"][kind] = costs
-    data.get("memory", {}).pop("limit", None)
+    if factor is not OWN_LIMIT:  # the memory axis replaces the problem's own limit
+        data.get("memory", {}).pop("limit", None)
     problem = Problem.parse(data, source=cell.id)
-    if factor is not None:
-        per_mb = [sum(problem.mem["F"][s] for s in stages) for stages in problem.rank_stages]
-        limit = [st + factor * problem.ranks * a for st, a in zip(problem.static_memory, per_mb)]
+    if factor is not None and factor is not OWN_LIMIT:
+        limit = [st + factor * problem.ranks * a for st, a in zip(problem.static_memory, _per_microbatch(problem))]
         problem = problem.with_changes(memory={"limit": limit})
     return problem
 
@@ -270,6 +273,10 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
         rows += cell_rows
         timelines[cell.id] = named
         say(f"[{k}/{len(cells)}] {cell.id}: {_headline(cell_rows)}  ({time.perf_counter() - start:.0f} s)")
+    if not rows:
+        reasons = sorted({c.reason for c in cells if c.reason})
+        raise SchedcError(f"nothing to show: every one of the {len(cells)} cells was skipped ("
+                          + "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else "") + ")")
     write_report(config, cells, rows, timelines, out)
     return rows
 
@@ -335,9 +342,19 @@ def _save_solved(cell: Cell, rows: list[Row], named: dict[str, Timeline], out: P
 def _row(cell: Cell, name: str) -> Row:
     p = cell.problem
     limit = max(p.memory_limit) if p.memory_limit else None
+    factor = cell.values["memory"]
+    if factor is OWN_LIMIT:  # the problem's own limit, as a multiple of 1F1B's activation memory
+        factor = None if p.memory_limit is None else max(
+            (lim - st) / (p.ranks * a) for lim, st, a in zip(p.memory_limit, p.static_memory, _per_microbatch(p))
+        )
     return Row(cell.id, cell.entry.label, p.ranks, p.microbatches, p.chunks,
                p.placement if isinstance(p.placement, str) else "explicit", p.comm, p.objective,
-               cell.values["memory"], limit, name, "")
+               factor, limit, name, "")
+
+
+def _per_microbatch(problem: Problem) -> list[float]:
+    """Per rank, the activation one microbatch leaves through all its stages (1F1B holds p of them)."""
+    return [sum(problem.mem["F"][s] for s in stages) for stages in problem.rank_stages]
 
 
 def best_heuristic(rows: list[Row]) -> Row | None:
