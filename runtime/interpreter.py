@@ -329,10 +329,13 @@ class PipelineRuntime:
     def _split(self, what: str, batch):
         if batch is None:
             raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last}: step() needs {what}")
+        if not isinstance(batch, torch.Tensor) or batch.dim() == 0:
+            raise PipelineError(f"{what}: expected a tensor with a batch dimension, got {type(batch).__name__}"
+                                + (" of 0 dimensions" if isinstance(batch, torch.Tensor) else ""))
         n = batch.shape[0]
-        if n % self.m:
-            raise PipelineError(f"{what}: batch of {n} does not split into {self.m} equal microbatches")
-        return batch.chunk(self.m) if n else []
+        if n == 0 or n % self.m:
+            raise PipelineError(f"{what}: batch of {n} does not split into {self.m} equal, non-empty microbatches")
+        return batch.chunk(self.m)
 
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
         pending, tensor = inbox.pop(msg)
@@ -478,10 +481,19 @@ class PipelineRuntime:
 
         if not self.trace_enabled:
             raise PipelineError("save_trace needs PipelineRuntime(..., trace=True)")
-        gathered = [None] * self.problem.ranks if self.rank == 0 else None
-        dist.gather_object(self.trace_events(), gathered, dst=dist.get_global_rank(self.group, 0) if self.group is not None else 0,
-                          group=self.group)
+        # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
+        mine = torch.frombuffer(bytearray(json.dumps(self.trace_events()).encode()), dtype=torch.uint8)
+        n = dist.get_world_size(self.group)
+        size = torch.tensor([mine.numel()], dtype=torch.int64, device=self.comm_device)
+        sizes = [torch.zeros_like(size) for _ in range(n)]
+        dist.all_gather(sizes, size, group=self.group)
+        longest = max(int(x) for x in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self.comm_device)
+        padded[: mine.numel()] = mine.to(self.comm_device)
+        received = [torch.empty_like(padded) for _ in range(n)]
+        dist.all_gather(received, padded, group=self.group)
         if self.rank == 0:
+            gathered = [json.loads(b[: int(k)].cpu().numpy().tobytes()) for b, k in zip(received, sizes)]
             write_trace_file(path, self.compiled.name, self.steps - 1, gathered)
 
 

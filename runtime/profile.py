@@ -342,6 +342,7 @@ def load_model_spec(ref: str) -> ModelSpec:
     arguments and returns a ModelSpec."""
     import importlib
     import importlib.util
+    import inspect
     from pathlib import Path
 
     from schedc.errors import SchedcError
@@ -364,6 +365,12 @@ def load_model_spec(ref: str) -> ModelSpec:
     fn = getattr(module, func, None)
     if not callable(fn):
         raise SchedcError(f"model {ref!r}: {where} has no function {func!r}")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError as e:
+        raise SchedcError(f"model {ref!r}: {func}() must take no arguments ({e})") from None
+    except ValueError:
+        pass  # no signature to inspect (a builtin): call it and see
     model = fn()
     if not isinstance(model, ModelSpec):
         raise SchedcError(f"model {ref!r}: {func}() returned {type(model).__name__}, not a ModelSpec")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -13,18 +14,40 @@ import click
 
 from schedc.compiler import CompiledSchedule
 from schedc.errors import SchedcError, ScheduleError
+from schedc.inputs import one_line
 from schedc.problem import Problem, load_problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 
 
 class _Group(click.Group):
+    """Every mistake in input, in a file or on the command line, and a file the system will not
+    read or write: one line on stderr, exit status 2."""
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except SchedcError as e:
-            click.echo(f"error: {e}", err=True)
-            ctx.exit(2)
+            message = str(e)
+        except click.UsageError as e:  # click prints usage and a hint on three lines
+            where = f"{e.ctx.command_path} " if e.ctx is not None else ""
+            message = f"{e.format_message()} (see '{where}--help')"
+        except OSError as e:
+            message = f"{e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}"
+        click.echo(f"error: {one_line(message)}", err=True)
+        ctx.exit(2)
+
+
+class _Finite(click.FloatRange):
+    """A FloatRange that also refuses nan and infinities (click's lets them through)."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,7 +109,7 @@ def _problem_options(fn, metavar: str = "PROBLEM"):
         "--objective", type=click.Choice(["makespan", "span"]), help="Override the problem's objective."
     )(fn)
     fn = click.option(
-        "--memory-limit", type=float, help="Override the memory limit (every rank), same unit as the problem."
+        "--memory-limit", type=_Finite(min=0, min_open=True), help="Override the memory limit (every rank), same unit as the problem."
     )(fn)
     return click.argument("problem", metavar=metavar)(fn)
 
@@ -253,9 +276,9 @@ _WRITE_SIMULATIONS = 6.0
 @main.command()
 @_problem_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule file to write (.json).")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+@click.option("--time-limit", type=_Finite(min=0, min_open=True), default=60.0, show_default=True,
               help="Wall-clock seconds for the whole command: warm start, search, writing the file.")
-@click.option("--gap", type=click.FloatRange(min=0, max=1), default=1e-4, show_default=True,
+@click.option("--gap", type=_Finite(min=0, max=1), default=1e-4, show_default=True,
               help="Stop when (objective - bound) / objective is below this.")
 @click.option("--solver", type=click.Choice(["cbc", "highs", "cpsat"]), default="cbc", show_default=True,
               help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools).")
@@ -332,11 +355,11 @@ def _placement(prob: Problem) -> str:
 @click.option("-p", "--ranks", "p", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
 @click.option("-m", "--microbatches", "m", type=click.IntRange(min=1), required=True, help="Microbatches.")
 @click.option("-v", "--chunks", "v", type=click.IntRange(min=1), default=1, show_default=True, help="Chunks per rank.")
-@click.option("-F", "F", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("-F", "F", type=_Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="Forward time of one microbatch through a whole rank.")
-@click.option("-B", "B", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("-B", "B", type=_Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="Input-gradient time, whole rank.")
-@click.option("-W", "W", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("-W", "W", type=_Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="Weight-gradient time, whole rank.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def bubble(p: int, m: int, v: int, F: float, B: float, W: float, as_json: bool) -> None:
@@ -485,8 +508,8 @@ def check(schedule_file: str, as_json: bool, show: bool, rank: int | None) -> No
 @click.option("--placement", type=click.Choice(["loop", "v"]), default="loop", show_default=True)
 @click.option("--partition", type=click.Choice(["time", "params", "uniform"]), default="time", show_default=True,
               help="time: balance profiled F+B+W per block (DP); params: balance parameter counts; uniform.")
-@click.option("--comm", type=click.FloatRange(min=0), help="Transfer time in ms (default: measured between two local processes).")
-@click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), help="Memory limit per rank, MiB.")
+@click.option("--comm", type=_Finite(min=0), help="Transfer time in ms (default: measured between two local processes).")
+@click.option("--memory-limit", type=_Finite(min=0, min_open=True), help="Memory limit per rank, MiB.")
 @click.option("--objective", type=click.Choice(["makespan", "span"]), default="makespan", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1),
               help="torch threads while profiling on CPU (default: the cores each of the ranks will get).")
@@ -513,6 +536,14 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     from schedc.runtime.profile import load_model_spec, profile_model
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        where = torch.device(dev)
+    except (RuntimeError, ValueError):
+        raise SchedcError(f"--device {dev!r}: not a device; use cpu, cuda or cuda:N") from None
+    if where.type not in ("cpu", "cuda"):
+        raise SchedcError(f"--device {dev!r}: schedc profiles on cpu or cuda only")
+    if where.type == "cuda" and (not torch.cuda.is_available() or (where.index or 0) >= torch.cuda.device_count()):
+        raise SchedcError(f"--device {dev!r}: torch sees {torch.cuda.device_count()} CUDA devices here")
     if dev == "cpu":
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // ranks))
     say = (lambda msg: None) if as_json else (lambda msg: click.echo(msg, err=True))

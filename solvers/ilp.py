@@ -530,6 +530,16 @@ def _num(text: str) -> float | None:
     return x if math.isfinite(x) and abs(x) < 1e50 else None
 
 
+def check_settings(time_limit: float, gap: float, threads: int | None) -> None:
+    """ValueError for settings no search can honour (nan and infinities included)."""
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < math.inf:
+        raise ValueError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap <= 1:
+        raise ValueError(f"gap must be a number in [0, 1], got {gap!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a whole number >= 1 or None, got {threads!r}")
+
+
 def solve(
     problem: Problem,
     *,
@@ -557,6 +567,7 @@ def solve(
 
     if solver not in SOLVERS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    check_settings(time_limit, gap, threads)
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     tol = problem.time_tol
