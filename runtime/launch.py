@@ -82,6 +82,13 @@ def loopback_store(world_size: int) -> tuple[dist.TCPStore, socket.socket]:
 
 def _child(fn, rank, world_size, args, backend, port, tmp, threads) -> None:
     torch.set_num_threads(threads)
+    # The process group's own listeners (gloo's pairs, NCCL's bootstrap) on the loopback
+    # interface too, not on the interface the host name resolves to: these ranks talk only to
+    # each other. A setting of the caller's is kept.
+    loopback = _loopback_interface()
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=600))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=600))
@@ -94,3 +101,12 @@ def _child(fn, rank, world_size, args, backend, port, tmp, threads) -> None:
         dist.destroy_process_group()
     else:
         os._exit(1)  # do not wait for peers in teardown: they may be waiting for us
+
+
+def _loopback_interface() -> str | None:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS), None if there is none."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
