@@ -210,6 +210,33 @@ def test_mismatched_stages_or_world_size_fail_at_construction(tmp_path):
     assert world[0] == "the schedule '1f1b' is for 4 ranks but the process group has 2"
 
 
+def bad_batch(rank, world, path, kind):
+    """Rank 0 passes a batch step() cannot split; every rank's error message."""
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    rt = PipelineRuntime(compiled, mine, lm_loss, timeout=60.0)
+    x, y = token_batches(1, 2 * prob.microbatches)[0]
+    bad = {"empty": x[:0], "scalar": x[0, 0], "list": [1, 2, 3], "uneven": x[:3]}[kind]
+    try:
+        rt.step(bad if rank == 0 else x, y)
+    except PipelineError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("empty", "inputs: batch of 0 does not split into 4 equal, non-empty microbatches"),
+    ("scalar", "inputs: expected a tensor with a batch dimension, got Tensor of 0 dimensions"),
+    ("list", "inputs: expected a tensor with a batch dimension, got list"),
+])
+def test_a_batch_that_cannot_be_split_is_an_error_named_on_every_rank(tmp_path, kind, message):
+    schedc.compile(problem(2, 1, "loop", 4), "1f1b").save(tmp_path / "s.json")
+    first, second = run_local(bad_batch, 2, str(tmp_path / "s.json"), kind, timeout=120)
+    assert first == message
+    assert "rank 0" in second and message in second, second
+
+
 # ---- trace ----
 
 
