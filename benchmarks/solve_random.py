@@ -46,7 +46,7 @@ import traceback
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.errors import SchedcError
-from schedc.interop import torch_schedules
+from schedc.runtime.torch_schedules import torch_schedules
 from schedc.solvers.greedy import reference_limit
 from schedc.solvers.ilp import fitting_registry_schedules, solve, split_backward
 

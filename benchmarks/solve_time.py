@@ -54,7 +54,7 @@ def problems(tmp: Path, limit: float, solvers: list[str]):
 
 def schedc_command() -> list[str]:
     script = Path(sys.executable).with_name("schedc")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "schedc.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "schedc.app.cli"]
 
 
 def run(path: Path, limit: float, solver: str, out: Path) -> dict:

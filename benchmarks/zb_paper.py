@@ -150,7 +150,7 @@ def _run_json(args: list[str], timeout: float) -> tuple[dict | None, float, str]
     began = time.perf_counter()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "schedc.cli", *args, "--json"], capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-m", "schedc.app.cli", *args, "--json"], capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         return None, time.perf_counter() - began, f"killed after {timeout:g} s"

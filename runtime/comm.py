@@ -1,6 +1,7 @@
-"""Point-to-point transfers between pipeline ranks: the runtime's one seam to torch.distributed.
+"""Point-to-point transfers between pipeline ranks: the runtime's one seam for moving tensors.
 
-``Transport`` posts sends and receives on the pipeline's process group and waits for them:
+``Transport`` is the interface the interpreter calls; ``TRANSPORTS`` names the implementations.
+``TorchTransport`` posts sends and receives on the pipeline's process group and waits for them:
 
 - ``send(tensor, peer, tag)``: posts the send and keeps the buffer only until the transfer is
   done, so memory follows the schedule (a boundary tensor is not held to the optimizer step).
@@ -66,6 +67,38 @@ class Pending:
 
 
 class Transport:
+    """The seam between the interpreter and whatever moves tensors between ranks. The
+    interpreter's opcodes call only these methods; a transport is built as
+    ``cls(group, timeout, stopped, threaded=..., release_on_caller=...)`` (see TorchTransport)
+    and registered in TRANSPORTS under the name ``PipelineRuntime(..., transport=NAME)`` takes.
+    The ranks' SENDs and RECVs between two ranks list the same messages in the same order (the
+    Program guarantees it), so a transport may match them by their order alone."""
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: Any) -> None:
+        """Post the transfer of ``tensor`` to ``peer`` (a rank of the group); do not wait."""
+        raise NotImplementedError
+
+    def recv(self, buffer: torch.Tensor, peer: int) -> Pending:
+        """Post a receive from ``peer`` into ``buffer``; ``wait`` completes it."""
+        raise NotImplementedError
+
+    def wait(self, pending: Pending, tag: Any) -> None:
+        """Wait for a posted receive, or for a collective's work (``Pending(work, -1)``); raise
+        TransferFailed (or Stopped, when ``stopped()`` turns true while waiting)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Wait for every send posted so far (at the optimizer step)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Free, on the caller's thread, what completed sends still hold (may do nothing)."""
+
+
+class TorchTransport(Transport):
+    """torch.distributed's point-to-point ``isend`` / ``irecv`` on the pipeline's process group
+    (gloo or NCCL)."""
+
     def __init__(self, group, timeout: float, stopped: Callable[[], bool], *, threaded: bool,
                  release_on_caller: bool = False):
         """``group``: the process group (None: the world); peers are ranks in it. ``threaded``:
@@ -168,3 +201,7 @@ class Transport:
     def _recv_loop(self, q: queue.SimpleQueue) -> None:
         while True:
             self._wait_here(q.get())
+
+
+# name -> transport class, for PipelineRuntime(..., transport=NAME)
+TRANSPORTS: dict[str, type[Transport]] = {"torch": TorchTransport}

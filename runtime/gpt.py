@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from schedc.partition import uniform
+
 
 class Embedding(nn.Module):
     def __init__(self, vocab: int, d_model: int, seq_len: int):
@@ -74,8 +76,6 @@ def cut(blocks: list[nn.Module], sizes: list[int]) -> list[nn.Sequential]:
 
 def stages(blocks: list[nn.Module], n: int) -> list[nn.Sequential]:
     """``n`` contiguous stages with block counts as equal as possible (the first ones get the extra)."""
-    from schedc.partition import uniform
-
     return cut(blocks, uniform(len(blocks), n))
 
 

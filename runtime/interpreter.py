@@ -58,8 +58,10 @@ from torch import nn
 from schedc.errors import SchedcError
 from schedc.program import Instr, Message
 from schedc.runtime.clip import GradClip, clip_args_error
-from schedc.runtime.comm import Pending, Stopped, TransferFailed, Transport
+from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport
+from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.wgrad import WeightGradStore, enable_split
+from schedc.trace import write_trace_file
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
            torch.bool]
@@ -104,6 +106,7 @@ class PipelineRuntime:
         timeout: float = 300.0,
         trace: bool = False,
         measure_memory: bool = False,
+        transport: str = "torch",
     ):
         """``compiled``: a CompiledSchedule (``schedc.load(path)``). ``stages``: this rank's stage
         modules by stage id. ``group``: the pipeline's process group (default: the world), so that
@@ -117,22 +120,27 @@ class PipelineRuntime:
         ``measure_memory``: also measure this rank's activation memory per instruction
         (``schedc.runtime.memory``: the level after each and the peak during it, relative to the
         step's start, gradients and the optimizer step excluded); implies ``trace``. Set the
-        attribute ``measure_memory`` to False to run a step unmeasured (e.g. a warm-up step)."""
+        attribute ``measure_memory`` to False to run a step unmeasured (e.g. a warm-up step).
+        ``transport``: what moves tensors between ranks, a name in ``schedc.runtime.comm.TRANSPORTS``
+        (default torch.distributed's point-to-point operations).
+        Everything else the runtime needs comes from the Program's header (``program.header``)."""
         clip_error = clip_args_error(clip_grad_norm, clip_mode, optimizer)
         if clip_error:
             raise PipelineError(clip_error)
         if not dist.is_initialized():
             raise PipelineError("torch.distributed is not initialised: call init_process_group first (torchrun sets env://)")
-        problem = compiled.problem
-        self.compiled, self.problem = compiled, problem
+        if compiled.program.header is None:
+            raise PipelineError("the program has no header (ranks, microbatches, stages): lower() or schedc.load() it")
+        head = compiled.program.header  # all the runtime needs besides the instructions
+        self.compiled, self.header = compiled, head
         self.group = group
         self.rank = dist.get_rank(group)
         world = dist.get_world_size(group)
-        if world != problem.ranks:
+        if world != head.n_ranks:
             raise PipelineError(
-                f"the schedule {compiled.name!r} is for {problem.ranks} ranks but the process group has {world}"
+                f"the schedule {head.schedule!r} is for {head.n_ranks} ranks but the process group has {world}"
             )
-        want = set(problem.rank_stages[self.rank])
+        want = set(head.rank_stages[self.rank])
         if set(stages) != want:
             raise PipelineError(
                 f"rank {self.rank} holds stages {sorted(want)} in this schedule but was given stages {sorted(stages)}"
@@ -143,14 +151,14 @@ class PipelineRuntime:
         self.stages = dict(stages)
         self.loss_fn, self.optimizer, self.timeout = loss_fn, optimizer, float(timeout)
         self.program: tuple[Instr, ...] = compiled.program.for_rank(self.rank)
-        self.last = problem.n_stages - 1
-        self.m = problem.microbatches
+        self.last = head.n_stages - 1
+        self.m = head.microbatches
         first = next(iter(self.stages.values()))
         params = list(first.parameters())
         self.device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
         backend = dist.get_backend(group)
         self.comm_device = self.device if backend != "gloo" else torch.device("cpu")
-        self.split = compiled.schedule.split_backward
+        self.split = head.split_backward
         self.store = WeightGradStore()
         if self.split:
             for module in self.stages.values():
@@ -160,15 +168,15 @@ class PipelineRuntime:
         self._meta_key: tuple | None = None
         self._key = f"schedc/runtime{next(_RUNTIMES)}"
         self._store = _default_store()
-        self.comm = Transport(group, self.timeout, self._someone_failed, threaded=backend == "gloo",
-                              release_on_caller=measure_memory)
+        if transport not in TRANSPORTS:
+            raise PipelineError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
+        self.comm: Transport = TRANSPORTS[transport](group, self.timeout, self._someone_failed,
+                                                     threaded=backend == "gloo", release_on_caller=measure_memory)
         self.trace_enabled = trace or measure_memory
         self.events: list[tuple[Instr, float, float]] = []  # (instruction, start, end) of the last step
         self.meter = None
         self.measure_memory = measure_memory
         if measure_memory:
-            from schedc.runtime.memory import MemoryMeter
-
             self.meter = MemoryMeter(self.device, [p for ps in self.params.values() for p in ps])
         self.memory: list[tuple[int, int]] = []  # measure_memory: (after, peak) bytes per instruction, last step
         self.steps = 0
@@ -372,7 +380,7 @@ class PipelineRuntime:
         try:
             self.comm.wait(Pending(work, -1), (k, instr))
         except (Stopped, TransferFailed) as e:
-            reports = (self._read_report(r) for r in range(self.problem.ranks) if r != self.rank)
+            reports = (self._read_report(r) for r in range(self.header.n_ranks) if r != self.rank)
             culprit, why = self._first_failure(-1) or next(filter(None, reports), None) or (
                 None, f"the gradient-norm all-reduce failed: {e}")
             who = why if culprit is None else f"rank {culprit} {why}"
@@ -390,7 +398,7 @@ class PipelineRuntime:
 
     def _first_failure(self, peer: int) -> tuple[int, str] | None:
         """The report of a rank that failed by itself (blamed no other), else ``peer``'s, else None."""
-        reports = {r: self._read_report(r) for r in range(self.problem.ranks) if r != self.rank}
+        reports = {r: self._read_report(r) for r in range(self.header.n_ranks) if r != self.rank}
         own = [rep for r, rep in reports.items() if rep is not None and rep[0] == r]
         return own[0] if own else reports.get(peer)
 
@@ -431,7 +439,7 @@ class PipelineRuntime:
                     " receive buffers were sized on the first step: build a new PipelineRuntime"
                 )
             return
-        stage_rank, here = self.problem.stage_rank, self.rank
+        stage_rank, here = self.header.stage_rank, self.rank
         x = xs[0].to(self.device) if xs is not None else None
         for s in range(self.last):
             src, dst = stage_rank[s], stage_rank[s + 1]
@@ -477,8 +485,6 @@ class PipelineRuntime:
     def save_trace(self, path: str) -> None:
         """Collective (every rank calls it): rank 0 of the group writes the last step's trace of
         all ranks to ``path`` (a Perfetto trace that ``schedc show --measured`` also reads)."""
-        from schedc.trace import write_trace_file
-
         if not self.trace_enabled:
             raise PipelineError("save_trace needs PipelineRuntime(..., trace=True)")
         # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
@@ -494,7 +500,7 @@ class PipelineRuntime:
         dist.all_gather(received, padded, group=self.group)
         if self.rank == 0:
             gathered = [json.loads(b[: int(k)].cpu().numpy().tobytes()) for b, k in zip(received, sizes)]
-            write_trace_file(path, self.compiled.name, self.steps - 1, gathered)
+            write_trace_file(path, self.header.schedule, self.steps - 1, gathered)
 
 
 def _without_data(y: torch.Tensor) -> torch.Tensor:

@@ -33,18 +33,26 @@ local processes, and the Problem records the partition in ``stage_blocks``.
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
+import inspect
 import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from schedc.errors import SchedcError
+from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
+from schedc.runtime.gpt import cut
+from schedc.runtime.launch import run_local
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -340,13 +348,6 @@ class ModelSpec:
 def load_model_spec(ref: str) -> ModelSpec:
     """``path/to/file.py:function`` or ``package.module:function``; the function takes no
     arguments and returns a ModelSpec."""
-    import importlib
-    import importlib.util
-    import inspect
-    from pathlib import Path
-
-    from schedc.errors import SchedcError
-
     where, sep, func = ref.rpartition(":")
     if not sep or not where or not func:
         raise SchedcError(f"model {ref!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
@@ -398,9 +399,6 @@ def profile_model(
     """Partition, profile and time the transfer: the Problem ``schedc solve`` takes. ``comm``
     None measures it between two local processes (gloo, CPU). ``load`` None: ranks - 1 copies
     run beside each timed stage on CPU (the ranks share the machine), none on GPU."""
-    from schedc.partition import balanced, stage_weights, uniform
-    from schedc.runtime.gpt import cut
-
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -431,8 +429,6 @@ def profile_model(
     if comm is None:
         comm = 0.0
         if ranks > 1:
-            from schedc.runtime.launch import run_local
-
             mib = max(prof.sends)
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")

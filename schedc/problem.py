@@ -389,14 +389,24 @@ def format_validation_error(e: ValidationError, root: type[BaseModel] | None = N
     """pydantic's errors as one line: ``field: what is wrong (got value)``; typos get a suggestion.
     ``root`` is the model validated (default Problem), to name the known fields of a typo."""
     parts = []
-    for err in e.errors():
-        loc = _format_loc(err["loc"])
+    errors = e.errors()
+    suggestions = {}  # an unknown field's location -> the known field it is closest to
+    for err in errors:
         if err["type"] == "extra_forbidden":
             parent = _model_at(root or Problem, err["loc"][:-1])
             known = list(parent.model_fields) if parent else []
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+            suggestions[err["loc"]] = (close[0] if close else None, known)
+    # A missing field that an unknown one was meant to be: the typo says it all.
+    misspelt = {(*loc[:-1], close) for loc, (close, _) in suggestions.items() if close}
+    for err in errors:
+        loc = _format_loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            close, known = suggestions[err["loc"]]
+            hint = f" (did you mean '{close}'?)" if close else f" (known: {', '.join(known)})"
             parts.append(f"unknown field '{loc}'{hint}")
+            continue
+        if err["type"] == "missing" and err["loc"] in misspelt:
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
+from schedc.simulate import simulate
 
 COMPUTE = ("F", "B", "W", "BW")
 COMM = ("SEND", "RECV")
@@ -113,8 +114,38 @@ def consumed(op: Op, n_stages: int) -> Message | None:
 
 
 @dataclass(frozen=True)
+class Header:
+    """What a Program runs on, so that the runtime needs only the Program: the schedule's name,
+    the microbatches a step splits its batch into, the stage -> rank map and whether the
+    backward is split into B and W."""
+
+    schedule: str
+    microbatches: int
+    stage_rank: tuple[int, ...]
+    split_backward: bool
+
+    @classmethod
+    def of(cls, problem: Problem, schedule: Schedule) -> "Header":
+        return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward)
+
+    @property
+    def n_ranks(self) -> int:
+        return max(self.stage_rank) + 1
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stage_rank)
+
+    @property
+    def rank_stages(self) -> tuple[tuple[int, ...], ...]:
+        """rank -> its stages, ascending."""
+        return tuple(tuple(s for s, r in enumerate(self.stage_rank) if r == rank) for rank in range(self.n_ranks))
+
+
+@dataclass(frozen=True)
 class Program:
     ranks: tuple[tuple[Instr, ...], ...]
+    header: Header | None = None  # set by lower() and by loading a schedule file
 
     def for_rank(self, rank: int) -> tuple[Instr, ...]:
         if not 0 <= rank < len(self.ranks):
@@ -142,17 +173,15 @@ class Program:
         return [[i.to_data() for i in instrs] for instrs in self.ranks]
 
     @classmethod
-    def from_lists(cls, per_rank) -> "Program":
+    def from_lists(cls, per_rank, header: Header | None = None) -> "Program":
         """From per-rank lists of Instr or plain tuples in Instr's field order."""
-        return cls(tuple(tuple(Instr(*i) for i in instrs) for instrs in per_rank))
+        return cls(tuple(tuple(Instr(*i) for i in instrs) for instrs in per_rank), header)
 
 
 def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a
     LOCAL hand-off) right after each producing op, each RECV posted early (see the module notes),
     then the optimizer step. ``timeline`` is ``simulate(problem, schedule)``, computed if omitted."""
-    from schedc.simulate import simulate
-
     timeline = timeline or simulate(problem, schedule)
     n_stages, stage_rank = problem.n_stages, problem.stage_rank
     times = timeline.op_times()
@@ -193,7 +222,7 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     for items in keyed:
         items.sort(key=lambda x: x[0])
         ranks.append(tuple(instr for _, instr in items) + (Instr("STEP"),))
-    return Program(tuple(ranks))
+    return Program(tuple(ranks), Header.of(problem, schedule))
 
 
 def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:

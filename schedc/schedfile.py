@@ -1,4 +1,5 @@
-"""The schedule file: one JSON document with everything the runtime needs, never pickled.
+"""The schedule file and its in-memory form, CompiledSchedule: one JSON document with everything
+the runtime needs, never pickled.
 
     {"format": "schedc.schedule", "version": 1,
      "provenance": {"schedc": ..., "command": ..., "created": ...},
@@ -14,22 +15,69 @@ truncated one and one from a newer schedc each fail with one line saying which.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
-from schedc.inputs import MAX_DATA_BYTES, parse_json, read_text, shorten
-from schedc.problem import Problem, format_validation_error
-from schedc.program import OPCODES, Instr, Program
+from schedc.check import check
+from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
+from schedc.problem import Problem, format_validation_error, load_problem
+from schedc.program import OPCODES, Header, Instr, Program, lower
 from schedc.schedule import Schedule
+from schedc.simulate import Timeline, simulate
 from schedc.tolerance import meets
+from schedc.version import __version__
 
 FORMAT = "schedc.schedule"
 VERSION = 1
+
+
+@dataclass(frozen=True)
+class CompiledSchedule:
+    """What the runtime needs without solving again: the Problem (placement of stages on ranks,
+    costs), the Schedule, the lowered Program (``program.for_rank(r)``), the simulated Timeline,
+    solver statistics and provenance. ``schedc.compile`` makes one, ``schedc.load`` reads one."""
+
+    problem: Problem
+    schedule: Schedule
+    program: Program
+    timeline: Timeline
+    solver: dict[str, Any] | None  # the ILP's statistics; None for a named schedule
+    provenance: dict[str, str]  # schedc version, command, created (UTC, ISO 8601)
+
+    @property
+    def name(self) -> str:
+        return self.schedule.name
+
+    def save(self, path: str | Path) -> None:
+        save(self, path)
+
+    @classmethod
+    def build(
+        cls, problem: Problem, schedule: Schedule, solver: dict | None = None, command: str | None = None,
+        timeline: Timeline | None = None,
+    ) -> "CompiledSchedule":
+        """Lower ``schedule`` (checked complete and deadlock-free by the simulator first)."""
+        timeline = timeline or simulate(problem, schedule)
+        provenance = {
+            "schedc": __version__,
+            "command": command if command is not None else _command(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        return cls(problem, schedule, lower(problem, schedule, timeline), timeline, solver, provenance)
+
+
+def _command() -> str:
+    """How this process was started: the schedc command line, or the Python program."""
+    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
+    return one_line(" ".join(argv), 2000)  # the file's provenance is plain text on one line
 
 
 class _Strict(BaseModel):
@@ -156,8 +204,6 @@ def save(compiled, path: str | Path) -> None:
 def load_any(path: str | Path):
     """A schedule file (a JSON object with a "format" field) as a CompiledSchedule, anything else
     as a problem file (a Problem), so that commands can take either."""
-    from schedc.problem import load_problem
-
     if Path(path).suffix == ".json":
         data = _read_json(Path(path))
         if isinstance(data, dict) and "format" in data:
@@ -177,10 +223,6 @@ def _read_json(path: Path) -> Any:
 
 def from_data(data: Any, path: str | Path = "schedule file"):
     """Validate and verify parsed JSON; return a CompiledSchedule."""
-    from schedc.check import check
-    from schedc.compiler import CompiledSchedule
-    from schedc.simulate import simulate
-
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ScheduleFileError(f"{path}: not a schedc schedule file (no \"format\": \"{FORMAT}\")")
     version = data.get("version")
@@ -189,7 +231,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
     if version > VERSION:
         raise ScheduleFileError(
             f"{path}: written by a newer schedc (schedule format version {version}; this schedc"
-            f" {_version()} reads version {VERSION}): upgrade schedc or write the file again"
+            f" {__version__} reads version {VERSION}): upgrade schedc or write the file again"
         )
     try:
         model = ScheduleFile.model_validate(data)
@@ -198,7 +240,8 @@ def from_data(data: Any, path: str | Path = "schedule file"):
 
     problem = model.problem
     schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks)
-    program = Program.from_lists([[Instr(**i.model_dump()) for i in instrs] for instrs in model.program])
+    program = Program.from_lists([[Instr(**i.model_dump()) for i in instrs] for instrs in model.program],
+                                 Header.of(problem, schedule))
     try:
         timeline = simulate(problem, schedule)
         check(problem, program, schedule)
@@ -268,9 +311,3 @@ def _close(a: Any, b: Any) -> bool:
     if isinstance(b, list):
         return isinstance(a, list) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-
-
-def _version() -> str:
-    from schedc import __version__
-
-    return __version__

@@ -68,7 +68,7 @@ def _memory_points(events: list[dict]) -> list[tuple[float, float]]:
 
 def measured_memory(path: str | Path) -> list[list[tuple[float, float]]] | None:
     """Per rank, the measured activation memory of a trace file as step points (ms, MiB), as
-    ``schedc.plot.memory_steps`` gives the simulated ones; None if the run did not measure it."""
+    ``schedc.app.plot.memory_steps`` gives the simulated ones; None if the run did not measure it."""
     ranks = _read(path)["ranks"]
     points = [_memory_points(events) for events in ranks]
     return points if all(points) else None

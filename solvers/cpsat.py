@@ -48,7 +48,7 @@ from schedc.errors import SchedcError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.ilp import longest_paths, order_edges
+from schedc.solvers.common import BACKENDS, Found, Progress, Settings, longest_paths, order_edges
 
 KINDS = ("F", "B", "W")
 SEED = 0  # fixed, so that a single-worker run is reproducible
@@ -121,8 +121,6 @@ def solve_cpsat(
                 " run --solver cpsat in a fresh process, or uninstall highspy"
             ) from None
         raise SchedcError("--solver cpsat needs OR-Tools: pip install 'schedc[cpsat]'") from None
-    from schedc.solvers.ilp import Progress
-
     try:
         model = _CpModel(problem, warm_t, cp_model, deadline)
     except _OutOfTime:
@@ -327,3 +325,12 @@ def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_
                 progress(event)
 
     return Callback()
+
+
+def _search(problem: Problem, incumbent: Timeline, s: Settings) -> Found:
+    found, bound, history, note = solve_cpsat(problem, incumbent, s.deadline - time.perf_counter(), s.gap, s.threads,
+                                              s.progress)
+    return Found(found, bound, history, note)
+
+
+BACKENDS["cpsat"] = _search  # OR-Tools CP-SAT (pip install ".[cpsat]")

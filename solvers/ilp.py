@@ -36,15 +36,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+import schedc.solvers as solvers
 from schedc.errors import SchedcError
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, producers
+from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
+from schedc.solvers.bounds import lower_bound
+from schedc.solvers.common import BACKENDS, Found, Progress, Settings, longest_paths, order_edges
+import schedc.solvers.cpsat  # noqa: F401  (registers the cpsat backend)
 from schedc.solvers.deadline import END, LATE, MIN_SECONDS, Worker, WorkerDied, run_cbc
 from schedc.solvers.localsearch import improve
 from schedc.tolerance import Tolerance, meets
 
-SOLVERS = ("cbc", "highs", "cpsat")
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
 WORKER_OPS = 300  # above this many ops, schedules and models are built in a child process the deadline can stop
 WARM_SHARE = 0.5  # of the time limit, at most, for judging registry schedules once one fits (see solve)
@@ -52,17 +55,6 @@ WINDOW_MIN_SECONDS = 5.0  # the neighbourhood search starts no window with less 
 SOLUTION_SECONDS = 0.5  # kept after the solver's end to read its solution back
 WINDOW_OPS = 36  # ops per rank a neighbourhood reorders (about 12 microbatches' F, B, W)
 LOCAL_SEARCH_SHARE = 0.25  # of the time limit, at most, for the local search before the exact one
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A live report: seconds since ``solve`` began, the search's incumbent and bound (None when
-    unknown), or a ``note`` on a step that is not the search (the warm start, the time limit)."""
-
-    seconds: float
-    incumbent: float | None
-    bound: float | None
-    note: str = ""
 
 
 @dataclass
@@ -152,8 +144,6 @@ def evaluate_registry(
     ``end``: then no further schedule is judged, and one still being built in a child process
     (problems of more than WORKER_OPS ops) is stopped. Evaluation goes on past that only while
     no schedule fits yet. ``say`` gets a line per schedule."""
-    import schedc.solvers as solvers
-
     say = say or (lambda note: None)
     names = [name for name, spec in solvers.REGISTRY.items() if spec.why_not(problem) is None]
     say(f"warm start: evaluating {len(names)} registry schedules")
@@ -216,8 +206,6 @@ def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
 
 def _build_registry(problem: Problem, names: list[str]):
     """The named registry schedules, built one after another (in a Worker)."""
-    import schedc.solvers as solvers
-
     for name in names:
         yield name, solvers.REGISTRY[name].build(problem)
 
@@ -232,56 +220,6 @@ def best_registry_schedule(
         if best is None or problem.time_tol.lt(t.objective_value(), best[1].objective_value()):
             best = (name, t)
     return best
-
-
-def order_edges(
-    problem: Problem, ops: list[Op], index: dict[Op, int], in_order: Schedule | bool = False
-) -> list[tuple[int, int, float]]:
-    """Edges ``(a, b, latency)`` that fix "a ends before b starts": data dependencies (latency
-    ``comm`` across ranks) and a microbatch order.
-
-    Microbatches are interchangeable, so numbering them in the order they enter stage 0 loses
-    no schedule: F(0, i) before F(0, i+1) is always added. ``in_order`` also runs every kind on
-    every stage in microbatch order: a restriction (some optimal schedules reorder microbatches,
-    tests/test_exhaustive.py has one), so only searches that claim no bound may use it. With a
-    Schedule as ``in_order``, only the pairs that schedule runs in microbatch order are fixed so
-    (it stays a solution of the model)."""
-    rank_of = problem.stage_rank
-    pos = {op: k for ops in in_order.ranks for k, op in enumerate(ops)} if isinstance(in_order, Schedule) else None
-    edges = []
-    for op in ops:
-        for d in producers(op, problem.n_stages, index):
-            edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
-        if op.mb == 0:
-            continue
-        prev = op._replace(mb=op.mb - 1)
-        if (op.kind == "F" and op.stage == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
-            edges.append((index[prev], index[op], 0.0))
-    return edges
-
-
-def longest_paths(dur: list, edges: list[tuple[int, int, float]]):
-    """Over the DAG of ``edges`` ``(a, b, latency)`` with op durations ``dur``: a topological
-    order, each op's earliest start (longest path from the sources), its tail (longest path from
-    its start to the end of the last op it leads to, its own duration included), and successors."""
-    succ: list[list[tuple[int, float]]] = [[] for _ in dur]
-    indeg = [0] * len(dur)
-    for a, b, lat in edges:
-        succ[a].append((b, lat))
-        indeg[b] += 1
-    order = [k for k in range(len(dur)) if indeg[k] == 0]
-    earliest = [0 * d for d in dur]  # zeros of the durations' type (CP-SAT works in integers)
-    for a in order:  # grows while iterating: a topological order
-        for b, lat in succ[a]:
-            earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
-            indeg[b] -= 1
-            if indeg[b] == 0:
-                order.append(b)
-    tail = list(dur)
-    for a in reversed(order):
-        for b, lat in succ[a]:
-            tail[a] = max(tail[a], dur[a] + lat + tail[b])
-    return order, earliest, tail, succ
 
 
 class _Model:
@@ -563,10 +501,8 @@ def solve(
     ``candidates`` are more schedules to start from (e.g. torch.distributed.pipelining's, which
     the CLI adds with ``--torch``): each that is complete and fits joins the registry's for the
     warm start, so the result is never worse than any of them either."""
-    from schedc.solvers.bounds import lower_bound
-
-    if solver not in SOLVERS:
-        raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if solver not in BACKENDS:
+        raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -622,21 +558,10 @@ def solve(
         elif left < MIN_SECONDS:
             result = "time limit (no time left to search)"
             say("search: time limit, no time left to search")
-        elif solver == "cpsat":
-            from schedc.solvers.cpsat import solve_cpsat
-
-            say(f"search: cpsat, {left:.1f} s left")
-            found, solver_bound, history, result = solve_cpsat(problem, best_t, left, gap, threads, relay)
-        elif problem.n_stages * problem.microbatches * 3 <= FULL_MODEL_OPS:
+        else:
             say(f"search: {solver}, {left:.1f} s left")
-            found, solver_bound, history, result, binaries = _solve_pulp(
-                problem, best_t, own.value, solver, finish, gap, threads, relay
-            )
-        else:  # too big for one model: improve the incumbent window by window
-            say(f"search: {solver} on windows of the order, {left:.1f} s left")
-            found, history, binaries, result = _neighbourhoods(
-                problem, best_t, own.value, solver, finish, threads, relay
-            )
+            out = BACKENDS[solver](problem, best_t, Settings(finish, gap, threads, own.value, relay))
+            found, solver_bound, history, result, binaries = out.schedule, out.bound, out.history, out.note, out.binaries
         if found is not None:
             t = simulate(problem, found.renamed("ilp"))
             if t.fits and tol.lt(t.objective_value(), best_t.objective_value()):
@@ -681,6 +606,26 @@ def solve(
         registry=run.fitting,
         not_evaluated=run.not_evaluated,
     )
+
+
+def _pulp_search(solver: str):
+    """The search backend of a PuLP solver: the whole ILP up to FULL_MODEL_OPS ops, above that a
+    large-neighbourhood search over windows of the incumbent's order (no bound of its own)."""
+
+    def search(problem: Problem, incumbent: Timeline, s: Settings) -> Found:
+        if problem.n_stages * problem.microbatches * 3 <= FULL_MODEL_OPS:
+            found, bound, history, note, binaries = _solve_pulp(
+                problem, incumbent, s.lower, solver, s.deadline, s.gap, s.threads, s.progress)
+            return Found(found, bound, history, note, binaries)
+        found, history, binaries, note = _neighbourhoods(problem, incumbent, s.lower, solver, s.deadline, s.threads,
+                                                         s.progress)
+        return Found(found, None, history, note, binaries)
+
+    return search
+
+
+BACKENDS["cbc"] = _pulp_search("cbc")  # CBC, bundled with PuLP: the default
+BACKENDS["highs"] = _pulp_search("highs")  # HiGHS through PuLP (pip install highspy)
 
 
 def _neighbourhoods(problem, warm_t, lower, solver, deadline, threads, progress):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Callable
 
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
 from schedc.schedule import Schedule
+from schedc.simulate import Timeline, simulate
 
 Builder = Callable[[Problem], Schedule]
 
@@ -50,6 +53,40 @@ def build(name: str, problem: Problem) -> Schedule:
     if reason:
         raise ScheduleError(f"schedule {name!r} does not apply to this problem: {reason}")
     return spec.build(problem)
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One registry schedule judged on a problem: built and simulated where it applies (else
+    ``reason`` says why not, and ``schedule`` and ``timeline`` are None)."""
+
+    name: str
+    reason: str | None
+    schedule: Schedule | None
+    timeline: Timeline | None
+    seconds: float  # building and simulating it
+
+    @property
+    def fits(self) -> bool:
+        return self.timeline is not None and self.timeline.fits
+
+
+def evaluate(problem: Problem, names: Iterable[str] | None = None) -> list[Evaluated]:
+    """Every registry schedule (or each of ``names``, in that order) on ``problem``, as the CLI's
+    compare and the ablation study judge them. (The solver's warm start, ``ilp.evaluate_registry``,
+    judges them under its deadline, in a child process on large problems, with the backward
+    split: a pass of its own.)"""
+    out = []
+    for spec in (get(n) for n in (REGISTRY if names is None else names)):
+        reason = spec.why_not(problem)
+        if reason:
+            out.append(Evaluated(spec.name, reason, None, None, 0.0))
+            continue
+        began = time.perf_counter()
+        schedule = spec.build(problem)
+        timeline = simulate(problem, schedule)
+        out.append(Evaluated(spec.name, None, schedule, timeline, time.perf_counter() - began))
+    return out
 
 
 # ---- common requirements ----

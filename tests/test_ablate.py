@@ -6,8 +6,8 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from schedc.ablate import read_csv
-from schedc.cli import main
+from schedc.app.ablate import read_csv
+from schedc.app.cli import main
 
 CONFIG = """
 name: tiny

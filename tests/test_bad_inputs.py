@@ -25,7 +25,7 @@ MEMORY = 6 * 2**30  # address space per case, bytes
 MAX_LINE = 400  # characters of the error line
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["schedc.cli", "click.testing"])
+_CTX.set_forkserver_preload(["schedc.app.cli", "click.testing"])
 
 
 # ---- the harness ----
@@ -37,7 +37,7 @@ def _child(conn, kind: str, payload, cwd: str) -> None:
         if kind == "cli":
             from click.testing import CliRunner
 
-            from schedc.cli import main
+            from schedc.app.cli import main
 
             result = CliRunner().invoke(main, payload)
             exc = result.exception

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import schedc.solvers as solvers
 from schedc import load_problem, simulate
-from schedc.cli import main
+from schedc.app.cli import main
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
 
@@ -122,7 +122,7 @@ def test_console_script_prints_no_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD["typo.yaml"][0])
     proc = subprocess.run(
-        [sys.executable, "-m", "schedc.cli", "compare", str(bad)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "schedc.app.cli", "compare", str(bad)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1

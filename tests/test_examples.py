@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import schedc
-from schedc.cli import main
+from schedc.app.cli import main
 
 ROOT = Path(__file__).parent.parent
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 import schedc
 import schedc.solvers as solvers
 from schedc import Problem, simulate
-from schedc.cli import main
+from schedc.app.cli import main
 from schedc.solvers.ilp import _Model, best_registry_schedule, cbc, solve
 from tests.exhaustive import exhaustive_optimum
 from tests.strategies import small_problems

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 import schedc.solvers as S
 from schedc import Op, Problem, SchedcError, Schedule, ScheduleError, load_problem, simulate
-from schedc.cli import main
-from schedc.interop import TORCH_SCHEDULES, from_torch_csv, to_torch_csv, torch_schedules, write_torch_csv
+from schedc.app.cli import main
+from schedc.interop import from_torch_csv, to_torch_csv, write_torch_csv
+from schedc.runtime.torch_schedules import TORCH_SCHEDULES, torch_schedules
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
 
@@ -166,7 +167,7 @@ def test_torch_constraint_is_a_reason():
 
 
 def test_schedc_imports_no_torch():
-    code = "import sys, schedc, schedc.cli, schedc.interop; assert 'torch' not in sys.modules"
+    code = "import sys, schedc, schedc.app.cli, schedc.interop; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

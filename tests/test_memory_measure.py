@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 import schedc
-from schedc.cli import main
+from schedc.app.cli import main
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local

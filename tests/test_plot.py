@@ -6,7 +6,7 @@ import pytest
 
 import schedc.solvers as S
 from schedc import Problem, SchedcError, simulate
-from schedc.plot import draw_gantt, memory_steps, write_trace
+from schedc.app.plot import draw_gantt, memory_steps, write_trace
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

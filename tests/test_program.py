@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 import schedc
 import schedc.solvers as solvers
 from schedc import Instr, Problem, Program, ProgramError, ScheduleFileError, check, lower, simulate
-from schedc.cli import main
+from schedc.app.cli import main
 from schedc.program import COMPUTE
 from tests.strategies import pipeline_problems
 

@@ -256,7 +256,7 @@ def test_trace_records_every_instruction_and_show_draws_it(tmp_path):
 
     from click.testing import CliRunner
 
-    from schedc.cli import main
+    from schedc.app.cli import main
 
     path, trace = tmp_path / "s.json", tmp_path / "trace.json"
     schedc.compile(problem(2, 2, "v", 4), "zb-v").save(path)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 
 import schedc.solvers.ilp as ilp
 from schedc import Problem, simulate
-from schedc.cli import main
+from schedc.app.cli import main
 from schedc.errors import SchedcError
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.deadline import END, LATE, Worker, can_fork

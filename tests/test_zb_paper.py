@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from schedc.cli import main
+from schedc.app.cli import main
 
 PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
 

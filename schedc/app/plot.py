@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from schedc.app.results import outcome
 from schedc.errors import SchedcError
 from schedc.simulate import Timeline
 
@@ -80,8 +81,8 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
         raise SchedcError(f"{path}: no schedules to draw")
     # A bare Figure, not pyplot: no global backend switch, no figure registry to leak into; it
     # renders with Agg (png) or matplotlib's svg / pdf backends and is freed with its last reference.
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    from matplotlib.figure import Figure  # heavy: loaded only to draw
+    from matplotlib.patches import Patch  # heavy: loaded only to draw
 
     # Heights in inches: one row per rank, a fixed memory panel, shrunk together past the cap.
     gantt_h = [max(1.2, 0.32 * t.problem.ranks) for t in timelines]
@@ -123,7 +124,7 @@ def _block_title(tl: Timeline) -> str:
 
 def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
     """One row per rank (rank 0 on top), a box per op with its microbatch when the label fits."""
-    from matplotlib.collections import PolyCollection
+    from matplotlib.collections import PolyCollection  # heavy: loaded only to draw
 
     p = tl.problem
     boxes, colors, labels = [], [], []
@@ -151,7 +152,7 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
 def _draw_memory(ax, tl: Timeline, measured: list[list[tuple[float, float]]] | None = None) -> None:
     """Memory (static + activation) per rank as a step function; the limit dashed. With
     ``measured`` (per rank, activation memory step points): those solid, the simulated dashed."""
-    import matplotlib as mpl
+    import matplotlib as mpl  # heavy: loaded only to draw
 
     p = tl.problem
     cmap = mpl.colormaps["viridis"]
@@ -182,7 +183,7 @@ def _draw_memory(ax, tl: Timeline, measured: list[list[tuple[float, float]]] | N
 
 def _shade(color: str, chunk: int, chunks: int) -> tuple[float, float, float]:
     """``color`` mixed with white, more for higher chunks (chunk 0 keeps the full colour)."""
-    from matplotlib.colors import to_rgb
+    from matplotlib.colors import to_rgb  # heavy: loaded only to draw
 
     mix = 0.55 * chunk / max(1, chunks - 1)
     return tuple(c + (1 - c) * mix for c in to_rgb(color))
@@ -206,7 +207,7 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
     """Bubble against memory limit (x 1F1B's activation memory), one line per schedule, one panel
     per setting of the grid: where each schedule fits, and what it buys. No limit is drawn at the
     right of the axis."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: loaded only to draw
 
     groups = _settings(rows)
     factors = sorted({r.memory_factor for r in rows if r.memory_factor is not None})
@@ -251,9 +252,8 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
 
 def draw_speedup(by_cell: dict, path: str | Path, *, title: str | None = None) -> None:
     """Per cell, the solved schedule's speed-up over the best fitting heuristic and over 1F1B."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: loaded only to draw
 
-    from schedc.ablate import outcome
 
     labels, vs_best, vs_1f1b = [], [], []
     for cell_id, rows in by_cell.items():

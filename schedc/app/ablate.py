@@ -23,19 +23,24 @@ from __future__ import annotations
 import csv
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+import schedc.solvers as solvers
+from schedc.app.plot import draw_frontier, draw_gantt, draw_speedup
+from schedc.app.results import ILP, Row, best_heuristic, outcome
 from schedc.errors import ProblemError, SchedcError
-from schedc.inputs import read_data, refuse_unsafe_name, safe_filename
+from schedc.inputs import read_data, refuse_unsafe_name, safe_filename, shorten
 from schedc.problem import Problem, format_validation_error, load_problem
-from schedc.simulate import Timeline, simulate
+from schedc.schedfile import CompiledSchedule
+from schedc.simulate import Timeline
+from schedc.solvers.common import BACKENDS
+from schedc.solvers.ilp import solve
 
-ILP = "ilp"
 OWN_LIMIT = "own"  # memory-axis value of a grid without one: each problem keeps its own limit
 SafeName = Annotated[str, AfterValidator(refuse_unsafe_name)]
 
@@ -100,7 +105,7 @@ class ProblemEntry(_Strict):
 class SolverSettings(_Strict):
     time_limit: float = Field(default=30.0, gt=0)
     gap: float = Field(default=1e-4, ge=0, le=1)
-    solver: Literal["cbc", "highs", "cpsat"] = "cbc"
+    solver: str = Field(default="cbc", description="a search backend: cbc, highs, cpsat")
     threads: Optional[int] = Field(default=None, ge=1)
 
 
@@ -131,8 +136,8 @@ def load_config(path: str | Path) -> AblationConfig:
         config = AblationConfig.model_validate(data)
     except ValidationError as e:
         raise SchedcError(f"{path}: {format_validation_error(e, AblationConfig)}") from None
-    import schedc.solvers as solvers
-
+    if config.solver.solver not in BACKENDS:
+        raise SchedcError(f"{path}: solver.solver: unknown solver {shorten(config.solver.solver)}; known: {', '.join(BACKENDS)}")
     for name in config.schedules or []:
         if name != ILP and name not in solvers.REGISTRY:
             raise SchedcError(f"{path}: schedules: unknown schedule {name!r}; known: ilp, {', '.join(solvers.REGISTRY)}")
@@ -154,36 +159,6 @@ class Cell:
     values: dict[str, Any]  # the grid values of this cell
     problem: Problem | None = None  # None: skipped (see reason)
     reason: str = ""
-
-
-@dataclass
-class Row:
-    cell: str
-    problem: str
-    ranks: int
-    microbatches: int
-    chunks: int
-    placement: str
-    comm: float
-    objective: str
-    memory_factor: Optional[float]
-    memory_limit: Optional[float]
-    schedule: str
-    status: str  # "fits", "over memory", "n/a: ...", or the ILP status
-    makespan: Optional[float] = None
-    span: Optional[float] = None
-    objective_value: Optional[float] = None
-    bubble: Optional[float] = None
-    peak_memory: Optional[float] = None
-    bound: Optional[float] = None
-    gap: Optional[float] = None
-    seconds: Optional[float] = None
-    measured_ms: Optional[float] = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def fits(self) -> bool:
-        return self.objective_value is not None and self.status != "over memory"
 
 
 def expand(config: AblationConfig) -> list[Cell]:
@@ -283,16 +258,14 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
 
 def run_cell(cell: Cell, config: AblationConfig) -> tuple[list[Row], dict[str, Timeline]]:
     """Simulate every schedule of the cell (and solve, if asked); rows and the fitting timelines."""
-    import schedc.solvers as solvers
 
     prob = cell.problem
     names = config.schedules or [*solvers.REGISTRY, ILP]
+    judged = {e.name: e for e in solvers.evaluate(prob, [n for n in names if n != ILP])}
     rows, named = [], {}
     for name in names:
         row = _row(cell, name)
         if name == ILP:
-            from schedc.solvers.ilp import solve
-
             s = config.solver
             try:
                 result = solve(prob, solver=s.solver, time_limit=s.time_limit, gap=s.gap, threads=s.threads)
@@ -305,18 +278,15 @@ def run_cell(cell: Cell, config: AblationConfig) -> tuple[list[Row], dict[str, T
             row.extra["solver"] = result.summary()
             row.extra["schedule"] = result.schedule
         else:
-            spec = solvers.get(name)
-            reason = spec.why_not(prob)
-            if reason:
-                row.status = f"n/a: {reason}"
+            e = judged[name]
+            if e.reason:
+                row.status = f"n/a: {e.reason}"
                 rows.append(row)
                 continue
-            t0 = time.perf_counter()
-            schedule = spec.build(prob)
-            t = simulate(prob, schedule)
-            row.seconds = time.perf_counter() - t0
+            t = e.timeline
+            row.seconds = e.seconds
             row.status = "fits" if t.fits else "over memory"
-            row.extra["schedule"] = schedule
+            row.extra["schedule"] = e.schedule
         row.makespan, row.span, row.objective_value = t.makespan, t.span, t.objective_value()
         row.bubble, row.peak_memory = t.bubble_rate(), max(t.peak_memory)
         if t.fits:
@@ -331,7 +301,6 @@ def _write_problem(problem: Problem, path: Path) -> None:
 
 
 def _save_solved(cell: Cell, rows: list[Row], named: dict[str, Timeline], out: Path) -> None:
-    from schedc.compiler import CompiledSchedule
 
     for row in rows:
         if row.schedule == ILP and ILP in named:
@@ -355,35 +324,6 @@ def _row(cell: Cell, name: str) -> Row:
 def _per_microbatch(problem: Problem) -> list[float]:
     """Per rank, the activation one microbatch leaves through all its stages (1F1B holds p of them)."""
     return [sum(problem.mem["F"][s] for s in stages) for stages in problem.rank_stages]
-
-
-def best_heuristic(rows: list[Row]) -> Row | None:
-    """The fitting registry schedule with the best objective (first of equals, config order)."""
-    best = None
-    for r in rows:
-        if r.schedule != ILP and r.status == "fits":
-            if best is None or r.objective_value < best.objective_value - 1e-12:
-                best = r
-    return best
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One cell's comparison: the best fitting heuristic, the solved row, and the solved
-    schedule's speed-ups (objective ratios) over the former and over 1F1B where each exists."""
-
-    best: Row | None
-    ilp: Row | None
-    vs_best: float | None
-    vs_1f1b: float | None
-
-
-def outcome(rows: list[Row]) -> Outcome:
-    best = best_heuristic(rows)
-    ilp = next((r for r in rows if r.schedule == ILP and r.objective_value is not None), None)
-    ofob = next((r for r in rows if r.schedule == "1f1b" and r.status == "fits"), None)
-    ratio = lambda r: r.objective_value / ilp.objective_value if r and ilp else None  # noqa: E731
-    return Outcome(best, ilp, ratio(best), ratio(ofob))
 
 
 def _headline(rows: list[Row]) -> str:
@@ -410,7 +350,7 @@ class _Profiler:
         self.say, self.cache = say, {}
 
     def __call__(self, entry: ProblemEntry, v: dict) -> Problem:
-        from schedc.runtime.profile import load_model_spec, profile_model
+        from schedc.runtime.profile import load_model_spec, profile_model  # torch: only for profiled entries
 
         key = (entry.profile, v.get("ranks"), v.get("chunks", 1), v.get("placement", "loop"), v.get("microbatches"))
         if key not in self.cache:
@@ -425,8 +365,7 @@ class _Profiler:
 
 def _execute(cell: Cell, config: AblationConfig, rows: list[Row], named: dict, out: Path, say) -> None:
     """Train with every fitting schedule of the cell in local gloo processes; fill measured_ms."""
-    from schedc.compiler import CompiledSchedule
-    from schedc.runtime.launch import run_local
+    from schedc.runtime.timing import time_schedules  # torch: only for studies that execute
 
     paths = {}
     for row in rows:
@@ -437,44 +376,10 @@ def _execute(cell: Cell, config: AblationConfig, rows: list[Row], named: dict, o
             paths[row.schedule] = str(path)
     say(f"  running {len(paths)} schedules with the runtime on {cell.problem.ranks} local processes")
     ex = config.execute
-    measured = run_local(_train_cell, cell.problem.ranks, cell.entry.profile, list(paths.values()),
-                         ex.steps, ex.warmup, timeout=3600)
+    measured = time_schedules(cell.problem.ranks, cell.entry.profile, list(paths.values()), ex.steps, ex.warmup)
     for row in rows:
         if row.schedule in paths:
             row.measured_ms = max(m[paths[row.schedule]] for m in measured)
-
-
-def _train_cell(rank: int, world: int, model_ref: str, paths: list[str], steps: int, warmup: int) -> dict:
-    """In each process: every schedule file in turn, ``steps`` iterations; the median step in ms."""
-    import statistics
-
-    import torch.distributed as dist
-
-    import schedc
-    from schedc.partition import uniform
-    from schedc.runtime import PipelineRuntime
-    from schedc.runtime.gpt import cut
-    from schedc.runtime.profile import load_model_spec
-
-    out = {}
-    for path in paths:
-        compiled = schedc.load(path)
-        prob = compiled.problem
-        model = load_model_spec(model_ref)
-        parts = cut(model.blocks, prob.stage_blocks or uniform(len(model.blocks), prob.n_stages))
-        mine = {s: parts[s] for s in prob.rank_stages[rank]}
-        rt = PipelineRuntime(compiled, mine, model.loss_fn)
-        inputs, targets = model.batch
-        times = []
-        for _ in range(steps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            rt.step(inputs, targets)
-            times.append(1e3 * (time.perf_counter() - t0))
-            for m in mine.values():
-                m.zero_grad(set_to_none=True)
-        out[path] = statistics.median(times[warmup:] or times)
-    return out
 
 
 # ---- the report ----
@@ -492,8 +397,6 @@ def write_report(config: AblationConfig, cells: list[Cell], rows: list[Row], tim
             w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in COLUMNS])
     by_cell = {c.id: [r for r in rows if r.cell == c.id] for c in cells if c.problem is not None}
     (out / "summary.md").write_text(summary_markdown(config, cells, by_cell))
-    from schedc.plot import draw_frontier, draw_gantt, draw_speedup
-
     if rows:
         draw_frontier(rows, out / "frontier.png", title=f"{config.name}: bubble vs memory limit")
         draw_speedup(by_cell, out / "speedup.png", title=f"{config.name}: solved over the best heuristic")

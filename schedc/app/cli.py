@@ -1,0 +1,38 @@
+"""The ``schedc`` command line: the command group (``cli_base``) with its commands, one module per
+job (``cli_schedules``, ``cli_solve``, ``cli_profile``, ``cli_ablate``), and the console script."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import schedc.app.cli_base as base
+from schedc.app import cli_ablate, cli_profile, cli_schedules, cli_solve  # noqa: F401  (register the commands)
+from schedc.app.cli_base import main
+
+__all__ = ["main", "program"]
+
+
+def _process_age() -> float | None:
+    """Wall seconds since this process started (Linux: /proc), None where the system does not say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, clock ticks after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started)
+
+
+def program() -> None:
+    """The `schedc` console script: the CLI as its own process, so time limits count from its start."""
+    age = _process_age()
+    if age is not None:
+        base.PROGRAM_STARTED = time.perf_counter() - age
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    program()

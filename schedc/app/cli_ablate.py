@@ -1,0 +1,42 @@
+"""``schedc ablate``: an ablation study over a grid of problems and schedules."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from schedc.app.ablate import COLUMNS, headline_table, load_config, run
+from schedc.app.cli_base import main
+
+
+@main.command()
+@click.argument("config", metavar="CONFIG.yaml")
+@click.option("-o", "--output", type=click.Path(file_okay=False),
+              help="Report folder (default: out/NAME, NAME from the config).")
+@click.option("--json", "as_json", is_flag=True, help="Print every row as JSON instead of the summary table.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+def ablate(config: str, output: str | None, as_json: bool, quiet: bool) -> None:
+    """Run an ablation study: every cell of CONFIG's grid, every schedule (and the solver),
+    simulated, and run with the runtime where the config asks. Writes a report folder:
+    results.csv, summary.md, frontier.png, speedup.png and Gantt charts.
+
+    See examples/ablation.yaml for the format.
+    """
+
+    cfg = load_config(config)
+    out = Path(output or Path("out") / cfg.name)
+    say = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
+    rows = run(cfg, out, progress=say)
+    if as_json:
+        click.echo(json.dumps([{c: asdict(r)[c] for c in COLUMNS} for r in rows], indent=1))
+        return
+    by_cell: dict[str, list] = {}
+    for r in rows:
+        by_cell.setdefault(r.cell, []).append(r)
+    click.echo("\n".join(headline_table(by_cell)))
+    click.echo(f"wrote {out}/results.csv, summary.md, frontier.png, speedup.png")
+
+

@@ -1,0 +1,147 @@
+"""The ``schedc`` command group and what its commands share: options, reading a problem or
+schedule file, tables. Mistakes in input exit with status 2 and one line on stderr."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+import schedc.solvers as solvers
+from schedc.errors import SchedcError
+from schedc.inputs import one_line
+from schedc.problem import Problem, load_problem
+from schedc.schedfile import load_any
+from schedc.schedule import Schedule
+from schedc.simulate import Timeline
+
+
+class Group(click.Group):
+    """Every mistake in input, in a file or on the command line, and a file the system will not
+    read or write: one line on stderr, exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SchedcError as e:
+            message = str(e)
+        except click.UsageError as e:  # click prints usage and a hint on three lines
+            where = f"{e.ctx.command_path} " if e.ctx is not None else ""
+            message = f"{e.format_message()} (see '{where}--help')"
+        except OSError as e:
+            message = f"{e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}"
+        click.echo(f"error: {one_line(message)}", err=True)
+        ctx.exit(2)
+
+
+class Finite(click.FloatRange):
+    """A FloatRange that also refuses nan and infinities (click's lets them through)."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="schedc")
+def main() -> None:
+    """schedc: compile pipeline-parallel training schedules.
+
+    A PROBLEM file (YAML or JSON) gives ranks, microbatches, chunks, placement, per-stage
+    F/B/W costs, communication latency and memory; see examples/problems/. Schedules are
+    judged by one simulator; `schedc schedules` lists the named ones.
+    """
+
+
+def read_problem(path: str, memory_limit: float | None, objective: str | None) -> Problem:
+    return override(load_problem(path), memory_limit, objective)
+
+
+def override(problem: Problem, memory_limit: float | None, objective: str | None) -> Problem:
+    changes: dict[str, Any] = {}
+    if memory_limit is not None:
+        changes["memory"] = {"limit": memory_limit}
+    if objective is not None:
+        changes["objective"] = objective
+    return problem.with_changes(**changes) if changes else problem
+
+
+def schedule_input(path: str, name: str | None, memory_limit, objective) -> tuple[Problem, Schedule]:
+    """INPUT is a schedule file (its problem and schedule) or a problem file with ``-s NAME``."""
+
+    loaded = load_any(path)
+    if isinstance(loaded, Problem):
+        if name is None:
+            raise click.UsageError(f"{path} is a problem file: name a schedule with -s/--schedule")
+        problem = override(loaded, memory_limit, objective)
+        return problem, solvers.build(name, problem)
+    if name is not None:
+        raise click.UsageError(f"{path} is a schedule file (it holds {loaded.name!r}); -s applies to problem files")
+    return override(loaded.problem, memory_limit, objective), loaded.schedule
+
+
+INPUT_HELP = "A registry schedule (see `schedc schedules`); needed when INPUT is a problem file."
+
+
+def input_options(fn):
+    """INPUT (a schedule file, or a problem file with -s NAME) and the problem overrides."""
+    fn = click.option("-s", "--schedule", "name", help=INPUT_HELP)(fn)
+    return problem_options(fn, metavar="INPUT")
+
+
+def problem_options(fn, metavar: str = "PROBLEM"):
+    fn = click.option(
+        "--objective", type=click.Choice(["makespan", "span"]), help="Override the problem's objective."
+    )(fn)
+    fn = click.option(
+        "--memory-limit", type=Finite(min=0, min_open=True), help="Override the memory limit (every rank), same unit as the problem."
+    )(fn)
+    return click.argument("problem", metavar=metavar)(fn)
+
+
+def fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    click.echo(line(headers))
+    click.echo(line(["-" * w for w in widths]))
+    for r in rows:
+        click.echo(line(r))
+
+
+def peaks(values: list[float] | tuple[float, ...]) -> str:
+    if len(values) <= 8:
+        return " ".join(fmt(x) for x in values)
+    top = max(range(len(values)), key=values.__getitem__)
+    return f"max {fmt(values[top])} (rank {top})"
+
+
+def fits_text(t: Timeline) -> str:
+    if t.problem.memory_limit is None:
+        return "-"
+    if t.fits:
+        return "yes"
+    worst = max(t.violations, key=lambda v: v.over)
+    return f"no (rank {worst.rank} +{fmt(worst.over)})"
+
+
+def timeline_table(prob: Problem, named: list[tuple[str, Timeline]]) -> None:
+    """The comparison table of `compare` and `solve`: one row per schedule."""
+    rows = [
+        [name, fmt(t.makespan), fmt(t.span), f"{100 * t.bubble_rate():.2f}", peaks(t.peak_memory), fits_text(t)]
+        for name, t in named
+    ]
+    print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits"], rows)
+
+
+# perf_counter() at the process's start when the CLI runs as the `schedc` program (set by
+# schedc.app.cli.program), else None: only then is the process's age the command's age.
+PROGRAM_STARTED: float | None = None

@@ -1,0 +1,78 @@
+"""``schedc profile``: a model's costs and memory on this machine, written as a problem file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from schedc.app.cli_base import Finite, fmt, main, print_table
+from schedc.errors import SchedcError
+
+
+@main.command()
+@click.argument("model", metavar="MODEL")
+@click.option("-p", "--ranks", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
+@click.option("-m", "--microbatches", type=click.IntRange(min=1), required=True,
+              help="Microbatches per iteration (the model's batch is split into this many).")
+@click.option("-v", "--chunks", type=click.IntRange(min=1), default=1, show_default=True, help="Stages per rank.")
+@click.option("--placement", type=click.Choice(["loop", "v"]), default="loop", show_default=True)
+@click.option("--partition", type=click.Choice(["time", "params", "uniform"]), default="time", show_default=True,
+              help="time: balance profiled F+B+W per block (DP); params: balance parameter counts; uniform.")
+@click.option("--comm", type=Finite(min=0), help="Transfer time in ms (default: measured between two local processes).")
+@click.option("--memory-limit", type=Finite(min=0, min_open=True), help="Memory limit per rank, MiB.")
+@click.option("--objective", type=click.Choice(["makespan", "span"]), default="makespan", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1),
+              help="torch threads while profiling on CPU (default: the cores each of the ranks will get).")
+@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True, help="Timed runs per op (median).")
+@click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Problem file to write (.yaml).")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: str, partition: str,
+            comm: float | None, memory_limit: float | None, objective: str, threads: int | None, repeats: int,
+            device: str | None, output: str, as_json: bool) -> None:
+    """Profile a model on this machine and write the Problem for `schedc solve`.
+
+    MODEL is FILE.py:FUNCTION or MODULE:FUNCTION returning a schedc.runtime.profile.ModelSpec
+    (blocks in pipeline order, one batch, the loss), e.g. examples/train_gpt.py:gpt. The blocks
+    are cut into ranks x chunks stages, each stage's F, B and W are timed (median after warm-up),
+    its activation and static memory measured, and the transfer between two ranks timed. Times
+    are in ms, memory in MiB; the partition is kept in the problem's stage_blocks.
+    """
+    from schedc.runtime.device import choose_device  # torch: loaded only by commands that run a model
+    from schedc.runtime.profile import load_model_spec, profile_model  # torch, likewise
+
+    dev, n_threads = choose_device(device, ranks, threads)
+    say = (lambda msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    spec = load_model_spec(model)
+    say(f"profiling {model} on {dev} ({n_threads} threads): {len(spec.blocks)} blocks,"
+        f" batch {tuple(spec.batch[0].shape)}, {microbatches} microbatches")
+    name = Path(output).stem
+    try:
+        prob, prof = profile_model(spec, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
+                                   partition=partition, comm=comm, memory_limit=memory_limit, objective=objective,
+                                   name=name, repeats=repeats, device=dev, progress=say)
+    except ValueError as e:
+        raise SchedcError(str(e)) from None
+    data = prob.model_dump(exclude_none=True)
+    header = (f"# {' '.join(['schedc', *sys.argv[1:]])}\n# profiled on {dev} with {n_threads} threads;"
+              f" times in ms, memory in MiB; stage_blocks: model blocks per stage\n")
+    try:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+    except OSError as e:
+        raise SchedcError(f"{output}: cannot write: {e.strerror or e}") from None
+    if as_json:
+        click.echo(json.dumps({"problem": data, "profile": prof.to_dict(), "output": output}, indent=2))
+        return
+    print_table(
+        ["stage", "blocks", "F ms", "B ms", "W ms", "BW ms", "activation MiB", "kept for W", "static MiB"],
+        [[str(s), str(prob.stage_blocks[s]), fmt(prof.F[s]), fmt(prof.B[s]), fmt(prof.W[s]), fmt(prof.BW[s]),
+          fmt(prof.activation[s]), fmt(prof.kept_for_w[s]), fmt(prof.static[s])] for s in range(prob.n_stages)],
+    )
+    click.echo(f"comm {fmt(prob.comm)} ms; wrote {output}")
+
+

@@ -1,0 +1,93 @@
+"""``schedc solve``: the exact search, within a wall-clock limit for the whole command."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+import schedc.app.cli_base as base
+from schedc.app.cli_base import Finite, fmt, main, problem_options, read_problem, timeline_table
+from schedc.schedfile import CompiledSchedule
+from schedc.solvers.common import BACKENDS
+from schedc.solvers.ilp import solve as solve_ilp
+
+# Lowering and writing a schedule file takes about 4 to 5 times as long as simulating the schedule
+# (p = 32, m = 256): solve() leaves that much of the time limit unused.
+_WRITE_SIMULATIONS = 6.0
+
+
+@main.command()
+@problem_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule file to write (.json).")
+@click.option("--time-limit", type=Finite(min=0, min_open=True), default=60.0, show_default=True,
+              help="Wall-clock seconds for the whole command: warm start, search, writing the file.")
+@click.option("--gap", type=Finite(min=0, max=1), default=1e-4, show_default=True,
+              help="Stop when (objective - bound) / objective is below this.")
+@click.option("--solver", type=click.Choice(sorted(BACKENDS)), default="cbc", show_default=True,
+              help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools).")
+@click.option("--threads", type=click.IntRange(min=1), help="Solver threads (default: the solver's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
+@click.option("-q", "--quiet", is_flag=True, help="No live progress on stderr.")
+@click.option("--torch", "with_torch", is_flag=True,
+              help="Also start from torch.distributed.pipelining's schedules (slow to build for large p x m).")
+def solve(problem: str, memory_limit, objective, output: str, time_limit: float, gap: float, solver: str,
+          threads: int | None, as_json: bool, quiet: bool, with_torch: bool) -> None:
+    """Find the fastest zero-bubble schedule for PROBLEM under its memory limit (ILP), with a
+    proven lower bound, and write it to a schedule file.
+
+    The search starts from the best registry schedule that fits (with --torch, also torch's
+    schedules), so the result is never worse; a local search improves it, then the exact search.
+    A memory limit no schedule can meet exits with status 2 and the smallest feasible limit.
+    """
+
+    started = time.perf_counter()
+    prob = read_problem(problem, memory_limit, objective)
+
+    def show_progress(event) -> None:
+        if quiet:
+            return
+        if event.note:
+            click.echo(f"{event.seconds:7.1f}s  {event.note}", err=True)
+            return
+        parts = [f"{event.seconds:7.1f}s"]
+        if event.incumbent is not None:
+            parts.append(f"incumbent {fmt(event.incumbent)}")
+        if event.bound is not None:
+            parts.append(f"bound {fmt(event.bound)}")
+        if event.incumbent and event.bound is not None:
+            parts.append(f"gap {100 * (event.incumbent - event.bound) / event.incumbent:.2f}%")
+        click.echo("  ".join(parts), err=True)
+
+    if not quiet:
+        click.echo(f"solving {prob.name or problem} with {solver} (time limit {fmt(time_limit)} s) ...", err=True)
+    candidates = []
+    if with_torch:
+        from schedc.runtime.torch_schedules import torch_schedules  # torch: only with --torch
+
+        candidates = [(name, schedule) for name, schedule, _ in torch_schedules(prob) if schedule is not None]
+    # The limit is for the command as a whole (what a user times). Run as the `schedc` program,
+    # the process's own age counts the interpreter's start and imports; called in-process (click's
+    # test runner, a Python caller) only this command's own time counts, with a second kept for
+    # what came before. A little more is kept for writing the file and the exit.
+    used = time.perf_counter() - (base.PROGRAM_STARTED if base.PROGRAM_STARTED is not None else started - min(1.0, 0.02 * time_limit))
+    left = time_limit - used - min(1.0, 0.03 * time_limit)
+    result = solve_ilp(prob, solver=solver, time_limit=max(left, 1e-3), gap=gap, threads=threads,
+                       progress=show_progress, reserve=_WRITE_SIMULATIONS, candidates=candidates)
+    CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
+    if as_json:
+        click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary()}, indent=2))
+        return
+    click.echo(
+        f"{result.status}: {prob.objective} {fmt(result.objective)}, bound {fmt(result.bound)}"
+        f" (gap {100 * result.gap:.2f}%), bubble {100 * result.timeline.bubble_rate():.2f}%,"
+        f" {result.seconds:.1f} s; started from {result.warm_start} ({fmt(result.warm_objective)})"
+    )
+    click.echo(f"bound: {result.bound_reason}")
+    if result.not_evaluated:
+        click.echo(f"not evaluated (time limit): {', '.join(result.not_evaluated)}")
+    timeline_table(prob, [("ilp", result.timeline), *result.registry])
+    click.echo(f"wrote {output}")
+
+

@@ -1,0 +1,107 @@
+"""What the exact searches share: the backend protocol and its registry, the live progress
+report, the precedence edges of a problem's ops and the longest paths over them (the windows
+every model tightens with).
+
+A search backend is a function ``search(problem, incumbent, settings) -> Found``: it looks for a
+better order than the incumbent (a fitting Timeline) by ``settings.deadline`` and reports what
+it found and what it proved. ``schedc.solvers.ilp.solve`` does the rest (warm start, local
+search, judging the result with the simulator, the status). A backend registers itself in
+BACKENDS under the name ``solve(problem, solver=NAME)`` and ``schedc solve --solver NAME`` take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule, producers
+from schedc.simulate import Timeline
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every search backend is given."""
+
+    deadline: float  # time.perf_counter() by which it returns
+    gap: float  # it may stop when (incumbent - bound) / incumbent is below this
+    threads: int | None  # None: the backend's own default
+    lower: float  # a proven lower bound on the objective (the independent one)
+    progress: Callable | None = None  # hears Progress events, seconds on the backend's own clock
+
+
+@dataclass
+class Found:
+    """What a search backend returns."""
+
+    schedule: Schedule | None  # a better order than the incumbent, or None
+    bound: float | None = None  # a lower bound the backend proved, or None
+    history: list = field(default_factory=list)  # its Progress events
+    note: str = ""  # contains "time" when the deadline cut it short
+    binaries: int = 0  # the size of its model, for the report
+
+
+Backend = Callable[[Problem, Timeline, Settings], Found]
+BACKENDS: dict[str, Backend] = {}  # name -> search; filled by the backends' modules
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A live report: seconds since ``solve`` began, the search's incumbent and bound (None when
+    unknown), or a ``note`` on a step that is not the search (the warm start, the time limit)."""
+
+    seconds: float
+    incumbent: float | None
+    bound: float | None
+    note: str = ""
+
+
+
+def order_edges(
+    problem: Problem, ops: list[Op], index: dict[Op, int], in_order: Schedule | bool = False
+) -> list[tuple[int, int, float]]:
+    """Edges ``(a, b, latency)`` that fix "a ends before b starts": data dependencies (latency
+    ``comm`` across ranks) and a microbatch order.
+
+    Microbatches are interchangeable, so numbering them in the order they enter stage 0 loses
+    no schedule: F(0, i) before F(0, i+1) is always added. ``in_order`` also runs every kind on
+    every stage in microbatch order: a restriction (some optimal schedules reorder microbatches,
+    tests/test_exhaustive.py has one), so only searches that claim no bound may use it. With a
+    Schedule as ``in_order``, only the pairs that schedule runs in microbatch order are fixed so
+    (it stays a solution of the model)."""
+    rank_of = problem.stage_rank
+    pos = {op: k for ops in in_order.ranks for k, op in enumerate(ops)} if isinstance(in_order, Schedule) else None
+    edges = []
+    for op in ops:
+        for d in producers(op, problem.n_stages, index):
+            edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
+        if op.mb == 0:
+            continue
+        prev = op._replace(mb=op.mb - 1)
+        if (op.kind == "F" and op.stage == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
+            edges.append((index[prev], index[op], 0.0))
+    return edges
+
+
+def longest_paths(dur: list, edges: list[tuple[int, int, float]]):
+    """Over the DAG of ``edges`` ``(a, b, latency)`` with op durations ``dur``: a topological
+    order, each op's earliest start (longest path from the sources), its tail (longest path from
+    its start to the end of the last op it leads to, its own duration included), and successors."""
+    succ: list[list[tuple[int, float]]] = [[] for _ in dur]
+    indeg = [0] * len(dur)
+    for a, b, lat in edges:
+        succ[a].append((b, lat))
+        indeg[b] += 1
+    order = [k for k in range(len(dur)) if indeg[k] == 0]
+    earliest = [0 * d for d in dur]  # zeros of the durations' type (CP-SAT works in integers)
+    for a in order:  # grows while iterating: a topological order
+        for b, lat in succ[a]:
+            earliest[b] = max(earliest[b], earliest[a] + dur[a] + lat)
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                order.append(b)
+    tail = list(dur)
+    for a in reversed(order):
+        for b, lat in succ[a]:
+            tail[a] = max(tail[a], dur[a] + lat + tail[b])
+    return order, earliest, tail, succ

@@ -1,0 +1,144 @@
+"""The layers, checked with import-linter (contracts in pyproject.toml, [tool.importlinter]).
+
+The installed package maps three folders into one: ``schedc/`` is ``schedc``, ``solvers/`` is
+``schedc.solvers`` and ``runtime/`` is ``schedc.runtime`` (pyproject's package-dir). import-linter
+finds a package's modules by walking its folder, so it would see only ``schedc/``: the check runs
+on a copy of the three folders laid out as the installed package is. One test shows that a wrong
+arrow fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("importlinter")
+
+
+def installed_layout(tmp: Path) -> Path:
+    """``tmp/schedc`` as the installed package: schedc/ with solvers/ and runtime/ inside."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "schedc", tmp / "schedc", ignore=ignore)
+    shutil.copytree(ROOT / "solvers", tmp / "schedc" / "solvers", ignore=ignore)
+    shutil.copytree(ROOT / "runtime", tmp / "schedc" / "runtime", ignore=ignore)
+    return tmp
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """import-linter's command with the project's contracts, on ``tree`` instead of the install."""
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+        timeout=300,
+    )
+
+
+def test_the_import_contracts_hold(tmp_path):
+    result = lint_imports(installed_layout(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("module, line", [
+    ("problem.py", "import schedc.solvers.registry  # a wrong arrow: the core importing a solver"),
+    ("simulate.py", "import torch  # a wrong arrow: the core importing torch"),
+    ("solvers/registry.py", "import schedc.runtime  # a wrong arrow: a solver importing the runtime"),
+    ("runtime/comm.py", "import schedc.app.cli  # a wrong arrow: the runtime importing the application"),
+])
+def test_a_wrong_import_breaks_a_contract(tmp_path, module, line):
+    tree = installed_layout(tmp_path)
+    path = tree / "schedc" / module
+    path.write_text(path.read_text() + "\n" + line + "\n")
+    result = lint_imports(tree)
+    assert result.returncode != 0
+    assert "BROKEN" in result.stdout, result.stdout[-3000:]
+
+
+
+def test_no_module_cycles(tmp_path):
+    """No two of the project's modules import each other, directly or around a loop."""
+    code = (
+        "import json, grimp; g = grimp.build_graph('schedc'); "
+        "print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))"
+    )
+    tree = installed_layout(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tree, env={"PYTHONPATH": str(tree)},
+                         capture_output=True, text=True, timeout=300, check=True)
+    imports = {m: [d for d in deps if d.startswith("schedc")] for m, deps in json.loads(out.stdout).items()}
+    assert cycles(imports) == []
+
+
+def cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(graph.get(root, ())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph.get(child, ()))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_loop():
+    assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+    assert cycles({"a": ["b"], "b": []}) == []
+
+
+def test_function_level_imports_of_the_project_say_why():
+    """An import of schedc inside a function hides an arrow from readers and tools: allowed only
+    for heavy optional dependencies (torch), with a comment on the line saying so."""
+    import ast
+
+    unexplained = []
+    for folder in ("schedc", "solvers", "runtime"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for sub in ast.walk(node):
+                    if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                        names = [sub.module or ""] if isinstance(sub, ast.ImportFrom) else [a.name for a in sub.names]
+                        if any(n.startswith("schedc") for n in names):
+                            block = lines[sub.lineno - 2: sub.end_lineno]  # the line above, and the import
+                            if not any("#" in line for line in block):
+                                unexplained.append(f"{path.relative_to(ROOT)}:{sub.lineno}")
+    assert unexplained == []
