@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
 
 COMPUTE = ("F", "B", "W", "BW")
@@ -105,11 +105,11 @@ def produced(op: Op, n_stages: int) -> Message | None:
 
 
 def consumed(op: Op, n_stages: int) -> Message | None:
-    """What a compute op receives: F(s) the activation of s-1, B/BW(s) the gradient from s+1."""
-    if op.kind == "F" and op.stage > 0:
-        return Message("act", op.mb, op.stage - 1, op.stage)
-    if op.kind in ("B", "BW") and op.stage + 1 < n_stages:
-        return Message("grad", op.mb, op.stage + 1, op.stage)
+    """What a compute op receives: the result of its producer on another stage (F(s): the
+    activation of s-1; B/BW(s): the gradient from s+1)."""
+    for d in producers(op, n_stages):
+        if d.stage != op.stage:
+            return Message("act" if op.kind == "F" else "grad", op.mb, d.stage, op.stage)
     return None
 
 

@@ -84,10 +84,12 @@ class Schedule:
         return where
 
 
-def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]]) -> list[Op]:
-    """The ops whose results ``op`` consumes (data dependencies, not rank order).
+def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = None) -> list[Op]:
+    """The ops whose results ``op`` consumes (data dependencies, not rank order): the one rule
+    of "which op waits for which" that the simulator, the heuristics, lowering and the checker use.
 
-    F(s, i) needs F(s-1, i); B or BW(s, i) needs F(s, i) and the backward of stage s+1;
+    F(s, i) needs F(s-1, i); B or BW(s, i) needs F(s, i) and the backward of stage s+1 (its B, or
+    its fused BW where ``where``, the schedule's ops, holds no B; without ``where``, its B);
     W(s, i) needs B(s, i).
     """
     kind, s, i = op
@@ -98,5 +100,5 @@ def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]]) -> list[O
     deps = [Op("F", s, i)]
     if s + 1 < n_stages:
         nxt = Op("B", s + 1, i)
-        deps.append(nxt if nxt in where else Op("BW", s + 1, i))
+        deps.append(nxt if where is None or nxt in where else Op("BW", s + 1, i))
     return deps

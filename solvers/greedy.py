@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, replace
 
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
 from schedc.solvers.registry import any_placement, register
 
@@ -132,16 +132,10 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             out.append(f_hi + round_trip[hi])
         return out
 
-    def producers(op: Op) -> list[Op]:
-        kind, s, i = op
-        if kind == "F":
-            return [Op("F", s - 1, i)] if s > 0 else []
-        return [Op("F", s, i)] + ([Op("B", s + 1, i)] if s + 1 < n else [])
-
     def arrival(op: Op, r: int) -> float:
         """When ``op``'s inputs are all on rank r (inf while a producer is unscheduled)."""
         t = 0.0
-        for d in producers(op):
+        for d in producers(op, n):
             done = finish.get(d)
             if done is None:
                 return math.inf
@@ -229,7 +223,7 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
                 heapq.heappush(heap, (free[r], r))
             else:  # every candidate waits on a producer elsewhere: sleep until one is scheduled
                 for op in bs + [f for f in fs if admits(f, r)]:
-                    for d in producers(op):
+                    for d in producers(op, n):
                         if d not in finish:
                             waiters.setdefault(d, []).append(r)
             continue

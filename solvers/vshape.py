@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, producers
 from schedc.solvers.registry import register
 
 
@@ -152,13 +152,7 @@ def _v_min_block(p: int, r: int) -> tuple[int, int, int, int]:
 def _ready(op: Op, slot: dict[Op, int], n_stages: int) -> int:
     """First slot where ``op`` may run: after its producers and its previous microbatch."""
     kind, s, i = op
-    before = [Op(kind, s, i - 1)] if i else []
-    if kind == "F" and s > 0:
-        before.append(Op("F", s - 1, i))
-    if kind == "B":
-        before += [Op("F", s, i)] + ([Op("B", s + 1, i)] if s + 1 < n_stages else [])
-    if kind == "W":
-        before.append(Op("B", s, i))
+    before = ([Op(kind, s, i - 1)] if i else []) + producers(op, n_stages)
     return 1 + max((slot[x] for x in before if x in slot), default=-1)
 
 
