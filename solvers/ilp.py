@@ -36,16 +36,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-import schedc.solvers as solvers
 from schedc.errors import SchedcError
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.common import BACKENDS, Found, Progress, Settings, longest_paths, order_edges
-import schedc.solvers.cpsat  # noqa: F401  (registers the cpsat backend)
+from schedc.solvers import cpsat  # noqa: F401  (registers the cpsat backend)
 from schedc.solvers.deadline import END, LATE, MIN_SECONDS, Worker, WorkerDied, run_cbc
 from schedc.solvers.localsearch import improve
+from schedc.solvers.registry import REGISTRY, SEARCHES
 from schedc.tolerance import Tolerance, meets
 
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
@@ -145,7 +145,7 @@ def evaluate_registry(
     (problems of more than WORKER_OPS ops) is stopped. Evaluation goes on past that only while
     no schedule fits yet. ``say`` gets a line per schedule."""
     say = say or (lambda note: None)
-    names = [name for name, spec in solvers.REGISTRY.items() if spec.why_not(problem) is None]
+    names = [name for name, spec in REGISTRY.items() if spec.why_not(problem) is None]
     say(f"warm start: evaluating {len(names)} registry schedules")
     fitting, fused, done, sim = [], [], 0, 0.0
     child = deadline < math.inf and problem.n_stages * problem.microbatches * 3 > WORKER_OPS
@@ -160,7 +160,7 @@ def evaluate_registry(
                 break
             name, schedule = item
             split = split_backward(schedule)
-            fused_too = problem.fused_cheaper and not solvers.REGISTRY[name].split_backward
+            fused_too = problem.fused_cheaper and not REGISTRY[name].split_backward
             if not fused_too and _cannot_fit(problem, split):  # spare the simulation
                 done += 1
                 say(f"warm start: {name} does not fit the memory limit")
@@ -207,7 +207,7 @@ def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
 def _build_registry(problem: Problem, names: list[str]):
     """The named registry schedules, built one after another (in a Worker)."""
     for name in names:
-        yield name, solvers.REGISTRY[name].build(problem)
+        yield name, REGISTRY[name].build(problem)
 
 
 def best_registry_schedule(
@@ -624,6 +624,7 @@ def _pulp_search(solver: str):
     return search
 
 
+SEARCHES["ilp"] = solve  # the exact search, by the name schedules go by
 BACKENDS["cbc"] = _pulp_search("cbc")  # CBC, bundled with PuLP: the default
 BACKENDS["highs"] = _pulp_search("highs")  # HiGHS through PuLP (pip install highspy)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
@@ -28,6 +28,11 @@ class ScheduleSpec:
 
 
 REGISTRY: dict[str, ScheduleSpec] = {}
+# name -> a search: ``search(problem, *, solver, time_limit, gap, threads, progress)`` returning a
+# result with ``schedule``, ``timeline`` and ``summary()`` (``schedc.solvers.ilp.solve`` is "ilp").
+# Named like a schedule wherever one is taken (schedc.compile, ablation configs); not built by
+# ``evaluate``, as a search needs a time limit.
+SEARCHES: dict[str, Callable[..., Any]] = {}
 
 
 def register(name: str, summary: str, *, split_backward: bool, requires: Callable[[Problem], str | None]):

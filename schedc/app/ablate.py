@@ -39,7 +39,6 @@ from schedc.problem import Problem, format_validation_error, load_problem
 from schedc.schedfile import CompiledSchedule
 from schedc.simulate import Timeline
 from schedc.solvers.common import BACKENDS
-from schedc.solvers.ilp import solve
 
 OWN_LIMIT = "own"  # memory-axis value of a grid without one: each problem keeps its own limit
 SafeName = Annotated[str, AfterValidator(refuse_unsafe_name)]
@@ -139,8 +138,9 @@ def load_config(path: str | Path) -> AblationConfig:
     if config.solver.solver not in BACKENDS:
         raise SchedcError(f"{path}: solver.solver: unknown solver {shorten(config.solver.solver)}; known: {', '.join(BACKENDS)}")
     for name in config.schedules or []:
-        if name != ILP and name not in solvers.REGISTRY:
-            raise SchedcError(f"{path}: schedules: unknown schedule {name!r}; known: ilp, {', '.join(solvers.REGISTRY)}")
+        if name not in solvers.SEARCHES and name not in solvers.REGISTRY:
+            raise SchedcError(f"{path}: schedules: unknown schedule {shorten(name)};"
+                              f" known: {', '.join([*solvers.SEARCHES, *solvers.REGISTRY])}")
     base = path.parent
     for entry in config.problems:  # files are relative to the config (or to the working directory)
         if entry.file and not Path(entry.file).exists():
@@ -261,14 +261,15 @@ def run_cell(cell: Cell, config: AblationConfig) -> tuple[list[Row], dict[str, T
 
     prob = cell.problem
     names = config.schedules or [*solvers.REGISTRY, ILP]
-    judged = {e.name: e for e in solvers.evaluate(prob, [n for n in names if n != ILP])}
+    judged = {e.name: e for e in solvers.evaluate(prob, [n for n in names if n not in solvers.SEARCHES])}
     rows, named = [], {}
     for name in names:
         row = _row(cell, name)
-        if name == ILP:
+        if name in solvers.SEARCHES:
             s = config.solver
             try:
-                result = solve(prob, solver=s.solver, time_limit=s.time_limit, gap=s.gap, threads=s.threads)
+                result = solvers.SEARCHES[name](prob, solver=s.solver, time_limit=s.time_limit, gap=s.gap,
+                                                threads=s.threads)
             except SchedcError as e:
                 row.status = f"n/a: {e}"
                 rows.append(row)

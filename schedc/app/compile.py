@@ -9,7 +9,6 @@ from typing import Callable
 import schedc.solvers as solvers
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import CompiledSchedule
-from schedc.solvers.ilp import solve
 
 
 def compile(  # noqa: A001 - schedc.compile is the documented name
@@ -22,12 +21,13 @@ def compile(  # noqa: A001 - schedc.compile is the documented name
     threads: int | None = None,
     progress: Callable | None = None,
 ) -> CompiledSchedule:
-    """Compile ``problem`` (a Problem or a problem file) with ``method``: "ilp" (solve under the
-    memory limit, see ``schedc.solvers.ilp.solve`` for the options) or a registry schedule name
-    (``schedc schedules`` lists them)."""
+    """Compile ``problem`` (a Problem or a problem file) with ``method``: a search ("ilp": solve
+    under the memory limit, see ``schedc.solvers.ilp.solve`` for the options) or a registry
+    schedule name (``schedc schedules`` lists them)."""
     if not isinstance(problem, Problem):
         problem = load_problem(problem)
-    if method == "ilp":
-        result = solve(problem, solver=solver, time_limit=time_limit, gap=gap, threads=threads, progress=progress)
+    if method in solvers.SEARCHES:
+        search = solvers.SEARCHES[method]
+        result = search(problem, solver=solver, time_limit=time_limit, gap=gap, threads=threads, progress=progress)
         return CompiledSchedule.build(problem, result.schedule, result.summary(), timeline=result.timeline)
     return CompiledSchedule.build(problem, solvers.build(method, problem))
