@@ -6,7 +6,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from schedc.app.ablate import read_csv
+from schedc.app.ablate_report import read_csv
 from schedc.app.cli import main
 
 CONFIG = """

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
-from schedc.app.ablate import COLUMNS, headline_table, load_config, run
+from schedc.app.ablate import run
+from schedc.app.ablate_config import load_config
+from schedc.app.ablate_report import COLUMNS, headline_table
 from schedc.app.cli_base import main
 
 
