@@ -88,7 +88,7 @@ def read_text(path: str | Path, *, error: type[SchedcError] = SchedcError, what:
         raise error(f"{name}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     if not stat.S_ISREG(info.st_mode):
         kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise error(f"{name}: cannot read it as {what}: {kind}")
+        raise error(f"{name}: cannot read it as a {what}: {kind}")
     if info.st_size > max_bytes:
         raise error(f"{name}: {info.st_size} bytes, more than the {max_bytes} a {what} may have")
     try:
