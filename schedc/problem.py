@@ -12,8 +12,13 @@ placement:
 Costs are per stage: ``F`` (forward), ``B`` (gradient of the input), ``W`` (gradient of the
 weights); a fused backward costs ``B + W``. ``comm`` is the latency of every transfer between two
 different ranks. Memory is per stage as deltas (``F`` allocates the activation, ``B`` frees part,
-``W`` the rest, so the three sum to zero) plus static memory and an optional limit per rank.
-Scalars broadcast to every stage (or rank).
+``W`` the rest, so the three sum to zero) plus static memory and an optional limit per rank, and
+optionally each stage's working memory: what one of its ops needs only while it runs (temporaries,
+the received tensor it consumes), above its level. Scalars broadcast to every stage (or rank).
+
+The memory model is conservative: a rank's peak activation is the highest level its ops' deltas
+reach plus the largest working memory of its stages (``working_memory``), so every comparison of
+a level against a limit uses ``activation_room`` = limit - static - that working memory.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ class Memory(_Strict):
     W: Number | None = Field(default=None, description="delta of W; default -(F + B)")
     static: Number = 0.0
     limit: Number | None = None
+    working: Number | None = Field(
+        default=None,
+        description="per stage: memory an op of the stage needs while it runs, above its level (temporaries,"
+        " a received tensor); default 0",
+    )
 
     @field_validator("F", "B", "W", mode="before")
     @classmethod
@@ -101,9 +111,9 @@ class Memory(_Strict):
     def _static(cls, v: Any) -> Any:
         return _check_numbers(v, nonnegative=True)
 
-    @field_validator("limit", mode="before")
+    @field_validator("limit", "working", mode="before")
     @classmethod
-    def _limit(cls, v: Any) -> Any:
+    def _nonnegative(cls, v: Any) -> Any:
         return v if v is None else _check_numbers(v, nonnegative=True)
 
 
@@ -171,6 +181,7 @@ class Problem(_Strict):
                     f" set memory.W to {-(f + b):g} or leave it out"
                 )
         self._per_rank("memory.static", self.memory.static)
+        self.stage_working
         if self.stage_blocks is not None and len(self.stage_blocks) != self.n_stages:
             raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.n_stages} stages")
         limits = self.memory_limit
@@ -181,7 +192,9 @@ class Problem(_Strict):
                     raise ValueError(
                         f"memory.limit of rank {r} is {limit:g}, below the {need:g} that any schedule needs"
                         f" there (static memory plus one microbatch through stages"
-                        f" {', '.join(map(str, self.rank_stages[r]))}): raise it"
+                        f" {', '.join(map(str, self.rank_stages[r]))}"
+                        + (f" plus working memory {self.working_memory[r]:g}" if self.working_memory[r] else "")
+                        + "): raise it"
                     )
         return self
 
@@ -270,10 +283,10 @@ class Problem(_Strict):
 
     @cached_property
     def memory_scale(self) -> float:
-        """The largest activation a forward allocates (no B or W frees more): the unit that
-        comparisons of memory are relative to (0 when no op allocates: levels are then exact).
-        Scales with the memory amounts."""
-        return max(max(map(abs, d)) for d in self.mem_deltas)
+        """The largest activation a forward allocates (no B or W frees more) or working memory of
+        a stage: the unit that comparisons of memory are relative to (0 when no op allocates and no
+        stage has working memory: levels are then exact). Scales with the memory amounts."""
+        return max(max(map(abs, d)) for d in (*self.mem_deltas, self.stage_working))
 
     @cached_property
     def time_tol(self) -> Tolerance:
@@ -316,12 +329,41 @@ class Problem(_Strict):
             return None
         return self._per_rank("memory.limit", self.memory.limit)
 
+    @cached_property
+    def stage_working(self) -> tuple[float, ...]:
+        """Per stage, the memory one of its ops needs while it runs, above the level the deltas
+        give (``memory.working``; 0 when not given)."""
+        w = self.memory.working
+        return (0.0,) * self.n_stages if w is None else self._per_stage("memory.working", w)
+
+    @cached_property
+    def working_memory(self) -> tuple[float, ...]:
+        """Per rank, the largest working memory of its stages: what the rank needs above its
+        activation level at any moment, whichever op runs then (conservative)."""
+        w = self.stage_working
+        return tuple(max(w[s] for s in stages) for stages in self.rank_stages)
+
+    def activation_room_for(self, limits: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        """Per rank, how high the activation level (the running sum of its ops' deltas) may go
+        under per-rank memory ``limits`` (static memory included): limit - static - working
+        memory. None without limits. The one rule every memory check (simulator, heuristics,
+        solvers, bounds) uses."""
+        if limits is None:
+            return None
+        return tuple(lim - st - w for lim, st, w in zip(limits, self.static_memory, self.working_memory))
+
+    @cached_property
+    def activation_room(self) -> tuple[float, ...] | None:
+        """``activation_room_for`` the problem's own memory limit (None without one)."""
+        return self.activation_room_for(self.memory_limit)
+
     def min_memory(self, rank: int) -> float:
         """The least peak memory any schedule needs on ``rank``.
 
         Whatever the order, some microbatch's forwards of all the rank's stages are held at once
-        (the backward of its earliest stage needs the later ones done): static memory plus one
-        microbatch through the rank's stages, forwards ascending, backward+weight descending.
+        (the backward of its earliest stage needs the later ones done): static memory plus the
+        rank's working memory plus one microbatch through the rank's stages, forwards ascending,
+        backward+weight descending.
         """
         stages = self.rank_stages[rank]
         f, b, w = self.mem_deltas
@@ -333,11 +375,11 @@ class Problem(_Strict):
             level += b[s]
             peak = max(peak, level)
             level += w[s]
-        return self.static_memory[rank] + peak
+        return self.static_memory[rank] + self.working_memory[rank] + peak
 
     def scaled(self, time: float = 1.0, memory: float = 1.0) -> "Problem":
         """The same problem in other units: every cost and ``comm`` times ``time``, every memory
-        amount (deltas, static memory, limit) times ``memory``."""
+        amount (deltas, static memory, limit, working memory) times ``memory``."""
 
         def times(value: Any, k: float) -> Any:
             return [x * k for x in value] if isinstance(value, list) else value * k

@@ -3,8 +3,9 @@
 Each rank runs its ops in the schedule's order. An op starts when its rank is free and every
 op it consumes has finished, plus ``problem.comm`` when the producer is on another rank (a list
 schedule: as soon as possible, never reordered). Memory follows the order alone: F allocates its
-stage's activation, B and W free it; a rank's level is static memory plus the running sum,
-over the limit when beyond float noise (``Problem.memory_tol``, relative to the problem's memory
+stage's activation, B and W free it; a rank's memory is static memory plus the running sum plus
+its working memory (``Problem.working_memory``: what an op needs while it runs), over the limit
+when beyond float noise (``Problem.memory_tol``, relative to the problem's memory
 scale, so the verdict does not depend on the unit).
 """
 
@@ -42,7 +43,7 @@ class Timeline:
     start: tuple[tuple[float, ...], ...]  # per rank, aligned with schedule.ranks
     end: tuple[tuple[float, ...], ...]
     memory: tuple[tuple[float, ...], ...]  # per rank: activation memory after each op
-    peak_activation: tuple[float, ...]  # per rank, static memory excluded
+    peak_activation: tuple[float, ...]  # per rank: the highest level plus working memory; static excluded
     violations: tuple[MemoryViolation, ...] = field(default=())
 
     # ---- times ----
@@ -249,7 +250,11 @@ def _describe_wait(ranks, pos, stuck, deps, where) -> str:
 
 
 def _memory(problem: Problem, schedule: Schedule):
-    mem, static, limits, tol = problem.mem, problem.static_memory, problem.memory_limit, problem.memory_tol
+    """Per rank: the activation level after each op, the peak activation (the highest level held,
+    plus the rank's working memory) and the first op during which the level passes the rank's
+    ``activation_room``."""
+    mem, static, room, tol = problem.mem, problem.static_memory, problem.activation_room, problem.memory_tol
+    working = problem.working_memory
     levels, peaks, violations = [], [], []
     for r, ops in enumerate(schedule.ranks):
         level = peak = 0.0
@@ -260,10 +265,11 @@ def _memory(problem: Problem, schedule: Schedule):
             level += mem[op.kind][op.stage]
             after.append(level)
             peak = max(peak, held)
-            if limits is not None and first_over is None and tol.gt(static[r] + held, limits[r]):
+            if room is not None and first_over is None and tol.gt(held, room[r]):
                 first_over = op
+        peak += working[r]
         levels.append(tuple(after))
         peaks.append(peak)
         if first_over is not None:
-            violations.append(MemoryViolation(r, first_over, static[r] + peak, limits[r]))
+            violations.append(MemoryViolation(r, first_over, static[r] + peak, problem.memory_limit[r]))
     return tuple(levels), tuple(peaks), tuple(violations)

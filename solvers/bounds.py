@@ -127,8 +127,8 @@ class _Chains:
 
 
 def _cap(problem: Problem, r: int) -> float:
-    limits = problem.memory_limit
-    return math.inf if limits is None else limits[r] - problem.static_memory[r] + problem.memory_tol.eps
+    room = problem.activation_room
+    return math.inf if room is None else room[r] + problem.memory_tol.eps
 
 
 def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:

@@ -231,11 +231,11 @@ class _CpModel:
         limits = problem.memory_limit
         if limits is not None:
             values = [mem[k][s] for k in KINDS for s in range(n)]
-            values += list(limits) + list(problem.static_memory)
+            values += list(limits) + list(problem.static_memory) + list(problem.stage_working)
             self.memory = _Scale(values, 10**9, 10**6 / (problem.memory_scale or 1.0))
             for r, ks in enumerate(on_rank):
                 _on_time(deadline)
-                room = self.memory.down(limits[r] - problem.static_memory[r])
+                room = self.memory.down(problem.activation_room[r])
                 when, change = [], []
                 for k in ks:
                     op = self.ops[k]

@@ -90,8 +90,8 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     local = [sorted(st, reverse=policy.late_stage_first) for st in problem.rank_stages]
     first_local = [min(st) for st in problem.rank_stages]
     # Activation room per rank, and what one microbatch needs through the rank's stages.
-    room = [math.inf] * p if limit is None else [limit[r] - problem.static_memory[r] for r in range(p)]
-    need = [problem.min_memory(r) - problem.static_memory[r] for r in range(p)]
+    room = [math.inf] * p if limit is None else list(problem.activation_room_for(limit))
+    need = [problem.min_memory(r) - problem.static_memory[r] - problem.working_memory[r] for r in range(p)]
 
     finish: dict[Op, float] = {}
     next_f = [0] * n  # per stage, the next microbatch to forward (F and B run in microbatch order)
@@ -285,10 +285,12 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
 
 
 def reference_limit(problem: Problem, microbatches_per_rank: float) -> tuple[float, ...]:
-    """Static memory plus ``k`` microbatches through each rank's stages (k = p: 1F1B's rank 0)."""
+    """Static and working memory plus ``k`` microbatches through each rank's stages (k = p: 1F1B's
+    rank 0)."""
     f = problem.mem["F"]
     return tuple(
-        problem.static_memory[r] + microbatches_per_rank * sum(f[s] for s in problem.rank_stages[r])
+        problem.static_memory[r] + problem.working_memory[r]
+        + microbatches_per_rank * sum(f[s] for s in problem.rank_stages[r])
         for r in range(problem.ranks)
     )
 

@@ -189,13 +189,13 @@ def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
     frees of its ops so far, in order, are counted: the simulator, which holds a free's memory
     until its op ends, then finds the rank over its limit too. A quick test, in one pass over the
     ops, that spares simulating a schedule that cannot fit."""
-    limits = problem.memory_limit
-    if limits is None:
+    rooms = problem.activation_room
+    if rooms is None:
         return False
     mem = problem.mem
     clearly = Tolerance.of(problem.memory_scale, 1e-6)  # looser than the simulator's memory_tol
     for r, ops in enumerate(schedule.ranks):
-        room = limits[r] - problem.static_memory[r] + clearly.eps
+        room = rooms[r] + clearly.eps
         level = 0.0
         for op in ops:
             level += mem[op.kind][op.stage]
@@ -320,7 +320,7 @@ class _Model:
         limits = problem.memory_limit
         if limits is not None:
             for r, ks in enumerate(on_rank):
-                room = limits[r] - problem.static_memory[r]
+                room = problem.activation_room[r]
                 for o in ks:
                     op = self.ops[o]
                     if op.kind != "F" or o not in free:  # outside the window its level is keep's
@@ -358,7 +358,7 @@ class _Model:
                     for i in range(m):
                         kf, kb, kw = (index[Op(kind, s, i)] for kind in ("F", "B", "W"))
                         held += [f * (start[kb] - start[kf]), (f + b) * (start[kw] - start[kb])]
-                room = limits[r] - problem.static_memory[r]
+                room = problem.activation_room[r]
                 window_length = self.C if problem.objective == "span" else self.C - first_start
                 lp += pulp.lpSum(held) <= room * window_length
         lp += self.C

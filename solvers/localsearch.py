@@ -59,10 +59,8 @@ class _Evaluator:
         self.dur = [problem.cost[op.kind][op.stage] for op in self.ops]
         self.mem = [problem.mem[op.kind][op.stage] for op in self.ops]
         self.deps = dependencies(problem, self.ops, self.index, where)
-        limits, mtol = problem.memory_limit, problem.memory_tol
-        self.room = (
-            None if limits is None else [limits[r] - problem.static_memory[r] + mtol.eps for r in range(problem.ranks)]
-        )
+        rooms, mtol = problem.activation_room, problem.memory_tol
+        self.room = None if rooms is None else [room + mtol.eps for room in rooms]
         self.makespan = problem.objective == "makespan"
         self.tol = problem.time_tol
 

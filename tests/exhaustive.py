@@ -1,7 +1,7 @@
 """The optimal schedule of a small Problem by exhaustive search: the oracle the ILP is tested against.
 
 Written independently of schedc: it reads only the Problem's plain data (ranks, stages and their
-placement, costs, memory deltas, static memory and limits, comm, objective) and has its own timing
+placement, costs, memory deltas, static and working memory and limits, comm, objective) and has its own timing
 model, so a bug shared with the simulator or the ILP cannot hide here. The model:
 
 - ops F(s, i), B(s, i), W(s, i) for every stage s and microbatch i, on rank ``stage_rank[s]``;
@@ -9,8 +9,9 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
   reaches another rank ``comm`` after its producer ends, its own rank at once;
 - a schedule is one total order per rank; every op starts as soon as possible: at the latest of
   the end of the op before it on its rank and the arrival of each input (cyclic waits: infeasible);
-- memory: per rank, walking its order from ``static_memory[r]``, each op adds its delta; the level
-  after every F must stay within ``memory_limit[r]``;
+- memory: per rank, walking its order from ``static_memory[r]`` plus ``working_memory[r]`` (what
+  an op needs while it runs, held on top of the level), each op adds its delta; the level after
+  every F must stay within ``memory_limit[r]``;
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start),
   both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
   may do better starting late on purpose (see ``span_with_delays``, the least span of given
@@ -191,7 +192,7 @@ class _Search:
             for r in range(p)
         ]
         self.limit = problem.memory_limit
-        self.level = list(problem.static_memory)
+        self.level = [s + w for s, w in zip(problem.static_memory, problem.working_memory)]
 
         # Search state.
         self.end = [None] * N

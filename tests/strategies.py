@@ -5,6 +5,29 @@ from hypothesis import strategies as st
 from schedc import Problem
 
 
+def working_memory(draw, n: int):
+    """An optional ``memory.working``: None (left out), one amount, or one per stage."""
+    amount = st.floats(0, 2)
+    return draw(st.one_of(st.none(), amount, st.lists(amount, min_size=n, max_size=n)))
+
+
+def with_working(memory: dict, working) -> dict:
+    return memory if working is None else {**memory, "working": working}
+
+
+def add_working(problem: Problem, working: float | None, same_room: bool) -> Problem:
+    """``problem`` with working memory ``working`` on every stage (None: unchanged); a limit is
+    raised by as much (``same_room``: the same room for the activations) or only as far as the
+    least any schedule needs."""
+    if working is None:
+        return problem
+    memory = {"working": working}
+    if problem.memory_limit is not None:
+        memory["limit"] = [x + working if same_room else max(x, problem.min_memory(r) + working)
+                           for r, x in enumerate(problem.memory_limit)]
+    return problem.with_changes(memory=memory)
+
+
 @st.composite
 def small_problems(draw, max_microbatches=lambda p: 4):
     """Problems small enough for tests/exhaustive.py: p <= 3, integer costs, optional limit."""

@@ -13,6 +13,7 @@ from schedc import Op, Problem, Schedule, ScheduleError, load_problem, simulate
 from schedc.solvers.bounds import Bound, all_bounds, lower_bound
 from schedc.solvers.ilp import best_registry_schedule
 from tests.exhaustive import exhaustive_optimum, span_with_delays
+from tests.strategies import with_working, working_memory
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
 ZB_PAPER = EXAMPLES / "zb-paper"
@@ -68,7 +69,7 @@ def problems(draw):
             ranks=p, microbatches=m, chunks=v, placement=draw(st.sampled_from(["loop", "v"])),
             costs=dict(F=costs_of(), B=costs_of(), W=costs_of()),
             comm=draw(st.floats(0, 3)),
-            memory=dict(F=f, B=b, static=draw(st.floats(0, 5))),
+            memory=with_working(dict(F=f, B=b, static=draw(st.floats(0, 5))), working_memory(draw, n)),
             objective=draw(st.sampled_from(["makespan", "span"])),
         )
     )
@@ -114,7 +115,8 @@ def span_problems(draw):
         dict(
             ranks=p, microbatches=m, chunks=v, placement=draw(st.sampled_from(["loop", "v"])),
             costs=dict(F=f, B=b, W=w), comm=draw(st.sampled_from([0.0, 0.05, 0.5, 1.0])),
-            memory=dict(F=mem_f, B=-mem_f * draw(st.floats(0.3, 1))), objective="span",
+            memory=with_working(dict(F=mem_f, B=-mem_f * draw(st.floats(0.3, 1))), working_memory(draw, n)),
+            objective="span",
         )
     )
     if draw(st.integers(0, 4)) == 0:  # a fused backward cheaper than B + W

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("ortools")
 
@@ -13,7 +14,7 @@ from schedc.solvers.bounds import lower_bound  # noqa: E402
 from schedc.solvers.cpsat import _CpModel, solve_cpsat  # noqa: E402
 from schedc.solvers.ilp import Progress, best_registry_schedule, solve  # noqa: E402
 from tests.exhaustive import exhaustive_optimum
-from tests.strategies import small_problems  # noqa: E402
+from tests.strategies import add_working, small_problems  # noqa: E402
 from tests.test_ilp import SMALL  # noqa: E402
 
 
@@ -106,8 +107,10 @@ def test_costs_without_a_small_scale_are_rounded_down_and_the_bound_stays_valid(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_problems(max_microbatches=lambda p: 3 if p == 3 else 4))
-def test_random_small_problems_against_exhaustive_search(problem):
+@given(small_problems(max_microbatches=lambda p: 3 if p == 3 else 4), st.sampled_from([None, 0.25, 0.5]),
+       st.booleans())
+def test_random_small_problems_against_exhaustive_search(problem, working, same_room):
+    problem = add_working(problem, working, same_room)
     truth, _ = exhaustive_optimum(problem, time_budget=30)
     result = solve(problem, solver="cpsat", time_limit=20, threads=1)
     check_against_truth(problem, result, truth)

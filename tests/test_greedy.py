@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
 from schedc.solvers.greedy import greedy_schedule, policies, reference_limit
+from tests.strategies import with_working, working_memory
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
 
@@ -69,7 +70,8 @@ def limited_problems(draw):
         dict(
             ranks=p, microbatches=m, chunks=v, placement=placement,
             costs=dict(F=draw(cost), B=draw(cost), W=draw(cost)), comm=draw(st.floats(0, 2)),
-            memory=dict(F=(f := draw(st.floats(0.1, 3))), B=-f * draw(st.floats(0, 1)), static=1),
+            memory=with_working(dict(F=(f := draw(st.floats(0.1, 3))), B=-f * draw(st.floats(0, 1)), static=1),
+                                working_memory(draw, p * v)),
         )
     )
     need = max(problem.min_memory(r) for r in range(p))
@@ -80,10 +82,14 @@ def limited_problems(draw):
 @given(limited_problems())
 def test_every_policy_completes_within_any_feasible_limit(problem):
     """Every switch combination finishes (no memory deadlock, lean reservations included:
-    they are offered only up to two chunks per rank) and stays under the limit."""
+    they are offered only up to two chunks per rank) and stays under the limit, working memory
+    (when the problem has some) included; so do the registry's memory-aware schedules."""
     for policy in policies(problem):
         t = simulate(problem, greedy_schedule(problem, problem.memory_limit, policy, "g"))
         assert t.fits, (policy, t.violations)
+    for name in ("zb-greedy", "zb-1p", "zb-2p"):
+        t = simulate(problem, solvers.build(name, problem))
+        assert t.fits, (name, t.violations)
 
 
 PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"

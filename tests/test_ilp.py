@@ -6,6 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import schedc
 import schedc.solvers as solvers
@@ -13,7 +14,7 @@ from schedc import Problem, simulate
 from schedc.app.cli import main
 from schedc.solvers.ilp import _Model, best_registry_schedule, cbc, solve
 from tests.exhaustive import exhaustive_optimum
-from tests.strategies import small_problems
+from tests.strategies import add_working, small_problems
 
 # Small problems where the best registry schedule is not always optimal: heterogeneous costs,
 # latency, tight memory, both objectives, one and two chunks.
@@ -88,8 +89,9 @@ def test_the_ilp_beats_heuristics_somewhere():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_problems())
-def test_bound_never_above_any_feasible_schedule_and_limits_hold(problem):
+@given(small_problems(), st.sampled_from([None, 0.25, 0.5]), st.booleans())
+def test_bound_never_above_any_feasible_schedule_and_limits_hold(problem, working, same_room):
+    problem = add_working(problem, working, same_room)
     result = solve(problem, time_limit=20)
     assert result.timeline.fits
     assert result.objective <= result.warm_objective + 1e-9

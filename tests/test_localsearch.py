@@ -33,8 +33,10 @@ def test_improve_is_never_worse_fits_and_is_the_simulated_timeline(problem, obje
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pipeline_problems(max_microbatches=6))
-def test_the_quick_evaluator_agrees_with_the_simulator(problem):
+@given(pipeline_problems(max_microbatches=6), st.sampled_from([None, 0.5]))
+def test_the_quick_evaluator_agrees_with_the_simulator(problem, working):
+    if working is not None:
+        problem = problem.with_changes(memory={"working": working})
     schedule = solvers.build("zb-greedy", problem)
     t = simulate(problem, schedule)
     ev = _Evaluator(problem, schedule)

@@ -77,6 +77,12 @@ def test_placements(placement, expected):
         (base(memory=dict(F=1, B=-1.5)), ["B -1.5, W 0.5", "in [-1, 0]"]),
         (base(memory=dict(F=1, B=0.5)), ["B 0.5", "in [-1, 0]"]),
         (base(objective="throughput"), ["objective"]),
+        (base(memory=dict(working=-0.5)), ["memory.working", "must be >= 0", "-0.5"]),
+        (base(memory=dict(working=[0.1, 0.1, float("nan"), 0.1])), ["memory.working", "finite", "index 2"]),
+        (base(memory=dict(working=[0.1, 0.1])), ["memory.working has 2 values", "4 stages"]),
+        (base(memory=dict(working="lots")), ["memory.working", "'lots'"]),
+        (base(memory=dict(F=2, static=10, working=0.5, limit=12.25)),
+         ["memory.limit of rank 0 is 12.25", "12.5", "working memory 0.5"]),
         ([1, 2], ["expected a mapping"]),
     ],
 )
@@ -121,3 +127,26 @@ def test_with_changes_revalidates():
     assert q.memory_limit == (8.0,) * 4 and q.memory.static == 2 and q.objective == "span"
     with pytest.raises(ProblemError, match="memory.limit"):
         p.with_changes(memory={"limit": 2.5})
+
+
+def test_working_memory_per_rank_room_and_least_memory():
+    # v = 2, loop: rank 0 holds stages 0 and 2, rank 1 stages 1 and 3.
+    p = Problem.parse(base(ranks=2, microbatches=4, chunks=2,
+                           memory=dict(F=1, static=[3, 4], working=[0.5, 0.25, 0.125, 1], limit=10)))
+    assert p.stage_working == (0.5, 0.25, 0.125, 1)
+    assert p.working_memory == (0.5, 1)  # the largest of the rank's stages
+    assert p.activation_room == (10 - 3 - 0.5, 10 - 4 - 1)
+    assert p.activation_room_for((20, 30)) == (20 - 3 - 0.5, 30 - 4 - 1)
+    assert (p.min_memory(0), p.min_memory(1)) == (3 + 0.5 + 2, 4 + 1 + 2)
+    assert p.memory_scale == 1  # the largest of the deltas and working amounts
+    assert p.scaled(memory=4).stage_working == tuple(4 * w for w in p.stage_working)
+    assert p.scaled(memory=4).activation_room == tuple(4 * r for r in p.activation_room)
+
+
+def test_working_memory_defaults_to_nothing():
+    p = Problem.parse(base(memory=dict(F=2, static=1, limit=9)))
+    assert p.memory.working is None and p.stage_working == (0.0,) * 4 and p.working_memory == (0.0,) * 4
+    assert p.activation_room == (8.0,) * 4 and p.min_memory(0) == 3
+    assert "working" not in p.model_dump(exclude_none=True)["memory"]  # files stay as they were
+    assert Problem.parse(base()).activation_room is None
+    assert Problem.parse(base(memory=dict(working=0.75))).working_memory == (0.75,) * 4

@@ -58,6 +58,22 @@ def test_memory_violation_names_rank_op_and_amount():
     assert str(v) == "rank 0 exceeds its limit 8 from F1@s0 on, peaking at 9 (1 over)"
 
 
+def test_working_memory_adds_to_the_peak_and_to_what_must_fit():
+    # Rank 0 holds stage 0 (working 0.5), rank 1 stage 1 (working 2): each rank's peak is its
+    # highest level plus its working memory, whichever op runs at the highest level.
+    memory = dict(F=4, B=-1, static=[1, 2], working=[0.5, 2])
+    t = simulate(two_ranks(memory=memory), sched(*GOOD))
+    assert t.memory[0] == (4, 8, 7, 4, 3, 0)  # levels: the deltas alone
+    assert t.peak_activation == (8 + 0.5, 7 + 2)
+    assert t.peak_memory == (1 + 8.5, 2 + 9)
+    assert t.fits
+    assert simulate(two_ranks(memory={**memory, "limit": [9.5, 11]}), sched(*GOOD)).fits  # exactly at the limit
+    t = simulate(two_ranks(memory={**memory, "limit": [9.4, 20]}), sched(*GOOD))
+    (v,) = t.violations  # 9 without working memory: it would fit
+    assert (v.rank, v.op, v.peak, v.limit) == (0, Op("F", 0, 1), 9.5, 9.4)
+    assert v.over == pytest.approx(0.1)
+
+
 def test_violation_reports_the_peak_not_the_first_excess():
     problem = two_ranks(microbatches=4, memory=dict(F=4, B=-1, limit=[6, 100]))
     gpipe_like = [[("F", 0, i) for i in range(4)] + [x for i in range(4) for x in (("B", 0, i), ("W", 0, i))],

@@ -111,10 +111,12 @@ def test_registry_schedules_do_not_depend_on_the_unit_of_time(problem, c, limit)
 
 
 @SETTINGS
-@given(pipeline_problems(max_microbatches=10), drawn_factor, st.sampled_from(LIMITS))
-def test_registry_schedules_do_not_depend_on_the_unit_of_memory(problem, k, limit):
+@given(pipeline_problems(max_microbatches=10), drawn_factor, st.sampled_from(LIMITS), st.sampled_from([None, 0.25, 1.5]))
+def test_registry_schedules_do_not_depend_on_the_unit_of_memory(problem, k, limit, working):
     # Subnormal activations (the strategy may draw 5e-324) vanish when scaled: not another unit.
     assume(problem.memory_scale == 0 or problem.memory_scale > 1e-200)
+    if working is not None:  # working memory scales with the other amounts
+        problem = problem.with_changes(memory={"working": working})
     problem = with_limit(problem, limit)
     base = judged(problem)
     for factor in FACTORS + (k,):
