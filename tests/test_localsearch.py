@@ -27,7 +27,10 @@ def test_improve_is_never_worse_fits_and_is_the_simulated_timeline(problem, obje
     best = improve(problem, start, time.perf_counter() + 2.0)
     again = simulate(problem, best.schedule)
     assert best.fits and again.fits
-    assert again.objective_value() == best.objective_value() <= start.objective_value()
+    assert again.objective_value() == best.objective_value()
+    # never worse, up to float noise: a search step may keep the objective (up to noise) for a
+    # shorter sum of per-rank ends (found: 152.00818256322594 from 152.00818256322592)
+    assert problem.time_tol.le(best.objective_value(), start.objective_value())
     entry = [op.mb for ops in best.schedule.ranks for op in ops if op.kind == "F" and op.stage == 0]
     assert entry == sorted(entry)  # numbered as the exact models expect
 
