@@ -14,6 +14,16 @@ stage, and measures, per stage:
 - static memory, MiB: parameters, their gradients and ``optimizer_state`` times the parameters
   (2 for Adam's two moments, 1 for SGD with momentum).
 - the size of the tensor each stage sends on.
+- working memory, MiB: what F, B, W and the fused BW need while they run above the level the
+  simulator holds then (after an F, before a backward): autograd's temporaries (e.g. the gradients
+  of the largest intermediate tensors) and a backward's output gradient; the largest of the four,
+  measured with the runtime's ``MemoryMeter`` (CUDA allocator; on CPU, torch.profiler's memory
+  events).
+
+``make_problem`` writes each stage's ``memory.working``: that working memory plus the largest
+tensor the stage receives (its input from the stage before, the gradient of its output from the
+stage after): the runtime posts receives ahead of the ops that consume them, so received tensors
+sit in memory beside the activations (see benchmarks/RESULTS.md, "Activation memory").
 
 Ranks that share a machine slow each other down (memory bandwidth, caches): two 1-thread
 processes on two cores each run a transformer stage about 25-30% slower than one alone on this
@@ -40,7 +50,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +63,7 @@ from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
 from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
+from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -71,6 +82,9 @@ class StageProfile:
     microbatch_size: int
     device: str
     threads: int
+    # MiB an op of the stage needs while it runs, above the level the simulator holds then (the
+    # largest over F, B, W and BW); empty in profiles from before it was measured
+    working: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,7 +113,9 @@ def profile_stages(
     device = torch.device(device) if device is not None else _device_of(stages[0])
     x = inputs[:size].to(device)
     y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
-    out: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "BW", "activation", "kept_for_w", "static", "sends")}
+    out: dict[str, list[float]] = {
+        k: [] for k in ("F", "B", "W", "BW", "activation", "kept_for_w", "static", "sends", "working")
+    }
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
         module = _split_copy(original, device)
@@ -108,6 +124,7 @@ def profile_stages(
                           for _ in range(load)]):
             f, b, w, bw = run.times(warmup, repeats)
         held, kept = run.memory()
+        working = run.working()
         params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
         out["F"].append(f)
         out["B"].append(b)
@@ -116,11 +133,12 @@ def profile_stages(
         out["activation"].append(held / MiB)
         out["kept_for_w"].append(min(kept, held) / MiB)
         out["static"].append(params * (2 + optimizer_state) / MiB)
+        out["working"].append(working / MiB)
         x = run.output()
         out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
         if progress:
             progress(f"stage {s}: F {f:.3f} ms  B {b:.3f} ms  W {w:.3f} ms  BW {bw:.3f} ms"
-                     f"  activation {held / MiB:.2f} MiB")
+                     f"  activation {held / MiB:.2f} MiB  working {working / MiB:.2f} MiB")
     return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads())
 
 
@@ -204,6 +222,45 @@ class _StageRunner:
             for h in hooks:
                 h.remove()
         return float(sum(saved.values())), float(sum(kept))
+
+    def working(self, repeats: int = 2) -> float:
+        """Bytes the stage's F, B, W or fused BW needs while it runs above the level the simulator
+        holds during it (an F's: the level after it; a backward's: the level before it), the
+        largest of the four, in the last of ``repeats`` runs (the first may allocate once-only
+        buffers), measured as the runtime measures itself (``MemoryMeter``: new parameter
+        gradients excluded). A backward's includes the gradient it is given, made here inside it
+        (``ones_like``), where the runtime receives it before."""
+        for _ in range(repeats):
+            meter = MemoryMeter(self.device, self.params)
+            meter.start()
+            try:
+                with meter.instruction(0):
+                    x, out = self.forward()
+                with meter.instruction(1):
+                    self.backward_input(x, out)
+                with meter.instruction(2):
+                    self.store.backward_weight("profile")
+                with meter.instruction(3):
+                    del x, out
+                with meter.instruction(4):
+                    x, out = self.forward()
+                with meter.instruction(5):
+                    grad = None if self.target is not None else torch.ones_like(out)
+                    self.store.backward_full(out, grad, [x] if x.requires_grad else [], self.params)
+                    del grad
+                del x, out
+            except BaseException:
+                meter.stop(discard=True)
+                raise
+            rows = meter.stop()
+            self.module.zero_grad(set_to_none=True)
+        levels = [0] + [after for after, _ in rows]
+        # Above the level the simulator holds during each op: an F's allocation counts from its
+        # start (the level after it), a backward's frees from its end (the level before it).
+        # Instruction 3 only frees the first microbatch's leftovers: not an op.
+        above = [rows[k][1] - max(levels[k], levels[k + 1]) for k in (0, 4)]  # F
+        above += [rows[k][1] - levels[k] for k in (1, 2, 5)]  # B, W, BW
+        return float(max(0, *above))
 
     def _cuda_memory(self) -> tuple[float, float]:
         torch.cuda.synchronize(self.device)
@@ -323,6 +380,8 @@ def make_problem(
                               costs=dict(F=1, B=1, W=1)))
     static = [sum(profile.static[s] for s in stages) for stages in base.rank_stages]
     memory: dict[str, Any] = dict(F=act, B=b_delta, W=w_delta, static=static)
+    if profile.working:
+        memory["working"] = working_memory(profile)
     if memory_limit is not None:
         memory["limit"] = memory_limit
     return Problem.parse(
@@ -332,6 +391,15 @@ def make_problem(
              stage_blocks=stage_blocks),
         source=name,
     )
+
+
+def working_memory(profile: StageProfile) -> list[float]:
+    """Per stage, MiB: the profiled working memory of its ops plus the largest tensor it receives
+    (its input from the stage before, the gradient of its output from the stage after): a
+    received tensor waits in memory for the op that consumes it."""
+    sends, n = profile.sends, len(profile.sends)
+    received = [max(sends[s - 1] if s > 0 else 0.0, sends[s] if s < n - 1 else 0.0) for s in range(n)]
+    return [w + r for w, r in zip(profile.working, received)]
 
 
 @dataclass

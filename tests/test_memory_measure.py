@@ -5,7 +5,7 @@ The meter alone (one process, CPU, and CUDA where there is one): known allocatio
 instruction ranges give the expected levels and peaks, new parameter gradients and the
 uncounted optimizer step are left out. Then two gloo ranks run a small GPT profiled with
 ``profile_stages``: every instruction has its measurement, and the measured peak per rank is
-within ``TOLERANCE`` of the simulator's prediction from that profile.
+within 10 % of the simulator's prediction from that profile.
 """
 
 import json
@@ -23,14 +23,14 @@ from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.profile import make_problem, profile_stages
 
 MiB = 1 << 20
-# The measured peak is above the prediction by what the Problem's memory model leaves out (see
-# benchmarks/RESULTS.md, "Activation memory"): each backward's working memory (autograd's
-# gradients of the largest intermediate tensors, about 0.2 MiB here against 1 MiB of activation
-# per microbatch and stage) and the boundary tensors in flight (a receive posted before its
-# consumer, a send until its transfer completes; 0.03 MiB each). With 1-2 microbatches held per
-# rank (m = 4, p = 2) that is 8-10 % on this model (measured 1.08-1.10); most of the benchmark's
-# cases are within 10 %.
-TOLERANCE = 0.15
+# The prediction includes each stage's working memory (``memory.working`` from ``profile_stages``:
+# what an op needs while it runs, about 0.2 MiB of autograd's temporaries in a backward here
+# against 1 MiB of activation per microbatch and stage, plus a received boundary tensor of 0.03
+# MiB), counted on every rank whichever op runs at its peak: conservative, so the measured peak may
+# lie a little below it (a fused backward needs less than B; measured 0.93-1.0 here). Before
+# working memory was modelled the measured peaks were 1.08-1.10 of the prediction (see
+# benchmarks/RESULTS.md, "Activation memory").
+LOW, HIGH = 0.90, 1.10
 
 
 def meter_run(device: str) -> list[tuple[int, int]]:
@@ -117,7 +117,7 @@ def check_against_prediction(compiled, results):
         assert [e["instr"] for e in events] == [str(i) for i in compiled.program.for_rank(r)]
         assert all("memory" in e and e["memory_peak"] >= e["memory"] - 1e-9 for e in events)
         peak = max(e["memory_peak"] for e in events)
-        assert 0.98 <= peak / predicted[r] <= 1 + TOLERANCE, (r, peak, predicted[r])
+        assert LOW <= peak / predicted[r] <= HIGH, (r, peak, predicted[r], peak / predicted[r])
         # before STEP (which waits for the sends in flight): at most those sends are left
         assert -1e-9 <= events[-1]["memory"] <= 2 * BOUNDARY + 1e-9, events[-1]
 

@@ -31,6 +31,9 @@ def test_times_memory_and_sizes(profiled):
     # stages 0-2 send a (microbatch 4, seq 16, d_model 32) float32 activation; the last nothing
     assert prof.sends == [4 * 16 * 32 * 4 / MiB] * 3 + [0.0]
     assert prof.microbatch_size == 4
+    # working memory: what an op needs while it runs (a backward's temporaries and its output
+    # gradient), never negative; the backwards make some
+    assert len(prof.working) == 4 and all(w >= 0 for w in prof.working) and max(prof.working) > 0
     # the user's modules are left as they were
     assert not any(isinstance(m, SplitLinear) for part in parts for m in part.modules())
 
@@ -42,9 +45,16 @@ def test_make_problem_places_stages_and_sums_static_memory(profiled):
     assert prob.static_memory[0] == pytest.approx(prof.static[0] + prof.static[3])
     assert prob.mem["F"] == pytest.approx(tuple(prof.activation))
     assert [f + b + w for f, b, w in zip(*prob.mem_deltas)] == pytest.approx([0.0] * 4)
+    # each stage's working memory plus the largest tensor it receives (all four stages send one size)
+    boundary = prof.sends[0]
+    assert prob.stage_working == pytest.approx(tuple(w + boundary for w in prof.working))
+    assert prob.working_memory[0] == pytest.approx(max(prof.working[0], prof.working[3]) + boundary)
+    assert min(prob.stage_working) >= 0
     with pytest.raises(ValueError, match="the profile has 4 stages but ranks x chunks is 3 x 1"):
         make_problem(prof, ranks=3, microbatches=4)
     assert isinstance(StageProfile(**prof.to_dict()), StageProfile)
+    older = {k: v for k, v in prof.to_dict().items() if k != "working"}  # a profile without it
+    assert make_problem(StageProfile(**older), ranks=4, microbatches=4).memory.working is None
 
 
 def _comm(rank, world):
