@@ -106,3 +106,23 @@ def test_config_mistakes_are_one_line(tmp_path, text, message):
     config.write_text(text)
     result = CliRunner().invoke(main, ["ablate", str(config), "-o", str(tmp_path / "r")])
     assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
+
+
+def test_a_memory_factor_leaves_room_for_working_memory():
+    """x = 1 is 1F1B's budget: static and working memory plus p microbatches of activations, so
+    1F1B fits at x = 1 whatever the working memory (and not below it)."""
+    import schedc
+    from schedc.app.ablate import build_problem
+    from schedc.app.ablate_config import AblationConfig, expand
+
+    config = AblationConfig.model_validate({
+        "problems": [{"problem": {"ranks": 3, "microbatches": 6, "costs": {"F": 1, "B": 1, "W": 1},
+                                  "memory": {"F": 2, "B": -1, "static": 5, "working": [0.5, 0.25, 0.75]}}}],
+        "grid": {"memory": [1.0, 0.9]},
+    })
+    fits = {}
+    for cell in expand(config):
+        problem = build_problem(cell)
+        assert problem.memory_limit == tuple(5 + w + cell.values["memory"] * 3 * 2 for w in (0.5, 0.25, 0.75))
+        fits[cell.values["memory"]] = schedc.simulate(problem, schedc.solvers.build("1f1b", problem)).fits
+    assert fits == {1.0: True, 0.9: False}

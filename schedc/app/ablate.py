@@ -15,7 +15,7 @@ runtime. Every cell is simulated; profiled cells can also be run. The report fol
   so that any row can be checked with ``schedc simulate``.
 
 Memory limits are given as multiples of 1F1B's activation memory: ``x`` means every rank may
-hold its static memory plus x times p microbatches of its own activations (what 1F1B's first
+hold its static and working memory plus x times p microbatches of its own activations (what 1F1B's first
 rank holds), so 1.0 is 1F1B's budget and ``null`` is no limit.
 """
 
@@ -67,7 +67,8 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
         data.get("memory", {}).pop("limit", None)
     problem = Problem.parse(data, source=cell.id)
     if factor is not None and factor is not OWN_LIMIT:
-        limit = [st + factor * problem.ranks * a for st, a in zip(problem.static_memory, _per_microbatch(problem))]
+        limit = [st + w + factor * problem.ranks * a
+                 for st, w, a in zip(problem.static_memory, problem.working_memory, _per_microbatch(problem))]
         problem = problem.with_changes(memory={"limit": limit})
     return problem
 
@@ -164,7 +165,8 @@ def _row(cell: Cell, name: str) -> Row:
     factor = cell.values["memory"]
     if factor is OWN_LIMIT:  # the problem's own limit, as a multiple of 1F1B's activation memory
         factor = None if p.memory_limit is None else max(
-            (lim - st) / (p.ranks * a) for lim, st, a in zip(p.memory_limit, p.static_memory, _per_microbatch(p))
+            (lim - st - w) / (p.ranks * a)
+            for lim, st, w, a in zip(p.memory_limit, p.static_memory, p.working_memory, _per_microbatch(p))
         )
     return Row(cell.id, cell.entry.label, p.ranks, p.microbatches, p.chunks,
                p.placement if isinstance(p.placement, str) else "explicit", p.comm, p.objective,
