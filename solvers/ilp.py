@@ -45,7 +45,7 @@ from schedc.solvers.common import BACKENDS, Found, Progress, Settings, longest_p
 from schedc.solvers import cpsat  # noqa: F401  (registers the cpsat backend)
 from schedc.solvers.deadline import END, LATE, MIN_SECONDS, Worker, WorkerDied, run_cbc
 from schedc.solvers.localsearch import improve
-from schedc.solvers.registry import REGISTRY, SEARCHES
+from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, split_backward
 from schedc.tolerance import Tolerance, meets
 
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead
@@ -101,17 +101,6 @@ class SolveResult:
         }
 
 
-def split_backward(schedule: Schedule) -> Schedule:
-    """The same schedule with every fused BW as B then W (identical times, memory and order)."""
-    per_rank = []
-    for ops in schedule.ranks:
-        out = []
-        for op in ops:
-            out += [Op("B", op.stage, op.mb), Op("W", op.stage, op.mb)] if op.kind == "BW" else [op]
-        per_rank.append(out)
-    return Schedule.from_lists(schedule.name, per_rank)
-
-
 def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
     """Every registry schedule that applies and fits the memory limit, judged (backward split)."""
     return evaluate_registry(problem).fitting
@@ -119,10 +108,10 @@ def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
 
 @dataclass
 class RegistryRun:
-    """The registry schedules evaluated for a warm start: those that fit (backward split, in
-    registry order), the fused ones that fit as built (only when a fused backward is cheaper than
-    B + W), the names the deadline left out, and the longest simulation (what judging one more
-    schedule costs on this problem)."""
+    """The registry schedules judged for a warm start (``registry.evaluate(warm_start=True)``):
+    those that fit (backward split, in registry order), the fused ones that fit as built (only
+    when a fused backward is cheaper than B + W), the names the deadline left out, and the
+    longest simulation (what judging one more schedule costs on this problem)."""
 
     fitting: list[tuple[str, Timeline]]
     fused: list[tuple[str, Timeline]]
@@ -138,76 +127,16 @@ def evaluate_registry(
     end: float = math.inf,
     keep: float = 0.0,
 ) -> RegistryRun:
-    """Build and simulate every registry schedule that applies, in registry order (the closed
-    forms are registered first, the searched heuristics after), until ``deadline`` (a
-    ``time.perf_counter()`` value), or until only ``keep`` simulations' time is left before
-    ``end``: then no further schedule is judged, and one still being built in a child process
-    (problems of more than WORKER_OPS ops) is stopped. Evaluation goes on past that only while
-    no schedule fits yet. ``say`` gets a line per schedule."""
-    say = say or (lambda note: None)
-    names = [name for name, spec in REGISTRY.items() if spec.why_not(problem) is None]
-    say(f"warm start: evaluating {len(names)} registry schedules")
-    fitting, fused, done, sim = [], [], 0, 0.0
-    child = deadline < math.inf and problem.n_stages * problem.microbatches * 3 > WORKER_OPS
-    with Worker(_build_registry, (problem, names), child=child) as worker:
-        while done < len(names):
-            # Once one fits, judge another only if its simulation ends in time.
-            cutoff = min(deadline, end - keep * sim) - sim
-            if fitting and time.perf_counter() >= cutoff:
-                break
-            item = worker.next(cutoff if fitting else None)
-            if item is LATE or item is END:
-                break
-            name, schedule = item
-            split = split_backward(schedule)
-            fused_too = problem.fused_cheaper and not REGISTRY[name].split_backward
-            if not fused_too and _cannot_fit(problem, split):  # spare the simulation
-                done += 1
-                say(f"warm start: {name} does not fit the memory limit")
-                continue
-            began = time.perf_counter()
-            t = simulate(problem, split)
-            if fused_too:
-                as_built = simulate(problem, schedule)
-                if as_built.fits:
-                    fused.append((name, as_built))
-            sim = max(sim, time.perf_counter() - began)
-            done += 1
-            if t.fits:
-                fitting.append((name, t))
-                say(f"warm start: {name} {problem.objective} {t.objective_value():.6g}")
-            else:
-                say(f"warm start: {name} does not fit the memory limit")
-    left_out = names[done:]
-    if left_out:
-        say(f"warm start: time limit, not evaluated: {', '.join(left_out)}")
-    return RegistryRun(fitting, fused, left_out, sim)
-
-
-def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
-    """Some rank holds more than its limit (clearly: beyond rounding) once the allocations and
-    frees of its ops so far, in order, are counted: the simulator, which holds a free's memory
-    until its op ends, then finds the rank over its limit too. A quick test, in one pass over the
-    ops, that spares simulating a schedule that cannot fit."""
-    rooms = problem.activation_room
-    if rooms is None:
-        return False
-    mem = problem.mem
-    clearly = Tolerance.of(problem.memory_scale, 1e-6)  # looser than the simulator's memory_tol
-    for r, ops in enumerate(schedule.ranks):
-        room = rooms[r] + clearly.eps
-        level = 0.0
-        for op in ops:
-            level += mem[op.kind][op.stage]
-            if level > room:
-                return True
-    return False
-
-
-def _build_registry(problem: Problem, names: list[str]):
-    """The named registry schedules, built one after another (in a Worker)."""
-    for name in names:
-        yield name, REGISTRY[name].build(problem)
+    """The registry's schedules judged for a warm start under ``deadline`` (see
+    ``registry.evaluate``); built in a child process on problems of more than WORKER_OPS ops."""
+    child = problem.n_stages * problem.microbatches * 3 > WORKER_OPS
+    judged = evaluate(problem, warm_start=True, deadline=deadline, end=end, keep=keep, child=child, say=say)
+    return RegistryRun(
+        fitting=[(e.name, e.timeline) for e in judged if e.fits],
+        fused=[(e.name, e.as_built) for e in judged if e.as_built is not None],
+        not_evaluated=[e.name for e in judged if e.reason == NOT_EVALUATED],
+        simulate_seconds=max((e.simulate_seconds for e in judged), default=0.0),
+    )
 
 
 def best_registry_schedule(

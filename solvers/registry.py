@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -9,8 +10,10 @@ from typing import Any, Callable
 
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
-from schedc.schedule import Schedule
+from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
+from schedc.solvers.deadline import END, LATE, Worker
+from schedc.tolerance import Tolerance
 
 Builder = Callable[[Problem], Schedule]
 
@@ -60,6 +63,10 @@ def build(name: str, problem: Problem) -> Schedule:
     return spec.build(problem)
 
 
+NOT_EVALUATED = "not evaluated (time limit)"  # Evaluated.reason of a schedule the deadline left out
+NO_FIT = "does not fit the memory limit"  # Evaluated.reason, with ``warm_start``, of one not simulated
+
+
 @dataclass(frozen=True)
 class Evaluated:
     """One registry schedule judged on a problem: built and simulated where it applies (else
@@ -70,28 +77,118 @@ class Evaluated:
     schedule: Schedule | None
     timeline: Timeline | None
     seconds: float  # building and simulating it
+    simulate_seconds: float = 0.0  # of which simulating (the longest is what judging one more costs)
+    as_built: Timeline | None = None  # warm_start: a fused schedule that fits as built, where fused is cheaper
 
     @property
     def fits(self) -> bool:
         return self.timeline is not None and self.timeline.fits
 
 
-def evaluate(problem: Problem, names: Iterable[str] | None = None) -> list[Evaluated]:
-    """Every registry schedule (or each of ``names``, in that order) on ``problem``, as the CLI's
-    compare and the ablation study judge them. (The solver's warm start, ``ilp.evaluate_registry``,
-    judges them under its deadline, in a child process on large problems, with the backward
-    split: a pass of its own.)"""
-    out = []
-    for spec in (get(n) for n in (REGISTRY if names is None else names)):
-        reason = spec.why_not(problem)
-        if reason:
-            out.append(Evaluated(spec.name, reason, None, None, 0.0))
-            continue
-        began = time.perf_counter()
-        schedule = spec.build(problem)
-        timeline = simulate(problem, schedule)
-        out.append(Evaluated(spec.name, None, schedule, timeline, time.perf_counter() - began))
-    return out
+def evaluate(
+    problem: Problem,
+    names: Iterable[str] | None = None,
+    *,
+    warm_start: bool = False,
+    deadline: float = math.inf,
+    end: float = math.inf,
+    keep: float = 0.0,
+    child: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> list[Evaluated]:
+    """Every registry schedule (or each of ``names``, in that order) on ``problem``: the one pass
+    that the CLI's compare, the ablation study and the solver's warm start judge them with.
+
+    ``warm_start`` judges them as the solver starts from them: with the backward split (a fused
+    BW as B then W), each fused one also as built where a fused backward is cheaper than B + W
+    (``as_built``, kept when it fits), and one that clearly cannot fit is not simulated (reason
+    NO_FIT). ``deadline`` (a ``time.perf_counter()`` value) stops the pass: once one schedule
+    fits, no further one is judged after it, nor once only ``keep`` simulations' time is left
+    before ``end``; those left out come back with reason NOT_EVALUATED. Past the deadline the
+    pass goes on while nothing fits yet. ``child`` builds the schedules in a child process that
+    the deadline can stop mid-build (for large problems). ``say`` hears a line per schedule."""
+    say = say or (lambda note: None)
+    specs = [get(n) for n in (REGISTRY if names is None else names)]
+    applies = [spec.name for spec in specs if spec.why_not(problem) is None]
+    out = {spec.name: Evaluated(spec.name, reason, None, None, 0.0)
+           for spec in specs if (reason := spec.why_not(problem))}
+    if warm_start:
+        say(f"warm start: evaluating {len(applies)} registry schedules")
+    sim = 0.0  # the longest simulation so far
+    with Worker(_build, (problem, applies), child=child and deadline < math.inf) as worker:
+        for name in applies:
+            cutoff = min(deadline, end - keep * sim) - sim  # once one fits, judge another only if it ends in time
+            fitted = any(e.fits for e in out.values())
+            if fitted and time.perf_counter() >= cutoff:
+                break
+            began = time.perf_counter()
+            item = worker.next(cutoff if fitted else None)
+            if item is LATE or item is END:
+                break
+            out[name] = e = _judge(problem, name, item[1], warm_start, began)
+            sim = max(sim, e.simulate_seconds)
+            if warm_start:
+                say(f"warm start: {name} " + (f"{problem.objective} {e.timeline.objective_value():.6g}" if e.fits else NO_FIT))
+    left_out = [name for name in applies if name not in out]
+    if left_out and warm_start:
+        say(f"warm start: time limit, not evaluated: {', '.join(left_out)}")
+    out.update((name, Evaluated(name, NOT_EVALUATED, None, None, 0.0)) for name in left_out)
+    return [out[spec.name] for spec in specs]
+
+
+def _build(problem: Problem, names: list[str]):
+    """The named registry schedules, built one after another (in a Worker)."""
+    for name in names:
+        yield name, REGISTRY[name].build(problem)
+
+
+def _judge(problem: Problem, name: str, schedule: Schedule, warm_start: bool, began: float) -> Evaluated:
+    if not warm_start:
+        simulating = time.perf_counter()
+        t = simulate(problem, schedule)
+        now = time.perf_counter()
+        return Evaluated(name, None, schedule, t, now - began, now - simulating)
+    split = split_backward(schedule)
+    fused_too = problem.fused_cheaper and not REGISTRY[name].split_backward
+    if not fused_too and _cannot_fit(problem, split):  # spare the simulation
+        return Evaluated(name, NO_FIT, split, None, time.perf_counter() - began)
+    simulating = time.perf_counter()
+    t = simulate(problem, split)
+    as_built = simulate(problem, schedule) if fused_too else None
+    now = time.perf_counter()
+    return Evaluated(name, None, split, t, now - began, now - simulating,
+                     as_built if as_built is not None and as_built.fits else None)
+
+
+def split_backward(schedule: Schedule) -> Schedule:
+    """The same schedule with every fused BW as B then W (identical times, memory and order)."""
+    per_rank = []
+    for ops in schedule.ranks:
+        out = []
+        for op in ops:
+            out += [Op("B", op.stage, op.mb), Op("W", op.stage, op.mb)] if op.kind == "BW" else [op]
+        per_rank.append(out)
+    return Schedule.from_lists(schedule.name, per_rank)
+
+
+def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
+    """Some rank holds more than its limit (clearly: beyond rounding) once the allocations and
+    frees of its ops so far, in order, are counted: the simulator, which holds a free's memory
+    until its op ends, then finds the rank over its limit too. A quick test, in one pass over the
+    ops, that spares simulating a schedule that cannot fit."""
+    rooms = problem.activation_room
+    if rooms is None:
+        return False
+    mem = problem.mem
+    clearly = Tolerance.of(problem.memory_scale, 1e-6)  # looser than the simulator's memory_tol
+    for r, ops in enumerate(schedule.ranks):
+        room = rooms[r] + clearly.eps
+        level = 0.0
+        for op in ops:
+            level += mem[op.kind][op.stage]
+            if level > room:
+                return True
+    return False
 
 
 # ---- common requirements ----

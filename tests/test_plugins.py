@@ -7,9 +7,13 @@ runtime trains with it exactly as with its own."""
 
 from __future__ import annotations
 
+import json
+
 import torch
+from click.testing import CliRunner
 
 import schedc
+from schedc.app.cli import main
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.comm import TRANSPORTS
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
@@ -44,7 +48,7 @@ def test_a_toy_transport_trains_exactly_as_the_torch_one(tmp_path):
     assert all(loss is not None for loss in toy_run[1]["losses"])
 
 
-def test_a_toy_solver_backend_is_one_file_and_one_registry_line():
+def test_a_toy_solver_backend_is_one_file_and_one_registry_line(tmp_path):
     from schedc.solvers.common import BACKENDS
     from schedc.solvers.ilp import solve
     from tests import toy_backend
@@ -53,13 +57,22 @@ def test_a_toy_solver_backend_is_one_file_and_one_registry_line():
     try:
         # A tight memory limit: the bound stays loose, so the local search cannot end the solve and
         # the backend is called.
-        problem = schedc.Problem.parse({"name": "toy", "ranks": 4, "microbatches": 8, "comm": 0.3,
-                                        "costs": {"F": [1, 2, 1, 3], "B": [2, 1, 3, 2], "W": [1, 1, 2, 1]},
-                                        "memory": {"F": 1, "B": -0.5, "limit": 3}})
+        data = {"name": "toy", "ranks": 4, "microbatches": 8, "comm": 0.3,
+                "costs": {"F": [1, 2, 1, 3], "B": [2, 1, 3, 2], "W": [1, 1, 2, 1]},
+                "memory": {"F": 1, "B": -0.5, "limit": 3}}
+        problem = schedc.Problem.parse(data)
         result = solve(problem, solver="toy", time_limit=20)
+        # The CLI offers and accepts it too: its --solver choices are the registry's when read.
+        path = tmp_path / "toy.json"
+        path.write_text(json.dumps(data))
+        run = CliRunner().invoke(main, ["solve", str(path), "-o", str(tmp_path / "solved.json"), "--solver", "toy",
+                                        "--time-limit", "20", "-q", "--json"])
+        assert run.exit_code == 0, run.output
+        assert json.loads(run.stdout)["solver"] == "toy"
+        assert "toy" in CliRunner().invoke(main, ["solve", "--help"]).output
     finally:
         del BACKENDS["toy"]
-    assert toy_backend.CALLS == ["toy"]
+    assert toy_backend.CALLS == ["toy", "toy"]
     assert result.solver == "toy"
     assert result.objective <= result.warm_objective
     assert result.timeline.makespan == schedc.simulate(problem, result.schedule).makespan

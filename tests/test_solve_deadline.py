@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 
 import schedc.solvers.ilp as ilp
+import schedc.solvers.registry as registry
 from schedc import Problem, simulate
 from schedc.app.cli import main
 from schedc.errors import SchedcError
@@ -208,10 +209,8 @@ def test_fitting_registry_schedules_still_judges_every_schedule():
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_problems())
 def test_the_quick_memory_test_only_rejects_schedules_the_simulator_rejects(problem):
-    import schedc.solvers as solvers
-
-    for spec in solvers.REGISTRY.values():
+    for spec in registry.REGISTRY.values():
         if spec.why_not(problem) is None:
-            schedule = ilp.split_backward(spec.build(problem))
-            if ilp._cannot_fit(problem, schedule):
+            schedule = registry.split_backward(spec.build(problem))
+            if registry._cannot_fit(problem, schedule):
                 assert not simulate(problem, schedule).fits, spec.name

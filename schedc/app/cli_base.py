@@ -4,6 +4,7 @@ schedule file, tables. Mistakes in input exit with status 2 and one line on stde
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -45,6 +46,23 @@ class Finite(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
+
+
+class Registered(click.Choice):
+    """A choice among a registry's names as they are when the option is read, so that a name
+    registered after import (a solver backend, a transport) is offered and accepted too."""
+
+    def __init__(self, registry: Mapping[str, Any]) -> None:
+        super().__init__(())
+        self.registry = registry
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(sorted(getattr(self, "registry", ())))
+
+    @choices.setter
+    def choices(self, value: tuple[str, ...]) -> None:  # click.Choice.__init__ assigns it; the registry rules
+        pass
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,7 +8,7 @@ import time
 import click
 
 import schedc.app.cli_base as base
-from schedc.app.cli_base import Finite, fmt, main, problem_options, read_problem, timeline_table
+from schedc.app.cli_base import Finite, Registered, fmt, main, problem_options, read_problem, timeline_table
 from schedc.schedfile import CompiledSchedule
 from schedc.solvers.common import BACKENDS
 from schedc.solvers.ilp import solve as solve_ilp
@@ -25,7 +25,7 @@ _WRITE_SIMULATIONS = 6.0
               help="Wall-clock seconds for the whole command: warm start, search, writing the file.")
 @click.option("--gap", type=Finite(min=0, max=1), default=1e-4, show_default=True,
               help="Stop when (objective - bound) / objective is below this.")
-@click.option("--solver", type=click.Choice(sorted(BACKENDS)), default="cbc", show_default=True,
+@click.option("--solver", type=Registered(BACKENDS), default="cbc", show_default=True,
               help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools).")
 @click.option("--threads", type=click.IntRange(min=1), help="Solver threads (default: the solver's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
