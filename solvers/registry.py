@@ -109,9 +109,9 @@ def evaluate(
     the deadline can stop mid-build (for large problems). ``say`` hears a line per schedule."""
     say = say or (lambda note: None)
     specs = [get(n) for n in (REGISTRY if names is None else names)]
-    applies = [spec.name for spec in specs if spec.why_not(problem) is None]
-    out = {spec.name: Evaluated(spec.name, reason, None, None, 0.0)
-           for spec in specs if (reason := spec.why_not(problem))}
+    reasons = {spec.name: spec.why_not(problem) for spec in specs}
+    applies = [name for name, reason in reasons.items() if reason is None]
+    out = {name: Evaluated(name, reason, None, None, 0.0) for name, reason in reasons.items() if reason}
     if warm_start:
         say(f"warm start: evaluating {len(applies)} registry schedules")
     sim = 0.0  # the longest simulation so far
