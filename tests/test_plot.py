@@ -84,3 +84,27 @@ def test_memory_steps_peak_matches_simulator(timelines):
     for tl in timelines:
         for r, points in enumerate(memory_steps(tl)):
             assert max(level for _, level in points) == pytest.approx(tl.peak_memory[r])
+
+
+@pytest.mark.parametrize("working", [0, 0.5])
+def test_the_memory_panel_draws_the_room_working_memory_leaves(working):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from schedc.app import plot
+
+    t = _timeline("1f1b", memory=dict(F=1, limit=6, static=0.5, working=[working, 0, working, 0]))
+    fig, ax = plt.subplots()
+    try:
+        plot._draw_memory(ax, t)
+        labelled = {line.get_label(): line for line in ax.get_lines()}
+    finally:
+        plt.close(fig)
+    assert labelled["limit"].get_ydata()[0] == 6
+    if working:  # ranks 0 and 2 (one stage each) have 0.5, the others none: one line at 5.5
+        assert labelled["limit - working memory"].get_ydata()[0] == pytest.approx(5.5)
+        assert t.peak_memory[0] == pytest.approx(max(level for _, level in memory_steps(t)[0]) + 0.5)
+    else:
+        assert "limit - working memory" not in labelled

@@ -150,7 +150,8 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
 
 
 def _draw_memory(ax, tl: Timeline, measured: list[list[tuple[float, float]]] | None = None) -> None:
-    """Memory (static + activation) per rank as a step function; the limit dashed. With
+    """Memory (static + activation) per rank as a step function; the limit dashed, and dotted
+    below it the limit less the rank's working memory, where any is set. With
     ``measured`` (per rank, activation memory step points): those solid, the simulated dashed."""
     import matplotlib as mpl  # heavy: loaded only to draw
 
@@ -171,6 +172,10 @@ def _draw_memory(ax, tl: Timeline, measured: list[list[tuple[float, float]]] | N
         top = max(top, *mlevels)
     for i, limit in enumerate(sorted(set(p.memory_limit or ()))):
         ax.axhline(limit, color="red", linestyle="--", linewidth=1, label=None if i else "limit")
+    # What the curve may reach: an op's working memory (memory.working) comes on top while it runs.
+    rooms = sorted({limit - w for limit, w in zip(p.memory_limit or (), p.working_memory) if w > 0})
+    for i, room in enumerate(rooms):
+        ax.axhline(room, color="red", linestyle=":", linewidth=1, label=None if i else "limit - working memory")
     ax.set_ylabel("memory" if measured is None else "memory (MiB)", fontsize=9)
     ax.set_ylim(0, top * 1.35 or 1.0)  # headroom for the legend
     if p.ranks <= 8:
