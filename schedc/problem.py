@@ -181,7 +181,7 @@ class Problem(_Strict):
                     f" set memory.W to {-(f + b):g} or leave it out"
                 )
         self._per_rank("memory.static", self.memory.static)
-        self.stage_working
+        self.stage_working  # read once here so a memory.working of the wrong length is refused now
         if self.stage_blocks is not None and len(self.stage_blocks) != self.n_stages:
             raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.n_stages} stages")
         limits = self.memory_limit

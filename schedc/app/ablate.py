@@ -35,6 +35,7 @@ from schedc.errors import ProblemError, SchedcError
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import CompiledSchedule
 from schedc.simulate import Timeline
+from schedc.solvers.greedy import reference_limit
 
 
 def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] | None = None) -> Problem:
@@ -67,9 +68,8 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
         data.get("memory", {}).pop("limit", None)
     problem = Problem.parse(data, source=cell.id)
     if factor is not None and factor is not OWN_LIMIT:
-        limit = [st + w + factor * problem.ranks * a
-                 for st, w, a in zip(problem.static_memory, problem.working_memory, _per_microbatch(problem))]
-        problem = problem.with_changes(memory={"limit": limit})
+        limit = reference_limit(problem, factor * problem.ranks)  # static + working + factor x 1F1B's activations
+        problem = problem.with_changes(memory={"limit": list(limit)})
     return problem
 
 
@@ -164,9 +164,8 @@ def _row(cell: Cell, name: str) -> Row:
     limit = max(p.memory_limit) if p.memory_limit else None
     factor = cell.values["memory"]
     if factor is OWN_LIMIT:  # the problem's own limit, as a multiple of 1F1B's activation memory
-        factor = None if p.memory_limit is None else max(
-            (lim - st - w) / (p.ranks * a)
-            for lim, st, w, a in zip(p.memory_limit, p.static_memory, p.working_memory, _per_microbatch(p))
+        factor = None if p.activation_room is None else max(
+            room / (p.ranks * a) for room, a in zip(p.activation_room, _per_microbatch(p))
         )
     return Row(cell.id, cell.entry.label, p.ranks, p.microbatches, p.chunks,
                p.placement if isinstance(p.placement, str) else "explicit", p.comm, p.objective,
