@@ -108,3 +108,26 @@ def test_the_memory_panel_draws_the_room_working_memory_leaves(working):
         assert t.peak_memory[0] == pytest.approx(max(level for _, level in memory_steps(t)[0]) + 0.5)
     else:
         assert "limit - working memory" not in labelled
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_the_critical_path_is_outlined_with_a_line_for_each_rank_change(objective, tmp_path):
+    from matplotlib.collections import LineCollection, PolyCollection
+    from matplotlib.figure import Figure
+
+    from schedc.app import plot
+    from schedc.critical import critical_path
+
+    t = _timeline("zb-h1", comm=0.25, objective=objective)
+    c = critical_path(t)
+    ax = Figure().subplots()
+    plot._draw_critical(ax, c)
+    (boxes,) = [x for x in ax.collections if isinstance(x, PolyCollection)]
+    (hops,) = [x for x in ax.collections if isinstance(x, LineCollection)]
+    drawn = sorted((round(min(v[:, 0]), 9), round(max(v[:, 0]), 9), round(v[:, 1].mean())) for v in
+                   (p.vertices for p in boxes.get_paths()))
+    assert drawn == sorted((round(max(s, c.window[0]), 9), round(e, 9), r) for r, s, e in c.times)
+    assert len(hops.get_segments()) == len(c.runs()) - 1 > 0
+    path = tmp_path / "critical.png"
+    draw_gantt([t], path, critical={0: c})
+    assert path.read_bytes().startswith(PNG_SIGNATURE)

@@ -15,6 +15,7 @@ from schedc.app.cli_base import (
 )
 from schedc.app.plot import draw_gantt, write_trace
 from schedc.check import check as check_program
+from schedc.critical import critical_path
 from schedc.errors import SchedcError, ScheduleError
 from schedc.interop import from_torch_csv, write_torch_csv
 from schedc.problem import Problem
@@ -52,14 +53,17 @@ def simulate_cmd(problem: str, memory_limit, objective, name: str | None, as_jso
 
 
 def _report(t: Timeline, where: str, as_json: bool) -> None:
-    """What `simulate` and `import` print: a summary table, or JSON with every op's times."""
+    """What `simulate` and `import` print: a summary table and the critical path, or JSON with
+    every op's times and the critical path."""
     prob = t.problem
+    critical = critical_path(t)
     if as_json:
         out = t.summary()
         out["ops"] = [
             {"rank": r, "kind": op.kind, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
             for op, (r, s, e) in t.op_times().items()
         ]
+        out["critical_path"] = critical.summary()
         click.echo(json.dumps(out, indent=2))
         return
     click.echo(
@@ -83,6 +87,7 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
         for r in range(prob.ranks)
     ]
     print_table(["rank", "busy", "idle", "span", "peak mem", "limit"], rows)
+    click.echo(critical.describe())
     for v in t.violations:
         click.echo(f"memory limit exceeded: {v}")
 
@@ -213,7 +218,7 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
                 + " ".join(f"{x:.4g}" for x in peaks) + ", measured / simulated "
                 + " ".join(f"{m / s:.3f}" if s else "-" for m, s in zip(peaks, t.peak_activation))
             )
-    draw_gantt(timelines, output, measured_memory=memory)
+    draw_gantt(timelines, output, measured_memory=memory, critical={0: critical_path(t)})
     click.echo(f"wrote {output}")
     if trace:
         write_trace(t, trace)

@@ -12,11 +12,13 @@ import json
 from pathlib import Path
 
 from schedc.app.results import outcome
+from schedc.critical import CriticalPath
 from schedc.errors import SchedcError
 from schedc.simulate import Timeline
 
 KIND_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32"}
 KIND_NAMES = {"F": "F (forward)", "B": "B (input grad)", "W": "W (weight grad)", "BW": "BW (full backward)"}
+CRITICAL_COLOR = "black"
 FORMATS = (".png", ".svg", ".pdf")
 WIDTH_IN = 14.0  # figure width; the time axis gets about WIDTH_IN - 1.4 inches
 MAX_HEIGHT_IN = 60.0
@@ -68,12 +70,15 @@ def write_trace(timeline: Timeline, path: str | Path) -> None:
 
 
 def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None = None,
-               measured_memory: dict[int, list[list[tuple[float, float]]]] | None = None) -> None:
+               measured_memory: dict[int, list[list[tuple[float, float]]]] | None = None,
+               critical: dict[int, CriticalPath] | None = None) -> None:
     """Draw each timeline as a Gantt chart over its memory curves, on one shared time axis.
     ``measured_memory``: for the timeline at an index, per rank the measured activation memory
     as step points (time, level; ``schedc.trace.measured_memory``), drawn solid over that
     timeline's simulated curve (dashed) with the problem's static memory added, so both are in
-    the problem's memory units (MiB for a problem from ``schedc profile``)."""
+    the problem's memory units (MiB for a problem from ``schedc profile``). ``critical``: for the
+    timeline at an index, its critical path (``schedc.critical.critical_path``), outlined in black
+    with a line for each wait on another rank."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise SchedcError(f"{path}: unknown figure format {path.suffix!r}: use {', '.join(FORMATS)}")
@@ -98,6 +103,8 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
         ax_g, ax_m = axes[2 * i], axes[2 * i + 1]
         row_pt = gantt_h[i] * scale * 72 / tl.problem.ranks
         _draw_ops(ax_g, tl, pt_per_unit, row_pt)
+        if critical and i in critical:
+            _draw_critical(ax_g, critical[i])
         _draw_memory(ax_m, tl, (measured_memory or {}).get(i))
         ax_g.axvline(tl.makespan, color="black", linestyle="--", linewidth=1)
         for ax in (ax_g, ax_m):
@@ -108,6 +115,8 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
     handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in kinds]
     if any(t.problem.chunks > 1 for t in timelines):
         handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
+    if critical:
+        handles.append(Patch(facecolor="none", edgecolor=CRITICAL_COLOR, linewidth=1.5, label="critical path"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=9, frameon=False,
                title=title, title_fontsize=12)
     _save(fig, path)
@@ -147,6 +156,24 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
+
+
+def _draw_critical(ax, path: CriticalPath) -> None:
+    """The chain's boxes outlined, and a line from each op to the one on another rank that
+    waited for it (its result's transfer). For the span, only the window is drawn."""
+    from matplotlib.collections import LineCollection, PolyCollection  # heavy: loaded only to draw
+
+    t0, t1 = path.window
+    boxes = [[(max(s, t0), r - 0.4), (e, r - 0.4), (e, r + 0.4), (max(s, t0), r + 0.4)] for r, s, e in path.times]
+    ax.add_collection(PolyCollection(boxes, facecolors="none", edgecolors=CRITICAL_COLOR, linewidths=1.5, zorder=3))
+    hops = [
+        [(max(e, t0), ra), (s, rb)]
+        for (ra, _, e), (rb, s, _) in zip(path.times, path.times[1:])
+        if ra != rb
+    ]
+    ax.add_collection(LineCollection(hops, colors=CRITICAL_COLOR, linewidths=1.2, zorder=3))
+    if path.objective == "span":
+        ax.axvline(t0, color=CRITICAL_COLOR, linestyle=":", linewidth=1)
 
 
 def _draw_memory(ax, tl: Timeline, measured: list[list[tuple[float, float]]] | None = None) -> None:

@@ -1,0 +1,185 @@
+"""critical_path(timeline) -> CriticalPath: which chain of ops sets a timeline's objective.
+
+The ops of a schedule form a DAG: an edge from each producer to its consumer (the data
+dependencies of ``schedc.schedule.producers``, plus ``comm`` when they sit on different ranks:
+``schedc.simulate.dependencies``) and from each op to the next one on its rank (the rank runs its
+ops in order). ``simulate`` starts every op as soon as its predecessors in that DAG allow, so the
+end of an op is the longest path into it, weighted by op durations and latencies, and the
+makespan is the DAG's longest path. ``op_graph`` builds the DAG (networkx), ``critical_path``
+takes its longest path into the op that ends the objective:
+
+- makespan: the op that ends last (the lowest rank among ties), so the chain starts at time 0 and
+  its durations and latencies add up to the makespan;
+- span: the last op of the rank whose span is the longest (the lowest rank among ties); the chain
+  is the part of the longest path into that op that lies in the rank's window, from its first
+  op's start (clipped: the first op listed, or the latency before it, may begin earlier).
+
+Each op on the chain says how it waited for the op before it: ``"data"``, for that op's result
+(``latency``: ``comm`` when it came from another rank), or ``"rank"``, for its rank, busy with the
+op before it (an op whose previous op on its rank is also its producer waited for "data"). Where
+both bound at once (the rank got free the moment a producer's result arrived) the longest path
+takes the rank's order (networkx keeps the first of equal predecessors, and the rank's edges are
+added first), so a chain stays on a busy rank rather than hopping between ranks for a tie; float
+noise in sums of costs can tip such a tie either way, and either choice is a critical chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from schedc.schedule import Op
+from schedc.simulate import Timeline, dependencies
+
+
+@dataclass(frozen=True)
+class Wait:
+    """How an op on the chain waited for the op before it."""
+
+    kind: str  # "data": for that op's result; "rank": for its rank, busy with that op
+    latency: float  # between that op's end and this op's start (comm across ranks, else 0)
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    timeline: Timeline
+    objective: str  # "makespan" or "span"
+    rank: int  # the rank whose last op ends the chain
+    ops: tuple[Op, ...]  # in time order
+    waits: tuple[Wait | None, ...]  # per op, how it waited for the one before (None: the first, at 0)
+    window: tuple[float, float]  # the time the objective measures: (0, makespan) or the rank's span
+    times: tuple[tuple[int, float, float], ...]  # per op: (rank, start, end) in the timeline
+
+    @property
+    def value(self) -> float:
+        """The objective's value the chain explains: the window's length."""
+        return self.window[1] - self.window[0]
+
+    def compute(self) -> tuple[float, ...]:
+        """Per rank, the time its ops on the chain run within the window."""
+        t0, t1 = self.window
+        out = [0.0] * self.timeline.problem.ranks
+        for r, s, e in self.times:
+            out[r] += max(0.0, min(e, t1) - max(s, t0))
+        return tuple(out)
+
+    def comm(self) -> float:
+        """The time within the window that the chain spends in transfers between ranks (the
+        latencies of its data waits)."""
+        t0, t1 = self.window
+        return sum(
+            (max(0.0, min(s, t1) - max(s - w.latency, t0))
+             for (_, s, _), w in zip(self.times, self.waits) if w is not None and w.latency > 0),
+            0.0,
+        )
+
+    def runs(self) -> list[tuple[int, list[Op]]]:
+        """The chain cut where it changes rank: (rank, its consecutive ops on the chain)."""
+        out: list[tuple[int, list[Op]]] = []
+        for op, (r, _, _) in zip(self.ops, self.times):
+            if out and out[-1][0] == r:
+                out[-1][1].append(op)
+            else:
+                out.append((r, [op]))
+        return out
+
+    def describe(self, max_runs: int = 7) -> str:
+        """Two lines: what the chain's time goes to (compute per rank, transfers), and the chain
+        as runs of ops on one rank (the middle left out past ``max_runs`` runs)."""
+        value = self.value
+        pct = lambda x: f"{100 * x / value:.1f}%" if value > 0 else "-"  # noqa: E731
+        compute = self.compute()
+        top = sorted((r for r, c in enumerate(compute) if c > 0), key=lambda r: -compute[r])
+        shown = [r for r in top[:3] if compute[r] >= 0.05 * value] or top[:1]
+        parts = ", ".join(f"rank {r} {pct(compute[r])}" for r in shown)
+        what = (f"the makespan {value:.6g}" if self.objective == "makespan" else
+                f"rank {self.rank}'s span {value:.6g} ({self.window[0]:.6g} to {self.window[1]:.6g})")
+        comm = self.comm()
+        first = (f"critical path: {len(self.ops)} ops set {what}: compute {pct(sum(compute))} ({parts})"
+                 + (f", comm {pct(comm)}" if comm > 0 else ""))
+        runs = [
+            f"rank {r} {ops[0]}" if len(ops) == 1 else f"rank {r} {ops[0]} .. {ops[-1]} ({len(ops)} ops)"
+            for r, ops in self.runs()
+        ]
+        if len(runs) > max_runs:
+            head = (max_runs + 1) // 2
+            tail = max_runs - head
+            runs = [*runs[:head], f"... {len(runs) - max_runs} more ...", *runs[len(runs) - tail:]]
+        return first + "\n  " + " -> ".join(runs)
+
+    def summary(self) -> dict:
+        """Plain data for --json: the window, compute time per rank and comm time within it, and
+        every op of the chain with its times and how it waited for the one before."""
+        return {
+            "objective": self.objective,
+            "rank": self.rank,
+            "window": list(self.window),
+            "compute": list(self.compute()),
+            "comm": self.comm(),
+            "ops": [
+                {"rank": r, "kind": op.kind, "stage": op.stage, "mb": op.mb, "start": s, "end": e,
+                 "wait": None if w is None else w.kind, "latency": 0.0 if w is None else w.latency}
+                for op, (r, s, e), w in zip(self.ops, self.times, self.waits)
+            ],
+        }
+
+
+def op_graph(timeline: Timeline) -> nx.DiGraph:
+    """The DAG of the timeline's ops: an edge from each op to the next on its rank (``wait``
+    "rank") and from each producer to its consumer (``wait`` "data", ``latency`` comm across
+    ranks; an edge that is both is "data"). ``weight`` is the latency plus the consumer's
+    duration, so a path's weight plus its first op's duration is the time from that op's start
+    to the last op's end when nothing else waits."""
+    problem, schedule = timeline.problem, timeline.schedule
+    where = schedule.locate()
+    ops = [op for rank_ops in schedule.ranks for op in rank_ops]
+    index = {op: k for k, op in enumerate(ops)}
+    dur = [problem.cost[op.kind][op.stage] for op in ops]
+    graph = nx.DiGraph()
+    for k, op in enumerate(ops):
+        graph.add_node(op, duration=dur[k])
+    for rank_ops in schedule.ranks:  # first: among equal predecessors the longest path keeps the first
+        for a, b in zip(rank_ops, rank_ops[1:]):
+            graph.add_edge(a, b, wait="rank", latency=0.0, weight=dur[index[b]])
+    for k, deps in enumerate(dependencies(problem, ops, index, where)):
+        for d, latency in deps:
+            graph.add_edge(ops[d], ops[k], wait="data", latency=latency, weight=latency + dur[k])
+    return graph
+
+
+def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalPath:
+    """The chain of ops that sets ``timeline``'s objective (the problem's unless given): see the
+    module's docstring. ``timeline`` must come from ``simulate`` (measured times do not follow
+    the DAG)."""
+    objective = objective or timeline.problem.objective
+    if objective not in ("makespan", "span"):
+        raise ValueError(f"objective must be 'makespan' or 'span', not {objective!r}")
+    ends = [es[-1] for es in timeline.end]  # every rank holds a stage, so runs ops
+    if objective == "makespan":
+        rank = max(range(len(ends)), key=ends.__getitem__)
+        window = (0.0, ends[rank])
+    else:
+        spans = timeline.rank_span
+        rank = max(range(len(spans)), key=spans.__getitem__)
+        window = (timeline.start[rank][0], ends[rank])
+    last = timeline.schedule.ranks[rank][-1]
+    graph = op_graph(timeline)
+    # Every op that leads to ``last`` (all weights are positive, so a longest path ends there).
+    into = graph.subgraph(nx.ancestors(graph, last) | {last})
+    chain = nx.dag_longest_path(into, weight="weight")
+    waits: list[Wait | None] = [None]
+    for a, b in zip(chain, chain[1:]):
+        edge = graph.edges[a, b]
+        waits.append(Wait(edge["wait"], edge["latency"]))
+    times = timeline.op_times()
+    tol = timeline.problem.time_tol
+    length = graph.nodes[chain[0]]["duration"] + nx.path_weight(graph, chain, "weight")
+    if not tol.eq(length, ends[rank]):
+        raise ValueError(f"{timeline.schedule.name}: the longest path into {last} takes {length:g} but it ends at"
+                         f" {ends[rank]:g}: critical_path needs the times simulate() gives, not measured ones")
+    # Keep what lies in the window: ops, or the transfer before them, that end after it opens.
+    keep = next(k for k, op in enumerate(chain) if tol.gt(times[op][2], window[0]))
+    chain = chain[keep:]
+    return CriticalPath(timeline, objective, rank, tuple(chain), tuple(waits[keep:]), window,
+                        tuple(times[op] for op in chain))
