@@ -21,8 +21,9 @@ demo: $(STAMP)
 	$(BIN)/schedc compare examples/problems/uniform.yaml --plot out/compare.png
 	$(BIN)/schedc show examples/problems/uniform.yaml --schedule zb-h1 -o out/zb-h1.png --trace out/zb-h1.trace.json
 
+# One pytest worker per core (pytest-xdist); worksteal keeps both busy to the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/simulate.py
