@@ -2,12 +2,13 @@
 
 Problem -> Schedule (a heuristic from the registry, or solved) -> Timeline (simulate)
 -> Program (lower) -> schedule file (``CompiledSchedule.save``, ``schedc.load``) -> runtime.
-Nothing heavy is imported here: torch, PuLP and matplotlib load only where they are used.
+Nothing heavy is imported here: torch, PuLP and matplotlib load only where they are used, and
+``import schedc`` loads the core alone (no solver, no application module: the runtime's ranks
+import it). ``schedc.compile`` belongs to the application layer and is loaded on first use.
 The layers (README, "Architecture"): the core (this package's own modules), ``schedc.solvers``
 and ``schedc.runtime`` over it, and ``schedc.app`` (CLI, compile, studies, figures) on top.
 """
 
-from schedc.app.compile import compile
 from schedc.check import check
 from schedc.errors import ProblemError, ProgramError, SchedcError, ScheduleError, ScheduleFileError
 from schedc.problem import Problem, load_problem
@@ -16,6 +17,17 @@ from schedc.schedfile import CompiledSchedule, load
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.version import __version__
+
+
+def __getattr__(name: str):
+    """``schedc.compile``, loaded from the application layer on first use (PEP 562)."""
+    if name == "compile":
+        from schedc.app.compile import compile  # the front door's one upward arrow: pyproject's ignore_imports
+
+        globals()["compile"] = compile
+        return compile
+    raise AttributeError(f"module 'schedc' has no attribute {name!r}")
+
 
 __all__ = [
     "CompiledSchedule",

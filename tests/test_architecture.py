@@ -52,6 +52,8 @@ def test_the_import_contracts_hold(tmp_path):
     ("simulate.py", "import torch  # a wrong arrow: the core importing torch"),
     ("solvers/registry.py", "import schedc.runtime  # a wrong arrow: a solver importing the runtime"),
     ("runtime/comm.py", "import schedc.app.cli  # a wrong arrow: the runtime importing the application"),
+    ("__init__.py", "import schedc.solvers  # a wrong arrow: the front door loading the solvers"),
+    ("__init__.py", "from schedc.app.plot import draw_gantt  # a wrong arrow: the front door loading the app"),
 ])
 def test_a_wrong_import_breaks_a_contract(tmp_path, module, line):
     tree = installed_layout(tmp_path)
@@ -61,6 +63,25 @@ def test_a_wrong_import_breaks_a_contract(tmp_path, module, line):
     assert result.returncode != 0
     assert "BROKEN" in result.stdout, result.stdout[-3000:]
 
+
+@pytest.mark.parametrize("statement", ["import schedc", "import schedc.problem", "import schedc.schedfile"])
+def test_the_front_door_loads_the_core_alone(statement):
+    """What ``python -X importtime -c STATEMENT`` lists: no solver, runtime or application module,
+    and no torch, PuLP, matplotlib or OR-Tools (a runtime rank imports schedc for the file format)."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", statement], capture_output=True, text=True,
+                         timeout=120, check=True)
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "schedc.problem" in loaded  # the listing is what it claims to be
+    heavy = sorted(m for m in loaded if m.split(".")[0] in ("torch", "pulp", "matplotlib", "ortools")
+                   or m.startswith(("schedc.solvers", "schedc.runtime", "schedc.app")))
+    assert heavy == []
+
+
+def test_schedc_compile_is_loaded_on_first_use():
+    code = ("import sys, schedc; before = 'schedc.app.compile' in sys.modules; "
+            "from schedc import compile; print(before, compile is schedc.compile, compile.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True", "schedc.app.compile"]
 
 
 def test_no_module_cycles(tmp_path):
