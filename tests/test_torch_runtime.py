@@ -2,14 +2,25 @@
 through ``schedc.runtime.torch_pipeline``) on 2 gloo ranks: the gradients and loss of one step equal
 schedc's own runtime's and single-process training's, for a split-backward loop schedule, a fused
 one, a V schedule (two stages per rank), interleaved 1F1B and an explicit placement, with schedc's
-sends and receives and with torch's own lowering of the compute order."""
+sends and receives, with torch's own lowering of the compute order, and from the file `schedc
+export --format torch-comms-csv` writes, loaded by torch's own loader onto stages built by hand."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as torch_schedules
 
 import schedc
 from schedc import Problem, SchedcError
+from schedc.app.cli import main
 from schedc.interop import torch_comms_rows
 from schedc.runtime import PipelineRuntime, torch_actions, torch_pipeline, torch_placement
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
@@ -24,6 +35,7 @@ CASES = [  # (schedule, chunks, placement): split and fused backward, loop, V an
     ("zb-1p", 2, [[0, 1], [2, 3]]),  # explicit: each rank two consecutive stages
 ]
 COMMS = ("schedc", "torch")
+ROOT = Path(__file__).parent.parent
 
 
 def problem(v, placement, ranks=P):
@@ -45,21 +57,27 @@ def grads(mods):
 
 
 def run_cases(rank, world, paths):
-    """Per schedule file: one step with schedc's runtime and one with torch's for each ``comms``
-    (fresh stages each time); this rank's gradients and the last stage's loss."""
+    """Per schedule file: one step with schedc's runtime, one with torch's for each ``comms``, and
+    one with torch's runtime loading the exported CSV (fresh stages each time); this rank's
+    gradients and the last stage's loss."""
     x, y = batch()
     out = {}
     for path in paths:
         compiled = schedc.load(path)
         prob = compiled.problem
         last = prob.n_stages - 1 in prob.rank_stages[rank]
-        fresh = lambda: {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}  # noqa: E731
+        fresh = lambda: {s: mod for s, mod in enumerate(model(prob.n_stages)) if torch_placement(compiled)[s] == rank}  # noqa: E731
         mods = fresh()
         loss = PipelineRuntime(compiled, mods, lm_loss, timeout=120).step(x, y)
         out[f"{compiled.name}/ours"] = {"grads": grads(mods), "loss": loss.item() if last else None}
-        for comms in COMMS:
+        for comms in (*COMMS, "csv"):
             mods = fresh()
-            pipe = torch_pipeline(compiled, mods, lm_loss, comms=comms)
+            if comms == "csv":  # what a user of torch alone does with the file
+                stages = [PipelineStage(mods[s], s, prob.n_stages, torch.device("cpu")) for s in sorted(mods)]
+                pipe = torch_schedules._PipelineScheduleRuntime(stages, n_microbatches=M, loss_fn=lm_loss)
+                pipe._load_csv(path.replace(".json", ".csv"), format="compute_comms")
+            else:
+                pipe = torch_pipeline(compiled, mods, lm_loss, comms=comms)
             losses = []
             pipe.step(x if 0 in mods else None, target=y if last else None, losses=losses)
             out[f"{compiled.name}/torch-{comms}"] = {
@@ -101,6 +119,8 @@ def ran(tmp_path_factory):
         path = tmp / f"{name}.json"
         schedc.compile(problem(v, placement), name).save(path)
         paths.append(str(path))
+        result = CliRunner().invoke(main, ["export", str(path), "--format", "torch-comms-csv", "-o", str(tmp / f"{name}.csv")])
+        assert result.exit_code == 0 and "sends and receives" in result.output, result.output
     return run_local(run_cases, P, paths, timeout=300)
 
 
@@ -108,7 +128,7 @@ def ran(tmp_path_factory):
 def test_torchs_runtime_trains_like_ours_and_one_process(ran, name, v, placement):
     prob = problem(v, placement)
     ref_loss, ref_grads = reference(prob.n_stages)
-    for who in ("ours", *(f"torch-{c}" for c in COMMS)):
+    for who in ("ours", *(f"torch-{c}" for c in (*COMMS, "csv"))):
         key = f"{name}/{who}"
         got = {k: t for r in ran for k, t in r[key]["grads"].items()}
         assert got.keys() == ref_grads.keys(), key
@@ -116,13 +136,14 @@ def test_torchs_runtime_trains_like_ours_and_one_process(ran, name, v, placement
             torch.testing.assert_close(got[k], t, rtol=1e-5, atol=1e-6, msg=f"{key}: {k}")
         (loss,) = [r[key]["loss"] for r in ran if r[key]["loss"] is not None]
         assert loss == pytest.approx(ref_loss, rel=1e-5), key
-    for comms in COMMS:
+    compiled = schedc.compile(prob, name)
+    for comms in (*COMMS, "csv"):
         for rank, r in enumerate(ran):
             run = r[f"{name}/torch-{comms}"]
             assert run["mapping"] == list(prob.stage_rank)  # torch placed the stages as the problem does
-            # torch ran the actions torch_actions gives (torch's runtime keeps them as they are)
-            compiled = schedc.compile(prob, name)
-            assert run["actions"] == [str(a) for a in torch_actions(compiled, comms=comms)[rank]]
+            # torch ran the actions torch_actions gives (the file holds schedc's)
+            want = torch_actions(compiled, comms="schedc" if comms == "csv" else comms)[rank]
+            assert run["actions"] == [str(a) for a in want]
 
 
 def test_actions_carry_sends_receives_and_the_split():
@@ -160,8 +181,55 @@ def test_errors_are_one_line(ran, monkeypatch):
         torch_pipeline(compiled, {}, lm_loss)
     with pytest.raises(SchedcError, match="a Problem needs its Schedule"):
         torch_actions(compiled.problem)
+    # an order torch's lowering refuses: torch's multi-line assertion becomes one line naming torch and the schedule
+    def refuse(*args, **kwargs):
+        raise AssertionError("Malformed compute schedule, can't schedule sends/recvs\n\nFull pipeline schedule: ...")
+
+    monkeypatch.setattr(torch_schedules, "_add_send_recv", refuse)
+    with pytest.raises(SchedcError) as e:
+        torch_actions(compiled, comms="torch")
+    assert str(e.value) == (f"torch {torch.__version__}'s _PipelineScheduleRuntime rejects schedule 'zb-h1' (placement"
+                            " loop): Malformed compute schedule, can't schedule sends/recvs")
     # a torch without the runtime's names (another version) is named, not an AttributeError
     monkeypatch.delattr(torch_schedules, "_add_send_recv")
     with pytest.raises(SchedcError, match=r"torch .* has no torch\.distributed\.pipelining\.schedules\._add_send_recv") as e:
         torch_actions(compiled)
     assert "\n" not in str(e.value)
+
+
+def test_the_readme_example_trains(tmp_path):
+    """examples/train_gpt_torch.py under torchrun, as the README runs it (a compiled zb-v instead of
+    a profiled one, and 2 steps)."""
+    problem_file, schedule = tmp_path / "gpt-v.yaml", tmp_path / "zbv.json"
+    problem_file.write_text("ranks: 2\nchunks: 2\nplacement: v\nmicrobatches: 4\ncosts: {F: 1, B: 1, W: 1}\n")
+    result = CliRunner().invoke(main, ["compile", str(problem_file), "-s", "zb-v", "-o", str(schedule)])
+    assert result.exit_code == 0, result.output
+    summary = tmp_path / "train.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(ROOT / "examples" / "train_gpt_torch.py"), str(schedule), "--steps", "2", "--warmup", "1",
+         "--json", str(summary)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "zb-v: stage -> rank {0: 0, 1: 1, 2: 1, 3: 0}" in run.stdout
+    out = json.loads(summary.read_text())
+    assert out["comms"] == "schedc" and len(out["losses"]) == 2 and out["losses"][-1] < out["losses"][0]
+
+
+def test_the_readme_snippet_runs_as_written(tmp_path):
+    """The README's Python block for torch's runtime, saved as pp.py and run under torchrun next to
+    the out/zbv.json it loads (compiled here instead of profiled)."""
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+               if "torch_pipeline(compiled" in b]
+    (tmp_path / "pp.py").write_text(code)
+    (tmp_path / "out").mkdir()
+    problem_file = tmp_path / "gpt-v.yaml"
+    problem_file.write_text("ranks: 2\nchunks: 2\nplacement: v\nmicrobatches: 8\ncosts: {F: 1, B: 1, W: 1}\n")
+    result = CliRunner().invoke(main, ["compile", str(problem_file), "-s", "zb-v", "-o", str(tmp_path / "out" / "zbv.json")])
+    assert result.exit_code == 0, result.output
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "pp.py"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    losses = [float(v) for v in re.findall(r"^step \d+: loss ([\d.]+)$", run.stdout, re.M)]
+    assert len(losses) == 4 and losses[-1] < losses[0], run.stdout
