@@ -120,7 +120,8 @@ def torch_pipeline(compiled: CompiledSchedule | Problem, modules: Mapping[int, n
 
     ``modules`` maps each stage this rank holds (``compiled.problem.rank_stages[rank]``, see
     ``torch_placement``) to its ``nn.Module``, or to a ``PipelineStage`` you built (its stage index
-    and number of stages must match). The process group (``group``, default the world) must have
+    and number of stages must match); ``device`` defaults to where the modules' parameters are
+    (one ``PipelineStage`` per module is built there). The process group (``group``, default the world) must have
     the schedule's ranks. ``loss_fn(output, target)`` is the last stage's loss per microbatch; with
     ``scale_grads`` (default) torch divides the summed gradients by m, which gives the gradients
     of the mean loss over the microbatches, as single-process training on the whole batch with a
@@ -144,7 +145,10 @@ def torch_pipeline(compiled: CompiledSchedule | Problem, modules: Mapping[int, n
     if sorted(modules) != list(mine):
         raise SchedcError(f"rank {rank} holds stages {list(mine)} of {compiled.name!r} (placement"
                           f" {problem.placement}), but modules has stages {sorted(modules)}: pass exactly this rank's")
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device is None:  # where the modules' parameters are (CPU for none)
+        params = (q for m in modules.values() if not isinstance(m, names["_PipelineStageBase"]) for q in m.parameters())
+        device = next((q.device for q in params), "cpu")
+    device = torch.device(device)
     stages = []
     for s in mine:  # ascending: torch's set-up passes metadata between a rank's stages in list order
         mod = modules[s]
