@@ -79,7 +79,7 @@ def run_cases(rank, world, paths):
             else:
                 pipe = torch_pipeline(compiled, mods, lm_loss, comms=comms)
             losses = []
-            pipe.step(x if 0 in mods else None, target=y if last else None, losses=losses)
+            pipe.step(*([x] if 0 in mods else []), target=y if last else None, losses=losses)
             out[f"{compiled.name}/torch-{comms}"] = {
                 "grads": grads(mods),
                 "loss": torch.stack(losses).mean().item() if last else None,
@@ -89,11 +89,10 @@ def run_cases(rank, world, paths):
     # mistakes: the wrong stages for this rank, a schedule for another world size
     compiled = schedc.load(paths[0])
     errors = []
-    for bad in ({s: torch.nn.Identity() for s in range(compiled.problem.n_stages)},):
-        try:
-            torch_pipeline(compiled, bad, lm_loss)
-        except SchedcError as e:
-            errors.append(str(e))
+    try:
+        torch_pipeline(compiled, {s: torch.nn.Identity() for s in range(compiled.problem.n_stages)}, lm_loss)
+    except SchedcError as e:
+        errors.append(str(e))
     try:
         torch_pipeline(schedc.compile(problem(1, "loop", ranks=4), "1f1b"), {rank: torch.nn.Identity()}, lm_loss)
     except SchedcError as e:
