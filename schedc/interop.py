@@ -8,6 +8,12 @@ torch writes a schedule as CSV with one row per rank and one cell per action,
 
 An empty cell is an idle step. Reading and writing CSV is our own code and needs no torch;
 torch's own schedules are built in ``schedc.runtime.torch_schedules`` (it imports torch).
+
+``torch_comms_rows(program)`` writes a lowered Program in torch's other format, "compute_comms":
+the compute cells plus schedc's own sends and receives (``0SEND_F3``, ``1RECV_F3``, ``1SEND_B3``,
+``0RECV_B3``) in the Program's order, and ``0REDUCE_GRAD`` after each stage's last backward. torch
+infers the stage-to-rank mapping from where each stage's actions are, so the placement (V or
+explicit) travels with the file; ``schedc.runtime.torch_export`` runs it with torch's runtime.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 
 from schedc.errors import SchedcError
 from schedc.inputs import read_text
+from schedc.program import COMPUTE, Program
 from schedc.schedule import Op, Schedule
 
 TO_TORCH = {"F": "F", "B": "I", "W": "W", "BW": "B"}
@@ -42,9 +49,49 @@ def to_torch_csv(schedule: Schedule) -> str:
     return out.getvalue()
 
 
-def write_torch_csv(schedule: Schedule, path: str | os.PathLike) -> None:
+def torch_comms_rows(program: Program) -> list[list[str]]:
+    """Per rank, the cells torch's ``_PipelineScheduleRuntime`` executes for this Program (its
+    "compute_comms" format): each compute op as in ``to_torch_csv``; a SEND of an activation
+    ``{s}SEND_F{mb}`` (of a gradient ``{s}SEND_B{mb}``) where the Program sends, ``s`` the sending
+    stage; a RECV ``{s}RECV_F{mb}`` / ``{s}RECV_B{mb}`` where the Program posts it, ``s`` the
+    receiving stage; ``{s}REDUCE_GRAD`` after stage s's last backward (W or BW) and the send that
+    follows it (torch scales, and data-parallel reduces, the gradients there, as its own lowering
+    does). Hand-offs between stages on one rank and the optimizer step have no cell: torch's
+    runtime hands off inside F and B, and the caller steps."""
+    rows = []
+    for instrs in program.ranks:
+        last_backward = {i.stage: k for k, i in enumerate(instrs) if i.op in ("W", "BW")}
+        row: list[str] = []
+        pending: int | None = None  # a stage whose REDUCE_GRAD waits for its last backward's send
+        for k, instr in enumerate(instrs):
+            if pending is not None and not (instr.op == "SEND" and instr.stage == pending):
+                row.append(f"{pending}REDUCE_GRAD")
+                pending = None
+            if instr.op in COMPUTE:
+                row.append(f"{instr.stage}{TO_TORCH[instr.op]}{instr.mb}")
+                if last_backward.get(instr.stage) == k:
+                    pending = instr.stage
+            elif instr.op in ("SEND", "RECV"):
+                row.append(f"{instr.stage}{instr.op}_{'F' if instr.tensor == 'act' else 'B'}{instr.mb}")
+        if pending is not None:
+            row.append(f"{pending}REDUCE_GRAD")
+        rows.append(row)
+    return rows
+
+
+def to_torch_comms_csv(program: Program) -> str:
+    """``torch_comms_rows`` as CSV: one row per rank; torch loads it with
+    ``_load_csv(path, format="compute_comms")``."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(torch_comms_rows(program))
+    return out.getvalue()
+
+
+def write_torch_csv(schedule: Schedule | Program, path: str | os.PathLike) -> None:
+    """A Schedule as the compute-only CSV, a lowered Program as the compute_comms one."""
+    text = to_torch_comms_csv(schedule) if isinstance(schedule, Program) else to_torch_csv(schedule)
     try:
-        Path(path).write_text(to_torch_csv(schedule))
+        Path(path).write_text(text)
     except OSError as e:
         raise SchedcError(f"{path}: cannot write: {e.strerror or e}") from None
 

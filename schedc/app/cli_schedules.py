@@ -227,8 +227,11 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
 
 @main.command()
 @input_options
-@click.option("--format", "fmt", type=click.Choice(["torch-csv"]), default="torch-csv", show_default=True,
-              help="torch-csv: torch.distributed.pipelining's compute-only CSV, one row per rank.")
+@click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms-csv"]), default="torch-csv",
+              show_default=True,
+              help="torch-csv: torch.distributed.pipelining's compute-only CSV, one row per rank (torch adds its own"
+                   " sends and receives); torch-comms-csv: torch's compute_comms CSV, with schedc's sends, receives"
+                   " and REDUCE_GRAD (load it with _load_csv(path, format=\"compute_comms\")).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write, e.g. FILE.csv.")
 def export(problem: str, memory_limit, objective, name: str | None, fmt: str, output: str) -> None:
     """Write a schedule in another tool's format.
@@ -236,7 +239,14 @@ def export(problem: str, memory_limit, objective, name: str | None, fmt: str, ou
     INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
     """
 
-    _, schedule = schedule_input(problem, name, memory_limit, objective)
+    prob, schedule = schedule_input(problem, name, memory_limit, objective)
+    if fmt == "torch-comms-csv":
+        program = CompiledSchedule.build(prob, schedule).program
+        write_torch_csv(program, output)
+        n_comm = sum(i.op in ("SEND", "RECV") for instrs in program.ranks for i in instrs)
+        click.echo(f"wrote {output} ({schedule.name}: {len(schedule.ranks)} ranks, {schedule.n_ops} ops,"
+                   f" {n_comm} sends and receives)")
+        return
     write_torch_csv(schedule, output)
     click.echo(f"wrote {output} ({schedule.name}: {len(schedule.ranks)} ranks, {schedule.n_ops} ops)")
 
