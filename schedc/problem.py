@@ -23,7 +23,9 @@ a level against a limit uses ``activation_room`` = limit - static - that working
 
 from __future__ import annotations
 
+import copy
 import difflib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
@@ -31,7 +33,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from schedc.errors import ProblemError
-from schedc.inputs import read_data, shorten
+from schedc.inputs import read_data, safe_filename, shorten
 from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
@@ -60,6 +62,25 @@ class Boundary(BaseModel):
     # model nested in another need not call it (else the outer field's error would be ours, not
     # pydantic's, and lose its location).
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy; with ``update``, a validated one (pydantic's own copies the fields unchecked,
+        and for a Problem would also keep the derived views of the original: its stage_rank of
+        the old ranks)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        data = copy.deepcopy(data) if deep else data
+        return type(self).model_validate({**data, **update})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.model_config.get("frozen"):
+            raise self._error(f"{self._source}: {name}: a {type(self).__name__} cannot be changed in place:"
+                              " make a changed copy with model_copy(update=...)")
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as e:
+            raise self._one_line(e, self._source) from None
 
     @classmethod
     def _one_line(cls, e: ValidationError, source: str) -> Exception:
@@ -96,8 +117,10 @@ class Boundary(BaseModel):
 
 
 class _Strict(Boundary):
-    """The problem's models: bad data raises ProblemError with one line."""
+    """The problem's models: bad data raises ProblemError with one line. Frozen: a Problem's
+    derived views (stage_rank, cost, ...) are computed once, so its fields cannot change."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
     _error = ProblemError
 
 
@@ -483,7 +506,9 @@ def load_problem(path: str | Path) -> Problem:
     path = Path(path)
     data = read_data(path, error=ProblemError, what="problem file")
     problem = Problem.parse(data, source=str(path))
-    return problem if problem.name else problem.model_copy(update={"name": path.stem})
+    if problem.name:
+        return problem
+    return problem.model_copy(update={"name": path.stem[:200] if path.stem.isprintable() else safe_filename(path.stem)})
 
 
 def format_validation_error(e: ValidationError, root: type[BaseModel] | None = None) -> str:
