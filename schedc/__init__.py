@@ -9,7 +9,7 @@ and ``schedc.runtime`` over it, and ``schedc.app`` (CLI, compile, studies, figur
 
 from schedc.app.compile import compile
 from schedc.check import check
-from schedc.errors import ProblemError, ProgramError, SchedcError, ScheduleError, ScheduleFileError
+from schedc.errors import ConfigError, ProblemError, ProgramError, SchedcError, ScheduleError, ScheduleFileError
 from schedc.problem import Problem, load_problem
 from schedc.program import Instr, Program, lower
 from schedc.schedfile import CompiledSchedule, load
@@ -19,6 +19,7 @@ from schedc.version import __version__
 
 __all__ = [
     "CompiledSchedule",
+    "ConfigError",
     "Instr",
     "Op",
     "Problem",

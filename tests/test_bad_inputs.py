@@ -524,8 +524,7 @@ def _axis_values() -> dict[str, list]:
 @pytest.mark.parametrize("axis", sorted(_axis_values()))
 def test_every_grid_axis_refuses_an_empty_or_repeated_list(tmp_path, axis, how):
     values = [] if how == "empty" else _axis_values()[axis]
-    (tmp_path / "c.yaml").write_text(f"problems:\n  - {{{CELL}}}\ngrid: {{ranks: [2], {axis}: {json.dumps(values)}}}\n"
-                                     .replace("ranks: [2], ranks:", "ranks:"))
+    (tmp_path / "c.yaml").write_text(f"problems:\n  - {{{CELL}}}\ngrid: {json.dumps({axis: values})}\n")
     line = assert_refused(cli(["ablate", tmp_path / "c.yaml", "-o", tmp_path / "out", "-q"], tmp_path),
                           contains=f"grid.{axis}: ")
     assert ("empty" if how == "empty" else "given twice") in line
@@ -539,7 +538,7 @@ def test_raising_the_cell_ceiling_runs_the_grid(tmp_path):
     assert "3 cells" in line and not (tmp_path / "out").exists()
     code, out, err, crashed = cli(["ablate", tmp_path / "c.yaml", "-o", tmp_path / "out", "--max-cells", "3"], tmp_path)
     assert (code, crashed) == (0, ""), err
-    assert "1 cells x 1 schedules" not in err and "3 cells x 1 schedules" in err and "[3/3]" in err
+    assert "3 cells x 1 schedules" in err and "[3/3]" in err
 
 
 # ---- list-valued options: each refuses an empty list, an empty, repeated or unknown name ----
