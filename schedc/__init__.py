@@ -10,7 +10,7 @@ and ``schedc.runtime`` over it, and ``schedc.app`` (CLI, compile, studies, figur
 """
 
 from schedc.check import check
-from schedc.errors import ProblemError, ProgramError, SchedcError, ScheduleError, ScheduleFileError
+from schedc.errors import ConfigError, ProblemError, ProgramError, SchedcError, ScheduleError, ScheduleFileError
 from schedc.problem import Problem, load_problem
 from schedc.program import Instr, Program, lower
 from schedc.schedfile import CompiledSchedule, load
@@ -31,6 +31,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "CompiledSchedule",
+    "ConfigError",
     "Instr",
     "Op",
     "Problem",

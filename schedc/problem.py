@@ -23,24 +23,105 @@ a level against a limit uses ``activation_room`` = limit - static - that working
 
 from __future__ import annotations
 
+import copy
 import difflib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from schedc.errors import ProblemError
-from schedc.inputs import read_data, shorten
+from schedc.inputs import read_data, safe_filename, shorten
 from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
 KINDS = ("F", "B", "W", "BW")
 
 
-class _Strict(BaseModel):
-    # extra="forbid": a misspelt field is an error, never silently ignored.
+class Boundary(BaseModel):
+    """A pydantic model at schedc's boundary (files, CLI, API). A misspelt field is an error,
+    never silently ignored (extra="forbid"), and bad data, however the model is built
+    (``Model(...)``, ``model_validate``, ``model_validate_json``), raises ``_error`` (one of
+    schedc's errors, also a ValueError) with one line naming the field, never pydantic's
+    multi-line ValidationError. A model nested in another is validated by pydantic's core as
+    part of the outer one (its ``__init__`` is not called), so only the outermost call converts."""
+
     model_config = ConfigDict(extra="forbid")
+    _error: ClassVar[type[Exception]] = ProblemError
+    _source: ClassVar[str] = "problem"  # what the message starts with when no file is named
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise self._one_line(e, self._source) from None
+
+    # pydantic reads this: the __init__ above validates as BaseModel's does, so that validating a
+    # model nested in another need not call it (else the outer field's error would be ours, not
+    # pydantic's, and lose its location).
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy; with ``update``, a validated one (pydantic's own copies the fields unchecked,
+        and for a Problem would also keep the derived views of the original: its stage_rank of
+        the old ranks)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        data = copy.deepcopy(data) if deep else data
+        return type(self).model_validate({**data, **update})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.model_config.get("frozen"):
+            raise self._error(f"{self._source}: {name}: a {type(self).__name__} cannot be changed in place:"
+                              " make a changed copy with model_copy(update=...)")
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as e:
+            raise self._one_line(e, self._source) from None
+
+    @classmethod
+    def _one_line(cls, e: ValidationError, source: str) -> Exception:
+        return cls._error(f"{source}: {format_validation_error(e, cls)}")
+
+    @classmethod
+    def validated(cls, data: Any, source: str | None = None) -> Any:
+        """``data`` validated; ``source`` (a file name) starts the one-line error message."""
+        try:
+            return super().model_validate(data)
+        except ValidationError as e:
+            raise cls._one_line(e, source or cls._source) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as e:
+            raise cls._one_line(e, cls._source) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as e:
+            raise cls._one_line(e, cls._source) from None
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, **kwargs: Any) -> Any:
+        try:
+            return super().model_validate_strings(obj, **kwargs)
+        except ValidationError as e:
+            raise cls._one_line(e, cls._source) from None
+
+
+class _Strict(Boundary):
+    """The problem's models: bad data raises ProblemError with one line. Frozen: a Problem's
+    derived views (stage_rank, cost, ...) are computed once, so its fields cannot change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    _error = ProblemError
 
 
 # Magnitudes in any unit (seconds to nanoseconds, bytes to terabytes fit): no amount above
@@ -75,6 +156,8 @@ def _check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = Fa
 class Costs(_Strict):
     """Time of one microbatch through one stage, in any unit (ms by convention)."""
 
+    _source = "costs"
+
     F: Number
     B: Number
     W: Number
@@ -89,6 +172,8 @@ class Costs(_Strict):
 
 class Memory(_Strict):
     """Activation-memory deltas per stage and static memory / limit per rank (any unit, GB by convention)."""
+
+    _source = "memory"
 
     F: Number = 1.0
     B: Number | None = Field(default=None, description="delta of B; default -F/2")
@@ -405,10 +490,7 @@ class Problem(_Strict):
         """Validate a mapping; raise ProblemError with a one-line message naming the field."""
         if not isinstance(data, dict):
             raise ProblemError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ProblemError(f"{source}: {format_validation_error(e)}") from None
+        return cls.validated(data, source)
 
 
 def _broadcast(field: str, value: Number, n: int, what: str) -> tuple[float, ...]:
@@ -424,7 +506,9 @@ def load_problem(path: str | Path) -> Problem:
     path = Path(path)
     data = read_data(path, error=ProblemError, what="problem file")
     problem = Problem.parse(data, source=str(path))
-    return problem if problem.name else problem.model_copy(update={"name": path.stem})
+    if problem.name:
+        return problem
+    return problem.model_copy(update={"name": path.stem[:200] if path.stem.isprintable() else safe_filename(path.stem)})
 
 
 def format_validation_error(e: ValidationError, root: type[BaseModel] | None = None) -> str:
@@ -454,6 +538,8 @@ def format_validation_error(e: ValidationError, root: type[BaseModel] | None = N
         got = err.get("input")
         shown = "" if err["type"] == "value_error" or isinstance(got, (dict, list)) else f" (got {shorten(got)})"
         parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+    # An unknown field first: a typo explains the rest (and would be cut off after three).
+    parts.sort(key=lambda p: not p.startswith("unknown field"))
     # pydantic reports each member of a union; keep the first message per field.
     seen, unique = set(), []
     for p in parts:

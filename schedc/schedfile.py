@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, Field
 
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
 from schedc.check import check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
-from schedc.problem import Problem, format_validation_error, load_problem
+from schedc.problem import Boundary, Problem, load_problem
 from schedc.program import OPCODES, Header, Instr, Program, lower
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
@@ -80,8 +80,11 @@ def _command() -> str:
     return one_line(" ".join(argv), 2000)  # the file's provenance is plain text on one line
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(Boundary):
+    """The file's models: bad data raises ScheduleFileError with one line (see Boundary)."""
+
+    _error = ScheduleFileError
+    _source = "schedule file"
 
 
 class InstrModel(_Strict):
@@ -233,10 +236,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
             f"{path}: written by a newer schedc (schedule format version {version}; this schedc"
             f" {__version__} reads version {VERSION}): upgrade schedc or write the file again"
         )
-    try:
-        model = ScheduleFile.model_validate(data)
-    except ValidationError as e:
-        raise ScheduleFileError(f"{path}: {format_validation_error(e, ScheduleFile)}") from None
+    model = ScheduleFile.validated(data, str(path))
 
     problem = model.problem
     schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks)

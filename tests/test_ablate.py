@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from schedc.app.ablate_report import read_csv
@@ -126,3 +127,57 @@ def test_a_memory_factor_leaves_room_for_working_memory():
         assert problem.memory_limit == tuple(5 + w + cell.values["memory"] * 3 * 2 for w in (0.5, 0.25, 0.75))
         fits[cell.values["memory"]] = schedc.simulate(problem, schedc.solvers.build("1f1b", problem)).fits
     assert fits == {1.0: True, 0.9: False}
+
+
+SMALL = """
+name: small
+problems:
+  - problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}
+grid: {microbatches: [2, 3, 4]}
+schedules: [1f1b, ilp]
+solver: {time_limit: 5}
+"""
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+@pytest.mark.parametrize("pulse", [60.0, 0.0])
+def test_progress_gives_the_plan_and_time_left_and_quiet_is_not_silent_for_long(tmp_path, monkeypatch, quiet, pulse):
+    """A study prints its plan, then a line per cell with the time left; with -q nothing for a
+    short run, but once runs outlast the pulse (set to 0 here, a minute by default) a line per
+    pulse still comes, and the solver's worst case up front."""
+    import schedc.app.ablate as ablate
+
+    monkeypatch.setattr(ablate, "PULSE_SECONDS", pulse)
+    (tmp_path / "c.yaml").write_text(SMALL)
+    result = CliRunner().invoke(main, ["ablate", str(tmp_path / "c.yaml"), "-o", str(tmp_path / "out")]
+                                + (["-q"] if quiet else []))
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    plan = "small: 3 cells x 2 schedules; the solver takes up to 5 s a cell, 15 s in all"
+    if not quiet:
+        assert lines[0] == plan
+        cells = [ln for ln in lines if ln.startswith("[")]
+        assert [ln[:5] for ln in cells] == ["[1/3]", "[2/3]", "[3/3]"]
+        assert all(re.search(r"\(\d+ s, about \d+ s left\)$", ln) for ln in cells[:2]), cells
+        assert not any("cells done" in ln for ln in lines)
+    elif pulse:
+        assert lines == []
+    else:
+        assert lines[0] == plan, lines
+        assert [ln.split(" (")[0] for ln in lines[1:]] == ["small: 1 of 3 cells done", "small: 2 of 3 cells done"]
+        assert all(re.search(r"\(\d+ s, about \d+ s left\)$", ln) for ln in lines[1:]), lines
+
+
+def test_the_cell_ceiling_is_checked_by_the_api_too(tmp_path):
+    from schedc.app.ablate import run
+    from schedc.app.ablate_config import AblationConfig
+    from schedc.errors import ConfigError
+
+    config = AblationConfig.model_validate(yaml.safe_load(SMALL))
+    with pytest.raises(ConfigError, match=r"the grid has 3 cells .* above the ceiling of 2: .*max_cells=3"):
+        run(config, tmp_path / "out", max_cells=2)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match=r"gantt: no cell 'inline-m5' \(did you mean 'inline-m4'\?\); the cells are"
+                                          r" inline-m2, inline-m3, inline-m4$"):
+        run(config.model_copy(update={"gantt": ["inline-m5"]}), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 from pathlib import Path
 
@@ -424,7 +425,7 @@ ABLATIONS = {  # id -> (config text, word in the error)
     "entry-name-parent": (f"problems:\n  - {{name: ../../escaped, {CELL}}}\n", "file name"),
     "entry-name-slash": (f"problems:\n  - {{name: a/b, {CELL}}}\n", "file name"),
     "all-skipped": ("problems:\n  - {problem: {ranks: 2, microbatches: 4, costs: {F: 1, B: 1, W: 1}}}\n"
-                    "grid: {chunks: [100]}\n", "nothing to show"),
+                    "grid: {microbatches: [1000000]}\n", "nothing to show"),
     "no-problems": ("problems: []\n", "problems"),
     "unknown-schedule": (f"problems:\n  - {{{CELL}}}\nschedules: [nope]\n", "nope"),
     "dup-key": (f"name: a\nname: b\nproblems:\n  - {{{CELL}}}\n", "duplicate"),
@@ -438,6 +439,32 @@ ABLATIONS = {  # id -> (config text, word in the error)
     "grid-both-m": (f"problems:\n  - {{{CELL}}}\ngrid: {{microbatches: [4], microbatches_per_rank: [2]}}\n", "not both"),
     "missing-file": ("problems:\n  - {file: nowhere.yaml}\n", "nowhere"),
     "top-list": ("- 1\n", "mapping"),
+    # every name that refers to something must exist; every list that must hold something must
+    "gantt-unknown-cell": (f"problems:\n  - {{{CELL}}}\ngantt: [nope]\n", "gantt: no cell 'nope'"),
+    "gantt-near-miss": (f"problems:\n  - {{{CELL}}}\ngrid: {{memory: [1, 2]}}\ngantt: [inline-mem3]\n",
+                        "did you mean"),
+    "gantt-twice": (f"problems:\n  - {{{CELL}}}\ngantt: [inline, inline]\n", "twice"),
+    "schedules-empty": (f"problems:\n  - {{{CELL}}}\nschedules: []\n", "schedules: empty"),
+    "schedules-twice": (f"problems:\n  - {{{CELL}}}\nschedules: [1f1b, 1f1b]\n", "twice"),
+    "schedules-blank-name": (f"problems:\n  - {{{CELL}}}\nschedules: ['']\n", "unknown schedule"),
+    "schedules-spaced-name": (f"problems:\n  - {{{CELL}}}\nschedules: [' 1f1b']\n", "did you mean '1f1b'"),
+    "solver-unknown": (f"problems:\n  - {{{CELL}}}\nsolver: {{solver: gurobi}}\n", "solver.solver"),
+    "profile-missing-file": ("problems:\n  - {profile: nowhere.py:gpt}\n", "problems[0].profile"),
+    "profile-no-function": ("problems:\n  - {profile: nowhere.py}\n", "FILE.py:FUNCTION"),
+    "execute-nothing-profiled": (f"problems:\n  - {{{CELL}}}\nexecute: {{steps: 2}}\n", "execute"),
+    "per-rank-without-ranks": (f"problems:\n  - {{{CELL}}}\ngrid: {{microbatches_per_rank: [2]}}\n", "ranks axis"),
+    "entries-share-a-name": (f"problems:\n  - {{{CELL}}}\n  - {{{CELL}}}\n", "own name"),
+    "cell-ids-collide": (f"problems:\n  - {{{CELL}}}\ngrid: {{memory: [1.0000001, 1.0000002]}}\n", "id"),
+    "entry-grid-empty-axis": (f"problems:\n  - {{{CELL}, grid: {{comm: []}}}}\n", "problems[0].grid.comm"),
+    "grid-ranks-bool": (f"problems:\n  - {{{CELL}}}\ngrid: {{ranks: [true]}}\n", "ranks"),
+    "grid-memory-zero": (f"problems:\n  - {{{CELL}}}\ngrid: {{memory: [0]}}\n", "memory"),
+    "heavy-zero": (f"problems:\n  - {{{CELL}, heavy_last: 0}}\n", "heavy_last"),
+    # the grid's size: refused above the ceiling before anything runs (or is expanded)
+    "grid-200x200": (f"problems:\n  - {{{CELL}}}\ngrid: {{ranks: {list(range(1, 201))},"
+                     f" microbatches: {list(range(1, 201))}}}\n", "--max-cells 40000"),
+    "grid-10-to-the-8": (f"problems:\n  - {{{CELL}}}\ngrid: {{ranks: {list(range(1, 101))},"
+                         f" microbatches: {list(range(1, 101))}, comm: {list(range(100))},"
+                         f" memory: {list(range(1, 101))}}}\n", "100000000 cells"),
 }
 
 
@@ -482,6 +509,90 @@ def test_a_cell_name_with_odd_characters_becomes_a_safe_file_name(tmp_path):
     assert (code, crashed) == (0, ""), err
     names = [p.name for p in (tmp_path / "out" / "problems").iterdir()]
     assert names and all(n.replace("_", "").replace("-", "").replace(".", "").isalnum() for n in names), names
+
+
+def _axis_values() -> dict[str, list]:
+    """Two equal values for every axis of the grid (a new axis must be added here)."""
+    from schedc.app.ablate_config import Grid
+
+    same = {"ranks": [2, 2], "microbatches": [4, 4], "microbatches_per_rank": [2, 2], "chunks": [1, 1],
+            "placement": ["loop", "loop"], "comm": [0, 0.0], "memory": [1, 1.0], "objective": ["span", "span"]}
+    return {axis: same[axis] for axis in Grid.model_fields}
+
+
+@pytest.mark.parametrize("how", ["empty", "twice"])
+@pytest.mark.parametrize("axis", sorted(_axis_values()))
+def test_every_grid_axis_refuses_an_empty_or_repeated_list(tmp_path, axis, how):
+    values = [] if how == "empty" else _axis_values()[axis]
+    (tmp_path / "c.yaml").write_text(f"problems:\n  - {{{CELL}}}\ngrid: {json.dumps({axis: values})}\n")
+    line = assert_refused(cli(["ablate", tmp_path / "c.yaml", "-o", tmp_path / "out", "-q"], tmp_path),
+                          contains=f"grid.{axis}: ")
+    assert ("empty" if how == "empty" else "given twice") in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_raising_the_cell_ceiling_runs_the_grid(tmp_path):
+    (tmp_path / "c.yaml").write_text(f"problems:\n  - {{{CELL}}}\ngrid: {{microbatches: [2, 3, 4]}}\nschedules: [1f1b]\n")
+    line = assert_refused(cli(["ablate", tmp_path / "c.yaml", "-o", tmp_path / "out", "--max-cells", "2"], tmp_path),
+                          contains="--max-cells 3")
+    assert "3 cells" in line and not (tmp_path / "out").exists()
+    code, out, err, crashed = cli(["ablate", tmp_path / "c.yaml", "-o", tmp_path / "out", "--max-cells", "3"], tmp_path)
+    assert (code, crashed) == (0, ""), err
+    assert "3 cells x 1 schedules" in err and "[3/3]" in err
+
+
+# ---- list-valued options: each refuses an empty list, an empty, repeated or unknown name ----
+
+LIST_OPTION_ARGS = {"compare": [UNIFORM]}  # what a command with a list option needs besides it
+BAD_LISTS = {"all-commas": ",,,", "one-comma": ",", "empty": "", "blank": "  ", "empty-name": "{a},,{b}",
+             "trailing-comma": "{a},", "leading-comma": ",{a}", "twice": "{a},{a}", "twice-spaced": " {a} , {a}",
+             "unknown": "{a},nope", "space-inside": "{a} {b}", "control": "{a}\x1b[2J"}
+
+
+def _list_options() -> list[tuple[str, str]]:
+    """(command, option) of every option that takes a comma-separated list, found by its type or
+    by its help text, so that a new one is tested too."""
+    from schedc.app.cli import main
+    from schedc.app.cli_base import NameList
+
+    return sorted((name, p.opts[-1]) for name, cmd in main.commands.items() for p in cmd.params
+                  if isinstance(p.type, NameList)
+                  or re.search(r"comma[- ]separated|separated by commas", getattr(p, "help", None) or "", re.I))
+
+
+def test_every_list_option_is_a_checked_name_list():
+    from schedc.app.cli import main
+    from schedc.app.cli_base import NameList
+
+    found = _list_options()
+    assert ("compare", "--schedules") in found
+    for command, option in found:
+        param = next(p for p in main.commands[command].params if option in p.opts)
+        assert isinstance(param.type, NameList), f"{command} {option} splits a list without NameList"
+        assert command in LIST_OPTION_ARGS, f"add {command}'s arguments to LIST_OPTION_ARGS"
+
+
+def _names(command: str, option: str) -> list[str]:
+    from schedc.app.cli import main
+
+    return list(next(p for p in main.commands[command].params if option in p.opts).type.registry)
+
+
+@pytest.mark.parametrize("key", sorted(BAD_LISTS))
+@pytest.mark.parametrize("command, option", _list_options())
+def test_a_list_option_refuses_empty_repeated_and_unknown_names(tmp_path, command, option, key):
+    a, b = _names(command, option)[:2]
+    value = BAD_LISTS[key].format(a=a, b=b)
+    line = assert_refused(cli([command, *LIST_OPTION_ARGS[command], option, value], tmp_path), contains=option)
+    assert "\x1b" not in line
+
+
+@pytest.mark.parametrize("command, option", _list_options())
+def test_a_list_option_takes_names_with_spaces_around(tmp_path, command, option):
+    a, b = _names(command, option)[:2]
+    code, out, err, crashed = cli([command, *LIST_OPTION_ARGS[command], option, f" {a} , {b} "], tmp_path)
+    assert (code, crashed) == (0, ""), err
+    assert f"\n{a} " in out and f"\n{b} " in out
 
 
 # ---- measured traces (`schedc show --measured`) ----
@@ -617,7 +728,47 @@ def _api():
         "solve-solver-unknown": (lambda: _solve(solver="gurobi"), "SchedcError"),
         "scaled-nan": (lambda: _problem_obj().scaled(time=float("nan")), "ProblemError"),
         "with-changes-bool": (lambda: _problem_obj().with_changes(microbatches=True), "ProblemError"),
+        # pydantic models built directly: schedc's one-line error, not pydantic's ValidationError
+        "problem-direct": (lambda: Problem(ranks=0, microbatches=4, costs={"F": 1, "B": 1, "W": 1}), "ProblemError"),
+        "problem-direct-typo": (lambda: Problem(rankz=2, microbatches=4, costs={"F": 1, "B": 1, "W": 1}),
+                                "ProblemError"),
+        "problem-direct-limit": (lambda: Problem(ranks=2, microbatches=4, costs={"F": 1, "B": 1, "W": 1},
+                                                 memory={"limit": 0.5}), "ProblemError"),
+        "problem-direct-nothing": (lambda: Problem(), "ProblemError"),
+        "problem-model-validate": (lambda: Problem.model_validate({"ranks": True}), "ProblemError"),
+        "problem-validate-json": (lambda: Problem.model_validate_json("{"), "ProblemError"),
+        "problem-copy-update": (lambda: _problem_obj().model_copy(update={"ranks": 0}), "ProblemError"),
+        "problem-copy-typo": (lambda: _problem_obj().model_copy(update={"rankz": 3}), "ProblemError"),
+        "problem-assign": (lambda: setattr(_problem_obj(), "ranks", 0), "ProblemError"),
+        "costs-assign": (lambda: setattr(_problem_obj().costs, "F", -1), "ProblemError"),
+        "costs-direct": (lambda: _models()["Costs"](F=-1, B=1, W=1), "ProblemError"),
+        "memory-direct": (lambda: _models()["Memory"](static=float("nan")), "ProblemError"),
+        "schedule-file-direct": (lambda: _models()["ScheduleFile"](format="x"), "ScheduleFileError"),
+        "instruction-direct": (lambda: _models()["InstrModel"](op="HACK"), "ScheduleFileError"),
+        "config-direct-empty": (lambda: _models()["AblationConfig"](problems=[]), "ConfigError"),
+        "config-direct-schedules": (lambda: _models()["AblationConfig"](problems=[{"file": "x"}], schedules=[]),
+                                    "ConfigError"),
+        "grid-direct": (lambda: _models()["Grid"](ranks=[]), "ConfigError"),
+        "ablation-run-gantt": (lambda: _ablate(gantt=["nope"]), "ConfigError"),
+        "ablation-run-ceiling": (lambda: _ablate(grid={"microbatches": [2, 4]}, max_cells=1), "ConfigError"),
     }
+
+
+def _models() -> dict:
+    from schedc.app.ablate_config import AblationConfig, Grid
+    from schedc.problem import Costs, Memory
+    from schedc.schedfile import InstrModel, ScheduleFile
+
+    return {m.__name__: m for m in (AblationConfig, Grid, Costs, Memory, InstrModel, ScheduleFile)}
+
+
+def _ablate(max_cells: int = 1000, **fields):
+    from schedc.app.ablate import run
+    from schedc.app.ablate_config import AblationConfig
+
+    config = AblationConfig(problems=[{"problem": {"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}}}],
+                            schedules=["1f1b"], **fields)
+    return run(config, "out", max_cells=max_cells)
 
 
 API: dict = {}  # key -> the call; filled at import, in the child too (names cross processes, lambdas do not)
@@ -631,6 +782,50 @@ def test_api_misuse_raises_its_own_exception(tmp_path, key):
     expected = _api()[key][1]
     assert kind == expected, f"{key}: {kind}: {message}"
     assert "\n" not in message and len(message) <= MAX_LINE, message
+
+
+def _boundary_models() -> list[type]:
+    """Every pydantic model that schedc defines (the core, the schedule file, the application)."""
+    import schedc.app.ablate_config  # noqa: F401  (define the models)
+    import schedc.schedfile  # noqa: F401
+    from pydantic import BaseModel
+
+    found, todo = [], [BaseModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("schedc."):
+                found.append(sub)
+    return found
+
+
+def test_every_pydantic_model_raises_a_one_line_schedc_error_that_is_a_value_error():
+    from schedc.errors import SchedcError
+
+    models = _boundary_models()
+    assert len(models) >= 12, [m.__name__ for m in models]
+    for model in models:
+        for build in (lambda: model(not_a_field=1), lambda: model.model_validate({"not_a_field": 1}),
+                      lambda: model.model_validate_json('{"not_a_field": 1}')):
+            with pytest.raises(SchedcError) as info:
+                build()
+            assert isinstance(info.value, ValueError), model
+            message = str(info.value)
+            assert "\n" not in message and len(message) <= MAX_LINE and "not_a_field" in message, (model, message)
+
+
+@pytest.mark.parametrize("key", sorted(k for k, (text, _) in PROBLEMS.items() if isinstance(text, str)
+                                       and text.startswith("{")))
+def test_problem_built_directly_says_what_problem_parse_says(key):
+    from schedc import Problem
+    from schedc.errors import ProblemError
+
+    data = json.loads(PROBLEMS[key][0])
+    with pytest.raises(ProblemError) as parsed:
+        Problem.parse(data)
+    with pytest.raises(ProblemError) as built:
+        Problem(**data)
+    assert str(built.value) == str(parsed.value)
 
 
 def test_the_corpus_is_large():

@@ -150,3 +150,27 @@ def test_working_memory_defaults_to_nothing():
     assert "working" not in p.model_dump(exclude_none=True)["memory"]  # files stay as they were
     assert Problem.parse(base()).activation_room is None
     assert Problem.parse(base(memory=dict(working=0.75))).working_memory == (0.75,) * 4
+
+
+def test_a_copy_with_changes_is_validated_and_derives_its_views_again():
+    """pydantic's model_copy(update=...) copies fields unchecked and keeps the original's cached
+    views; a Problem's is validated, so its stage_rank follows the new ranks."""
+    p = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}})
+    assert p.stage_rank == (0, 1)
+    assert p.model_copy(update={"ranks": 3}).stage_rank == (0, 1, 2)
+    assert p.model_copy() == p and p.model_copy(deep=True) == p
+    with pytest.raises(ProblemError, match=r"^problem: ranks: .*greater than or equal to 1"):
+        p.model_copy(update={"ranks": 0})
+    with pytest.raises(ProblemError, match=r"^problem: ranks: a Problem cannot be changed in place"):
+        p.ranks = 3
+    assert p.ranks == 2
+
+
+def test_problem_built_directly_raises_problem_error_which_is_a_value_error():
+    data = {"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": -1, "W": 1}}
+    with pytest.raises(ValueError) as built:
+        Problem(**data)
+    assert type(built.value) is ProblemError
+    with pytest.raises(ProblemError) as parsed:
+        Problem.parse(data)
+    assert str(built.value) == str(parsed.value) == "problem: costs.B: must be > 0, got -1"

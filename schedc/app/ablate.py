@@ -28,7 +28,7 @@ from typing import Callable
 import yaml
 
 import schedc.solvers as solvers
-from schedc.app.ablate_config import OWN_LIMIT, AblationConfig, Cell, ProblemEntry, expand
+from schedc.app.ablate_config import MAX_CELLS, OWN_LIMIT, AblationConfig, Cell, ProblemEntry, plan
 from schedc.app.ablate_report import write_report
 from schedc.app.results import ILP, Row, outcome
 from schedc.errors import ProblemError, SchedcError
@@ -36,6 +36,10 @@ from schedc.problem import Problem, load_problem
 from schedc.schedfile import CompiledSchedule
 from schedc.simulate import Timeline
 from schedc.solvers.greedy import reference_limit
+
+
+# A quiet run (``schedc ablate -q``) still prints a line this often, so a long one is never silent.
+PULSE_SECONDS = 60.0
 
 
 def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] | None = None) -> Problem:
@@ -73,17 +77,39 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
     return problem
 
 
-def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None) -> list[Row]:
-    """Run every cell, write the report folder, return the rows."""
+def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None,
+        *, max_cells: int = MAX_CELLS, pulse: Callable[[str], None] | None = None, pulse_every: float | None = None
+        ) -> list[Row]:
+    """Run every cell, write the report folder, return the rows.
+
+    ``progress`` hears the plan (cells, schedules, the solver's worst case) and a line per cell
+    with the time so far and an estimate of the time left. ``pulse`` (for a quiet run) hears the
+    plan only when the solver alone may take over ``pulse_every`` seconds (default
+    ``PULSE_SECONDS``), then at most one line per ``pulse_every`` seconds: cells done, time so far,
+    time left. A grid of more than ``max_cells`` cells is refused before any cell runs (ConfigError)."""
+    pulse_every = PULSE_SECONDS if pulse_every is None else pulse_every
     say = progress or (lambda msg: None)
+    beat = pulse or (lambda msg: None)
+    cells = plan(config, max_cells)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cells = expand(config)
+    names = config.schedules or [*solvers.REGISTRY, ILP]
+    searches = [n for n in names if n in solvers.SEARCHES]
+    worst = len(cells) * len(searches) * config.solver.time_limit
+    intro = (f"{config.name}: {len(cells)} cells x {len(names)} schedules"
+             + (f"; the solver takes up to {_duration(config.solver.time_limit)} a cell, {_duration(worst)} in all"
+                if searches else ""))
+    say(intro)
+    if worst > pulse_every:
+        beat(intro)
     profiler = _Profiler(say) if any(c.entry.profile for c in cells) else None
     rows: list[Row] = []
     timelines: dict[str, dict[str, Timeline]] = {}
-    start = time.perf_counter()
+    start = last_beat = time.perf_counter()
     for k, cell in enumerate(cells, 1):
+        if k > 1 and (now := time.perf_counter()) - last_beat >= pulse_every:
+            beat(f"{config.name}: {k - 1} of {len(cells)} cells done ({_pace(now - start, k - 1, len(cells))})")
+            last_beat = now
         try:
             cell.problem = build_problem(cell, profiler)
         except (ProblemError, ValueError) as e:
@@ -97,13 +123,28 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
             _execute(cell, config, cell_rows, named, out, say)
         rows += cell_rows
         timelines[cell.id] = named
-        say(f"[{k}/{len(cells)}] {cell.id}: {_headline(cell_rows)}  ({time.perf_counter() - start:.0f} s)")
+        pace = _pace(time.perf_counter() - start, k, len(cells))
+        say(f"[{k}/{len(cells)}] {cell.id}: {_headline(cell_rows)}  ({pace})")
     if not rows:
         reasons = sorted({c.reason for c in cells if c.reason})
         raise SchedcError(f"nothing to show: every one of the {len(cells)} cells was skipped ("
                           + "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else "") + ")")
     write_report(config, cells, rows, timelines, out)
     return rows
+
+
+def _pace(elapsed: float, done: int, total: int) -> str:
+    """Time so far and, at the pace so far, the time left."""
+    left = elapsed / done * (total - done)
+    return f"{_duration(elapsed)}" + (f", about {_duration(left)} left" if total > done else "")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def run_cell(cell: Cell, config: AblationConfig) -> tuple[list[Row], dict[str, Timeline]]:

@@ -1,48 +1,111 @@
-"""An ablation study's config (YAML, see examples/ablation.yaml) and the grid cells it expands to."""
+"""An ablation study's config (YAML, see examples/ablation.yaml) and the grid cells it expands to.
+
+Every mistake in a config is one line (ConfigError): a list that must not be empty is refused
+when it is, a value given twice in a list is refused, and every name that refers to something
+else (a schedule, a solver, a problem file, a model file, a cell in ``gantt``) must exist. A grid
+of more than ``MAX_CELLS`` cells is refused unless the ceiling is raised (``max_cells``)."""
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, StrictInt, field_validator, model_validator
 
 import schedc.solvers as solvers
-from schedc.errors import SchedcError
+from schedc.errors import ConfigError
 from schedc.inputs import read_data, refuse_unsafe_name, safe_filename, shorten
-from schedc.problem import Problem, format_validation_error
+from schedc.problem import LARGEST, Boundary, Problem
 from schedc.solvers.common import BACKENDS
 
 OWN_LIMIT = "own"  # memory-axis value of a grid without one: each problem keeps its own limit
+# The most cells a study runs unless asked for more (``schedc ablate --max-cells``, ``run(max_cells=)``):
+# each cell simulates every schedule and, with ``ilp``, solves for up to the time limit.
+MAX_CELLS = 1000
 SafeName = Annotated[str, AfterValidator(refuse_unsafe_name)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _each_once(values: list) -> list:
+    """A list of names or axis values: not empty, nothing twice."""
+    if not values:
+        raise ValueError("empty: give at least one value, or leave the field out")
+    seen: list = []
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{shorten(v)} is given twice: give each value once")
+        seen.append(v)
+    return values
+
+
+def _each_once_or_none(values: list) -> list:
+    """``gantt``: nothing twice; [] is allowed (no chart)."""
+    return _each_once(values) if values else values
+
+
+def _some_problem(entries: list) -> list:
+    if not entries:
+        raise ValueError("empty: give at least one problem (file:, problem: or profile:)")
+    return entries
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _axis(kind: Any) -> Any:
+    """An optional axis of the grid: a list of ``kind``, not empty, each value once."""
+    return Optional[Annotated[list[kind], AfterValidator(_each_once)]]
+
+
+Count = Annotated[StrictInt, Field(ge=1)]
+Amount = Annotated[float, Field(ge=0, le=LARGEST, allow_inf_nan=False)]
+Factor = Annotated[float, Field(gt=0, le=LARGEST, allow_inf_nan=False)]
+
+
+class _Strict(Boundary):
+    """The config's models: bad data raises ConfigError with one line (see Boundary)."""
+
+    _error = ConfigError
+    _source = "ablation config"
 
 
 class Grid(_Strict):
     """Axes; each given axis replaces that field of every problem. Unset axes keep the problem's."""
 
-    ranks: Optional[list[int]] = None
-    microbatches: Optional[list[int]] = None
-    microbatches_per_rank: Optional[list[int]] = Field(default=None, description="m = this x ranks")
-    chunks: Optional[list[int]] = None
-    placement: Optional[list[Literal["loop", "v"]]] = None
-    comm: Optional[list[float]] = None
-    memory: Optional[list[Optional[float]]] = Field(
+    ranks: _axis(Annotated[StrictInt, Field(ge=1, le=4096)]) = None
+    microbatches: _axis(Count) = None
+    microbatches_per_rank: _axis(Count) = Field(default=None, description="m = this x ranks (needs the ranks axis)")
+    chunks: _axis(Annotated[StrictInt, Field(ge=1, le=64)]) = None
+    placement: _axis(Literal["loop", "v"]) = None
+    comm: _axis(Amount) = None
+    memory: _axis(Optional[Factor]) = Field(
         default=None,
         description="x 1F1B's activation memory; null: no limit (without this axis: each problem's own limit)",
     )
-    objective: Optional[list[Literal["makespan", "span"]]] = None
+    objective: _axis(Literal["makespan", "span"]) = None
 
     @model_validator(mode="after")
     def _one_m(self) -> "Grid":
         if self.microbatches is not None and self.microbatches_per_rank is not None:
             raise ValueError("give microbatches or microbatches_per_rank, not both")
+        if self.microbatches_per_rank is not None and self.ranks is None:
+            raise ValueError("microbatches_per_rank needs the ranks axis (m = microbatches_per_rank x ranks)")
         return self
+
+    def axes(self) -> dict[str, list]:
+        """The given axes in cell order; memory always (``[OWN_LIMIT]`` without the axis)."""
+        axes = {k: v for k, v in (
+            ("ranks", self.ranks), ("microbatches", self.microbatches),
+            ("microbatches_per_rank", self.microbatches_per_rank), ("chunks", self.chunks),
+            ("placement", self.placement), ("comm", self.comm), ("objective", self.objective),
+        ) if v is not None}
+        axes["memory"] = self.memory if self.memory is not None else [OWN_LIMIT]
+        return axes
 
 
 class ProblemEntry(_Strict):
@@ -53,8 +116,8 @@ class ProblemEntry(_Strict):
     file: Optional[str] = None
     problem: Optional[dict[str, Any]] = None
     profile: Optional[str] = None
-    heavy_first: float = Field(default=1.0, gt=0, description="multiply stage 0's F, B, W by this")
-    heavy_last: float = Field(default=1.0, gt=0, description="multiply the last stage's F, B, W by this")
+    heavy_first: Factor = Field(default=1.0, description="multiply stage 0's F, B, W by this")
+    heavy_last: Factor = Field(default=1.0, description="multiply the last stage's F, B, W by this")
     grid: Optional[Grid] = Field(default=None, description="this problem's own grid instead of the config's")
 
     @model_validator(mode="after")
@@ -62,6 +125,10 @@ class ProblemEntry(_Strict):
         given = [k for k in ("file", "problem", "profile") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of file, problem, profile (got {', '.join(given) or 'none'})")
+        if self.profile is not None:
+            where, colon, func = self.profile.rpartition(":")
+            if not (colon and where and func.isidentifier()):
+                raise ValueError(f"profile: expected FILE.py:FUNCTION or MODULE:FUNCTION, got {shorten(self.profile)}")
         return self
 
     @property
@@ -77,53 +144,80 @@ class ProblemEntry(_Strict):
 
 
 class SolverSettings(_Strict):
-    time_limit: float = Field(default=30.0, gt=0)
-    gap: float = Field(default=1e-4, ge=0, le=1)
+    time_limit: float = Field(default=30.0, gt=0, le=LARGEST, allow_inf_nan=False)
+    gap: float = Field(default=1e-4, ge=0, le=1, allow_inf_nan=False)
     solver: str = Field(default="cbc", description="a search backend: cbc, highs, cpsat")
-    threads: Optional[int] = Field(default=None, ge=1)
+    threads: Optional[StrictInt] = Field(default=None, ge=1)
+
+    @field_validator("solver")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown solver {shorten(name)}{_did_you_mean(name, list(BACKENDS))};"
+                             f" known: {', '.join(BACKENDS)}")
+        return name
 
 
 class Execute(_Strict):
     """Run profiled cells with the runtime (gloo, local processes): the measured iteration time."""
 
-    steps: int = Field(default=6, ge=1)
-    warmup: int = Field(default=2, ge=0)
-    max_ranks: int = Field(default=4, ge=1, description="cells with more ranks are only simulated")
+    steps: StrictInt = Field(default=6, ge=1)
+    warmup: StrictInt = Field(default=2, ge=0)
+    max_ranks: StrictInt = Field(default=4, ge=1, description="cells with more ranks are only simulated")
 
 
 class AblationConfig(_Strict):
     name: SafeName = "ablation"
-    problems: list[ProblemEntry] = Field(min_length=1)
+    problems: Annotated[list[ProblemEntry], AfterValidator(_some_problem)]
     grid: Grid = Grid()
-    schedules: Optional[list[str]] = Field(default=None, description="registry names and 'ilp' (default: all)")
+    schedules: Optional[Annotated[list[str], AfterValidator(_each_once)]] = Field(
+        default=None, description="registry names and 'ilp', each once (default: all)")
     solver: SolverSettings = SolverSettings()
-    execute: Optional[Execute] = None
-    gantt: Optional[list[str]] = Field(default=None, description="cell ids to draw (default: the largest speed-up)")
+    execute: Optional[Execute] = Field(default=None, description="run the profiled cells (needs a profile: entry)")
+    gantt: Optional[Annotated[list[str], AfterValidator(_each_once_or_none)]] = Field(
+        default=None, description="cell ids to draw, each once; [] draws none (default: the largest speed-up)")
+
+    @model_validator(mode="after")
+    def _references(self) -> "AblationConfig":
+        known = [*solvers.SEARCHES, *solvers.REGISTRY]
+        for name in self.schedules or []:
+            if name not in known:
+                raise ValueError(f"schedules: unknown schedule {shorten(name)}{_did_you_mean(name, known)};"
+                                 f" known: {', '.join(known)}")
+        if self.execute is not None and not any(e.profile for e in self.problems):
+            raise ValueError("execute: no problem has a profile: entry, and only profiled cells are run:"
+                             " add one, or remove execute")
+        return self
 
 
-def load_config(path: str | Path) -> AblationConfig:
+def load_config(path: str | Path, max_cells: int = MAX_CELLS) -> AblationConfig:
+    """Read and check a config: its fields, every file and cell it names, and its size (``plan``)."""
     path = Path(path)
-    data = read_data(path, what="ablation config", fmt="yaml")
+    data = read_data(path, what="ablation config", fmt="yaml", error=ConfigError)
     if not isinstance(data, dict):
-        raise SchedcError(f"{path}: expected a mapping of fields")
-    try:
-        config = AblationConfig.model_validate(data)
-    except ValidationError as e:
-        raise SchedcError(f"{path}: {format_validation_error(e, AblationConfig)}") from None
-    if config.solver.solver not in BACKENDS:
-        raise SchedcError(f"{path}: solver.solver: unknown solver {shorten(config.solver.solver)}; known: {', '.join(BACKENDS)}")
-    for name in config.schedules or []:
-        if name not in solvers.SEARCHES and name not in solvers.REGISTRY:
-            raise SchedcError(f"{path}: schedules: unknown schedule {shorten(name)};"
-                              f" known: {', '.join([*solvers.SEARCHES, *solvers.REGISTRY])}")
+        raise ConfigError(f"{path}: expected a mapping of fields")
+    config = AblationConfig.validated(data, str(path))
     base = path.parent
-    for entry in config.problems:  # files are relative to the config (or to the working directory)
-        if entry.file and not Path(entry.file).exists():
-            entry.file = str(base / entry.file)
+    for i, entry in enumerate(config.problems):  # files are relative to the config (or to the working directory)
+        if entry.file:
+            if not Path(entry.file).exists() and (base / entry.file).exists():
+                entry.file = str(base / entry.file)
+            if not Path(entry.file).is_file():
+                raise ConfigError(f"{path}: problems[{i}].file: no file {shorten(entry.file)} (a relative path is"
+                                  " read from the config's folder or the working directory)")
         if entry.profile:
             where, _, func = entry.profile.rpartition(":")
-            if where.endswith(".py") and not Path(where).exists() and (base / where).exists():
-                entry.profile = f"{base / where}:{func}"
+            if where.endswith(".py"):
+                if not Path(where).exists() and (base / where).exists():
+                    where = str(base / where)
+                    entry.profile = f"{where}:{func}"
+                if not Path(where).is_file():
+                    raise ConfigError(f"{path}: problems[{i}].profile: no file {shorten(where)} (a relative path is"
+                                      " read from the config's folder or the working directory)")
+    try:
+        plan(config, max_cells)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return config
 
 
@@ -136,16 +230,50 @@ class Cell:
     reason: str = ""
 
 
+def count_cells(config: AblationConfig) -> int:
+    """How many cells the grid has, without expanding it."""
+    return sum(math.prod(len(v) for v in (entry.grid or config.grid).axes().values()) for entry in config.problems)
+
+
+def plan(config: AblationConfig, max_cells: int = MAX_CELLS) -> list[Cell]:
+    """The cells to run (``expand``). Refused (ConfigError): more than ``max_cells`` cells (before
+    any is expanded), two cells with one id (they would write the same files), and a ``gantt``
+    entry that names no cell."""
+    n = count_cells(config)
+    if n > max_cells:
+        shape = "; ".join(
+            f"{entry.label}: " + " x ".join(f"{len(v)} {k}" for k, v in (entry.grid or config.grid).axes().items()
+                                            if v != [OWN_LIMIT])
+            for entry in config.problems[:2]) + ("; ..." if len(config.problems) > 2 else "")
+        raise ConfigError(
+            f"the grid has {n} cells ({shape[:100]}), above the ceiling of {max_cells}:"
+            f" remove axis values, or raise the ceiling (schedc ablate --max-cells {n}; run(..., max_cells={n}))"
+        )
+    cells = expand(config)
+    owner: dict[str, int] = {}  # cell id -> the index of its problem entry
+    for cell in cells:
+        i = next(k for k, e in enumerate(config.problems) if e is cell.entry)
+        if cell.id in owner:
+            j = owner[cell.id]
+            if i != j:
+                raise ConfigError(f"two cells have the id {shorten(cell.id)} (problems[{j}] and problems[{i}]):"
+                                  " give each problem its own name")
+            raise ConfigError(f"two cells of problems[{i}] have the id {shorten(cell.id)}: two of its grid values"
+                              " are written the same in cell ids; make them differ more")
+        owner[cell.id] = i
+    for name in config.gantt or []:
+        if name not in owner:
+            ids = list(owner)
+            shown = ", ".join(ids[:5]) + (f", ... ({len(ids)} cells)" if len(ids) > 5 else "")
+            raise ConfigError(f"gantt: no cell {shorten(name)}{_did_you_mean(name, ids)}; the cells are {shown}")
+    return cells
+
+
 def expand(config: AblationConfig) -> list[Cell]:
     """The grid's cells, in config order: problems outermost, then the axes as listed in Grid."""
     cells = []
     for entry in config.problems:
-        g = entry.grid or config.grid
-        axes = {k: v for k, v in (
-            ("ranks", g.ranks), ("microbatches", g.microbatches), ("microbatches_per_rank", g.microbatches_per_rank),
-            ("chunks", g.chunks), ("placement", g.placement), ("comm", g.comm), ("objective", g.objective),
-        ) if v is not None}
-        axes["memory"] = g.memory if g.memory is not None else [OWN_LIMIT]
+        axes = (entry.grid or config.grid).axes()
         for combo in itertools.product(*axes.values()):
             values = dict(zip(axes, combo))
             cells.append(Cell(_cell_id(entry.label, values), entry, values))

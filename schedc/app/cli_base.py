@@ -11,7 +11,7 @@ import click
 
 import schedc.solvers as solvers
 from schedc.errors import SchedcError
-from schedc.inputs import one_line
+from schedc.inputs import one_line, shorten
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import load_any
 from schedc.schedule import Schedule
@@ -63,6 +63,38 @@ class Registered(click.Choice):
     @choices.setter
     def choices(self, value: tuple[str, ...]) -> None:  # click.Choice.__init__ assigns it; the registry rules
         pass
+
+
+class NameList(click.ParamType):
+    """A comma-separated list of names from a registry (read when the option is): each name is
+    stripped of spaces; an empty list, an empty name (``a,,b``, ``,``), a name given twice or an
+    unknown one is refused, naming the option and the known names."""
+
+    name = "names"
+
+    def __init__(self, registry: Mapping[str, Any], what: str = "name") -> None:
+        self.registry, self.what = registry, what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list):  # already converted (a default, or a second pass)
+            return value
+        text = str(value)
+        names = [n.strip() for n in text.split(",")]
+        known = ", ".join(self.registry)
+        if not any(names):
+            self.fail(f"no {self.what} name in {shorten(text)}: give comma-separated names, e.g."
+                      f" {','.join(list(self.registry)[:2])} (known: {known})", param, ctx)
+        if "" in names:
+            self.fail(f"empty {self.what} name at position {names.index('') + 1} in {shorten(text)}:"
+                      " separate names with single commas", param, ctx)
+        seen: set[str] = set()
+        for n in names:
+            if n in seen:
+                self.fail(f"{self.what} {shorten(n)} is given twice: give each once", param, ctx)
+            seen.add(n)
+            if n not in self.registry:
+                self.fail(f"unknown {self.what} {shorten(n)}; known: {known}", param, ctx)
+        return names
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,7 +11,7 @@ import click
 import schedc.solvers as solvers
 from schedc.analytic import bubble_table
 from schedc.app.cli_base import (
-    Finite, fmt, input_options, main, print_table, problem_options, read_problem, schedule_input, timeline_table,
+    Finite, NameList, fmt, input_options, main, print_table, problem_options, read_problem, schedule_input, timeline_table,
 )
 from schedc.app.plot import draw_gantt, write_trace
 from schedc.check import check as check_program
@@ -94,20 +94,20 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
 
 @main.command()
 @problem_options
-@click.option("--schedules", "names", help="Comma-separated schedule names (default: the whole registry).")
+@click.option("--schedules", "names", type=NameList(solvers.REGISTRY, "schedule"),
+              help="Comma-separated schedule names, each once (default: the whole registry).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw every schedule's Gantt chart (.png/.svg).")
 @click.option("--torch", "with_torch", is_flag=True,
               help="Also compare torch.distributed.pipelining's own schedules (needs torch).")
 def compare(
-    problem: str, memory_limit, objective, names: str | None, as_json: bool, plot: str | None, with_torch: bool
+    problem: str, memory_limit, objective, names: list[str] | None, as_json: bool, plot: str | None, with_torch: bool
 ) -> None:
     """Compare schedules on PROBLEM: makespan, span, bubble, peak memory, fit."""
     prob = read_problem(problem, memory_limit, objective)
-    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else None
     # (name, why it does not apply, timeline): one entry per schedule, in the order asked.
     entries: list[tuple[str, str | None, Timeline | None]] = [
-        (e.name, e.reason, e.timeline) for e in solvers.evaluate(prob, wanted)
+        (e.name, e.reason, e.timeline) for e in solvers.evaluate(prob, names)
     ]
     if with_torch:
         from schedc.runtime.torch_schedules import torch_schedules  # torch: only with --torch
