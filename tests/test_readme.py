@@ -9,8 +9,10 @@ its text describes: uniform.yaml with "microbatchs".
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,11 +46,25 @@ def normalise(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("readme")
-    (d / "examples").symlink_to(ROOT / "examples")
-    (d / "bad.yaml").write_text((ROOT / "examples/problems/uniform.yaml").read_text().replace("microbatches:", "microbatchs:"))
-    return d
+def shown() -> dict[int, list[str]]:
+    """Every session run in README order in one working directory (a later session may read a
+    file an earlier one wrote, and pytest-xdist may give the tests to different workers): README
+    line -> what it printed, normalised."""
+    with tempfile.TemporaryDirectory(prefix="readme") as tmp:
+        d = Path(tmp)
+        (d / "examples").symlink_to(ROOT / "examples")
+        (d / "bad.yaml").write_text((ROOT / "examples/problems/uniform.yaml").read_text().replace("microbatches:", "microbatchs:"))
+        here = os.getcwd()
+        os.chdir(d)
+        try:
+            out = {}
+            for line, command, _ in sessions():
+                result = CliRunner().invoke(main, shlex.split(command)[1:])
+                printed = result.stdout if result.exit_code == 0 else result.stdout + result.stderr  # progress is on stderr
+                out[line] = normalise(printed)
+            return out
+        finally:
+            os.chdir(here)
 
 
 def test_the_readme_has_example_sessions():
@@ -56,8 +72,5 @@ def test_the_readme_has_example_sessions():
 
 
 @pytest.mark.parametrize("line, command, expected", sessions(), ids=[f"README:{s[0]}" for s in sessions()])
-def test_a_readme_session_prints_what_the_readme_shows(workdir, monkeypatch, line, command, expected):
-    monkeypatch.chdir(workdir)
-    result = CliRunner().invoke(main, shlex.split(command)[1:])
-    shown = result.stdout if result.exit_code == 0 else result.stdout + result.stderr  # progress is on stderr
-    assert normalise(shown) == normalise("\n".join(expected)), f"README line {line}: {command}"
+def test_a_readme_session_prints_what_the_readme_shows(shown, line, command, expected):
+    assert shown[line] == normalise("\n".join(expected)), f"README line {line}: {command}"
