@@ -47,6 +47,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ from schedc.program import Instr, Message
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport
 from schedc.runtime.memory import MemoryMeter
-from schedc.runtime.wgrad import WeightGradStore, enable_split
+from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled
 from schedc.trace import write_trace_file
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
@@ -161,8 +162,13 @@ class PipelineRuntime:
         self.split = head.split_backward
         self.store = WeightGradStore()
         if self.split:
-            for module in self.stages.values():
+            for s, module in self.stages.items():
                 enable_split(module)
+                for name in fullgraph_compiled(module):  # no graph break allowed: see schedc.runtime.wgrad
+                    part = f"stage {s}" + (f" (its part {name!r})" if name else "")
+                    warnings.warn(f"{part} is compiled with fullgraph=True, so its nn.Linear weight gradients are"
+                                  " computed at B and its W does not do them: compile it without fullgraph=True"
+                                  " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # stage s -> its output activation
         self._meta_key: tuple | None = None
