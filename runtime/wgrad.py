@@ -29,7 +29,10 @@ when the region is compiled, before any tag exists) would compute the weight gra
 runs eagerly as its own ``_LinearFn`` node, which B tags as above, and the code between two
 linear layers is compiled as usual. Where no graph break is allowed (``fullgraph=True``),
 ``enable_split`` leaves that module's linear layers plain and names it in ``fullgraph_compiled``:
-their weight gradients are then computed at B (the runtime warns, naming the stage).
+their weight gradients are then computed at B (the runtime warns, naming the stage). Where it
+cannot tell (a ``forward`` compiled by itself), the compiler refuses the graph break at the first
+forward; ``refused_graph_break`` recognises that error (the runtime makes it one line naming the
+stage).
 
 Memory: B does not retain the graph, so the activations autograd saved are freed as usual,
 except for what the queued closures keep for W (each split linear layer's input and output
@@ -116,7 +119,16 @@ _apply_eagerly: Callable[[Tensor, Tensor, Tensor | None], Tensor] | None = None
 def _graph_break() -> None:
     global _apply_eagerly
     if _apply_eagerly is None:
-        _apply_eagerly = torch.compiler.disable(_apply, recursive=True)
+        _apply_eagerly = torch.compiler.disable(_apply, recursive=True, reason=_GRAPH_BREAK)
+
+
+_GRAPH_BREAK = "schedc's B/W split runs each split nn.Linear outside the compiled graph"
+
+
+def refused_graph_break(error: BaseException) -> bool:
+    """Is ``error`` torch.compile refusing the graph break at a split linear layer (a part compiled
+    with ``fullgraph=True`` that ``fullgraph_compiled`` cannot see, e.g. a compiled ``forward``)?"""
+    return _GRAPH_BREAK in str(error)
 
 
 class SplitLinear(nn.Linear):

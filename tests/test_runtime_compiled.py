@@ -3,7 +3,9 @@ uncompiled single-process training, and under a split schedule (zb-h1) their W d
 work -- counted, not timed: at each B none of the stage's linear weights gets a gradient; at
 each W every one does, with one weight-gradient matmul per linear layer. Under a fused schedule
 (1f1b) BW does it all. A stage compiled with fullgraph=True (no graph break allowed) cannot
-defer: the runtime warns, naming the stage, and its B does the weight work.
+defer: the runtime warns, naming the stage, and its B does the weight work; where the runtime
+cannot see the fullgraph=True (a compiled ``forward``), the first forward fails with one line
+naming the stage.
 
 The backend is aot_eager: it goes through dynamo and AOTAutograd as inductor does (the compiled
 region's backward is traced at the first F), without building C++ kernels (slow on CPU).
@@ -18,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import schedc
 from schedc import Problem
-from schedc.runtime import PipelineRuntime
+from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local
 
@@ -140,3 +142,31 @@ def test_a_stage_compiled_with_fullgraph_is_named_in_one_warning_and_trains_exac
         ]
         for op, stage, matmuls, changed, n in r["log"]:
             assert (changed, matmuls) == ((n, matmuls) if op == "B" else (0, 0)), (op, stage)
+
+
+def refused(rank, world, path):
+    """Stage 0's forward alone compiled with fullgraph=True: this rank's error."""
+    compiled = schedc.load(path)
+    (s,) = compiled.problem.rank_stages[rank]
+    stage = model()[s]
+    if s == 0:
+        stage.forward = torch.compile(stage.forward, backend=BACKEND, fullgraph=True)
+    rt = PipelineRuntime(compiled, {s: stage}, lm_loss, timeout=120)
+    x, y = token_batches(1, BATCH)[0]
+    try:
+        rt.step(x, y)
+    except PipelineError as e:
+        return str(e), e.culprit
+    return None, None
+
+
+def test_a_fullgraph_compile_the_runtime_cannot_see_fails_with_one_line_naming_the_stage(tmp_path):
+    path = tmp_path / "zb-h1.json"
+    schedc.compile(Problem.parse(dict(ranks=2, microbatches=M, costs=dict(F=1, B=1, W=1))), "zb-h1").save(path)
+    (first, _), (second, culprit) = run_local(refused, 2, str(path), timeout=300, threads=1)
+    message = ("stage 0 is compiled in a way that allows no graph break (fullgraph=True), but the B/W split of"
+               " 'zb-h1' runs each nn.Linear outside the compiled graph: compile the stage module"
+               " (torch.compile(module) or module.compile()) without fullgraph=True, or use a schedule without a"
+               " split backward")
+    assert first == message
+    assert culprit == 0 and message in second, second
