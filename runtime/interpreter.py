@@ -47,6 +47,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ from schedc.program import Instr, Message
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport
 from schedc.runtime.memory import MemoryMeter
-from schedc.runtime.wgrad import WeightGradStore, enable_split
+from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
@@ -161,8 +162,13 @@ class PipelineRuntime:
         self.split = head.split_backward
         self.store = WeightGradStore()
         if self.split:
-            for module in self.stages.values():
+            for s, module in self.stages.items():
                 enable_split(module)
+                for name in fullgraph_compiled(module):  # no graph break allowed: see schedc.runtime.wgrad
+                    part = f"stage {s}" + (f" (its part {name!r})" if name else "")
+                    warnings.warn(f"{part} is compiled with fullgraph=True, so its nn.Linear weight gradients are"
+                                  " computed at B and its W does not do them: compile it without fullgraph=True"
+                                  " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # stage s -> its output activation
         self._meta_key: tuple | None = None
@@ -280,7 +286,7 @@ class PipelineRuntime:
         x = state.xs[mb].to(self.device) if s == 0 else self._take(state.inbox, Message("act", mb, s - 1, s), instr, k)
         if s > 0 and x.is_floating_point():
             x = x.detach().requires_grad_(True)
-        y = self.stages[s](x)
+        y = self._call_stage(s, x)
         if s == self.last:
             loss = self.loss_fn(y, state.ys[mb])
             state.losses.append(loss.detach())
@@ -290,6 +296,19 @@ class PipelineRuntime:
             raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
         state.outbox[Message("act", mb, s, s + 1)] = y.detach()
         state.saved[(s, mb)] = (x if s > 0 else None, _without_data(y))
+
+    def _call_stage(self, s: int, x):
+        try:
+            return self.stages[s](x)
+        except Exception as e:
+            if not refused_graph_break(e):
+                raise
+            raise PipelineError(  # torch's own message is dozens of lines; it says only this
+                f"stage {s} is compiled in a way that allows no graph break (fullgraph=True), but the B/W split"
+                f" of {self.header.schedule!r} runs each nn.Linear outside the compiled graph: compile the"
+                " stage module (torch.compile(module) or module.compile()) without fullgraph=True, or use a"
+                " schedule without a split backward"
+            ) from None
 
     def _backward(self, state: _StepState, instr: Instr, k: int) -> None:
         s, mb = instr.stage, instr.mb
@@ -449,7 +468,7 @@ class PipelineRuntime:
                 mode = module.training
                 module.eval()
                 with torch.no_grad():
-                    y = module(x)
+                    y = self._call_stage(s, x)
                 module.train(mode)
                 if not isinstance(y, torch.Tensor):
                     raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")

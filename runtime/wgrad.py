@@ -23,6 +23,17 @@ There is no global or thread-local state: the tag lives on the graph of one micr
 stores do not interfere, and it is still seen when CUDA runs backward in autograd's own device
 threads (where a thread-local or a context variable set by the caller would not be).
 
+Stages under ``torch.compile``: a compiled region is one autograd node, whose backward (traced
+when the region is compiled, before any tag exists) would compute the weight gradients in B. So a
+``SplitLinear`` that the compiler traces breaks the graph (``torch.compiler.disable``): the layer
+runs eagerly as its own ``_LinearFn`` node, which B tags as above, and the code between two
+linear layers is compiled as usual. Where no graph break is allowed (``fullgraph=True``),
+``enable_split`` leaves that module's linear layers plain and names it in ``fullgraph_compiled``:
+their weight gradients are then computed at B (the runtime warns, naming the stage). Where it
+cannot tell (a ``forward`` compiled by itself), the compiler refuses the graph break at the first
+forward; ``refused_graph_break`` recognises that error (the runtime makes it one line naming the
+stage).
+
 Memory: B does not retain the graph, so the activations autograd saved are freed as usual,
 except for what the queued closures keep for W (each split linear layer's input and output
 gradient), which W frees.
@@ -96,11 +107,75 @@ def _deferred(x: Tensor, g: Tensor, params: tuple[Tensor, Tensor | None], needs_
     return run
 
 
+def _apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return _LinearFn.apply(x, weight, bias)
+
+
+# ``_apply`` behind a graph break, for SplitLinear under torch.compile. Made on first use outside
+# any tracing (``_graph_break``), because torch.compiler.disable imports torch._dynamo (seconds).
+_apply_eagerly: Callable[[Tensor, Tensor, Tensor | None], Tensor] | None = None
+
+
+def _graph_break() -> None:
+    global _apply_eagerly
+    if _apply_eagerly is None:
+        _apply_eagerly = torch.compiler.disable(_apply, recursive=True, reason=_GRAPH_BREAK)
+
+
+_GRAPH_BREAK = "schedc's B/W split runs each split nn.Linear outside the compiled graph"
+
+
+def refused_graph_break(error: BaseException) -> bool:
+    """Is ``error`` torch.compile refusing the graph break at a split linear layer (a part compiled
+    with ``fullgraph=True`` that ``fullgraph_compiled`` cannot see, e.g. a compiled ``forward``)?"""
+    return _GRAPH_BREAK in str(error)
+
+
 class SplitLinear(nn.Linear):
     """An ``nn.Linear`` whose weight gradient can be deferred to W (see ``enable_split``)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _graph_break()
+
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: break the graph, so that this layer stays an autograd node
+            # of its own that B can tag (inside a compiled region, its weight gradient would be
+            # computed with the region's backward, in B).
+            assert _apply_eagerly is not None  # made by enable_split or __init__, before any tracing
+            return _apply_eagerly(x, self.weight, self.bias)
         return _LinearFn.apply(x, self.weight, self.bias)
+
+
+def _compiled_fullgraph(m: nn.Module) -> bool:
+    """Is ``m`` compiled (``torch.compile(m)`` or ``m.compile()``) with ``fullgraph=True``?
+
+    Read from the compile context torch keeps (``OptimizedModule.dynamo_ctx``, or the one in the
+    closure of ``m._compiled_call_impl``) without importing torch._dynamo; False where absent.
+    """
+    contexts = [getattr(m, "dynamo_ctx", None)] if hasattr(m, "_orig_mod") else []
+    call = getattr(m, "_compiled_call_impl", None)
+    contexts += [c.cell_contents for c in getattr(call, "__closure__", None) or () if _filled(c)]
+    return any(getattr(ctx, "fullgraph", False) is True for ctx in contexts)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def fullgraph_compiled(module: nn.Module) -> list[str]:
+    """The names (``""``: ``module`` itself) of the parts of ``module`` compiled with
+    ``fullgraph=True``, outermost only: ``enable_split`` leaves their linear layers plain."""
+    found: list[str] = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        if _compiled_fullgraph(m) and not any(name == f or name.startswith(f + ".") or f == "" for f in found):
+            found.append(name)
+    return found
 
 
 def enable_split(module: nn.Module) -> list[nn.Parameter]:
@@ -109,12 +184,22 @@ def enable_split(module: nn.Module) -> list[nn.Parameter]:
     The instances change class in place, so parameters, state_dict, hooks, ``isinstance(m,
     nn.Linear)`` and ordinary training are untouched; the gradient is deferred only inside
     ``WeightGradStore.backward_input``. Subclasses of ``nn.Linear`` are left alone: they may not
-    compute through their forward (``nn.MultiheadAttention``'s ``out_proj`` does not).
+    compute through their forward (``nn.MultiheadAttention``'s ``out_proj`` does not). So are
+    (made plain again) the linear layers inside a part compiled with ``fullgraph=True``
+    (``fullgraph_compiled``), which allows no graph break at them.
     Returns the parameters whose gradients W computes; every other parameter of ``module``
     gets its gradient in B.
     """
+    _graph_break()
+    whole = set()
+    for name in fullgraph_compiled(module):
+        whole.update(id(m) for m in module.get_submodule(name).modules())
     params: dict[int, nn.Parameter] = {}
     for m in module.modules():
+        if id(m) in whole:
+            if type(m) is SplitLinear:
+                m.__class__ = nn.Linear
+            continue
         if type(m) is nn.Linear:
             m.__class__ = SplitLinear
         if isinstance(m, SplitLinear):

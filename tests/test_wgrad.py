@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
+from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split, fullgraph_compiled
 
 VOCAB = 23
 
@@ -267,3 +267,19 @@ def test_random_shapes_and_orders(
     heads: int, head_dim: int, m: int, batch: int, seq: int, bias: bool, seed: int
 ) -> None:
     run_interleaved(make_stages(heads * head_dim, heads, bias, seed), m, seed, batch, seq)
+
+
+def test_parts_compiled_with_fullgraph_stay_plain_and_others_are_split() -> None:
+    stages = make_stages()
+    enable_split(stages)  # every Linear split, then compiled (lazily: nothing is traced here)
+    stages[0] = torch.compile(stages[0], fullgraph=True)
+    stages[1].compile()
+    stages[2][0] = torch.compile(stages[2][0], fullgraph=True)
+    assert fullgraph_compiled(stages) == ["0", "2.0"]
+    assert fullgraph_compiled(stages[0]) == [""] and fullgraph_compiled(stages[1]) == []
+    deferred = {id(p) for p in enable_split(stages)}
+    split = {id(p) for m in [stages[1], stages[2][2]] for p in m.parameters() if p.dim() == 2}
+    assert split and split <= deferred
+    assert not deferred & {id(p) for m in [stages[0], stages[2][0]] for p in m.parameters()}
+    assert all(type(m) is nn.Linear for part in [stages[0], stages[2][0]] for m in part.modules()
+               if isinstance(m, nn.Linear))
