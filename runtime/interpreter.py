@@ -175,7 +175,7 @@ class PipelineRuntime:
             raise PipelineError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
         self.comm: Transport = TRANSPORTS[transport](group, self.timeout, self._someone_failed,
                                                      threaded=backend == "gloo", release_on_caller=measure_memory)
-        self._io = _Attributed(self.comm, self._stopped)  # every call into the transport goes through it
+        self._io = _Attributed(self.comm, self._stopped, self._join)  # every call into the transport goes through it
         self.trace_enabled = trace or measure_memory
         self.events: list[tuple[Instr, float, float]] = []  # (instruction, start, end) of the last step
         self.meter = None
@@ -361,13 +361,14 @@ class PipelineRuntime:
 
     # ---- waiting, and naming who failed ----
 
-    def _stopped(self, where: tuple, peer: int, target: str, posting: bool, cause: str | None) -> PipelineError:
+    def _stopped(self, where: tuple, peer: int, target: str, posting: bool, cause: str | None,
+                 collective: int | None = None) -> PipelineError:
         """The error of a transport call that failed (``cause``: what failed, from the transport)
         or stopped because another rank reported a failure (``cause`` None). It names this rank,
         the instruction ``where`` = (index, instruction, step), what this rank was posting to or
-        waiting for (``target``: rank ``peer``, or a collective, ``peer`` -1) and the rank that
-        failed first as far as the store tells, else the peer (in a collective over two ranks,
-        the other one; over more, no rank: the error then says which collective failed)."""
+        waiting for (``target``: rank ``peer``, or the ``collective``-th collective, ``peer`` -1)
+        and the rank that failed first as far as the store tells, else the peer; for a collective,
+        the rank that never joined it (``_join``), else, over two ranks, the other one."""
         k, instr, step = where
         if cause is None:
             cause = "(this rank stopped waiting when it read that)"
@@ -375,13 +376,49 @@ class PipelineRuntime:
             cause = f"closed the connection before this rank posted to it (died?) [{cause}]"
         else:
             cause = f"did not answer within {self.timeout:g} s or closed the connection (died?) [{cause}]"
-        if peer < 0 and self.header.n_ranks == 2:  # a collective's only other rank
-            peer = 1 - self.rank
-        culprit, why = self._first_failure(peer) or (peer if peer >= 0 else None, cause)
+        found = self._first_failure(peer)
+        if found is None and peer < 0 and collective is not None:
+            absent = self._absent(collective)
+            if len(absent) == 1:
+                found = absent[0], f"never joined {target} (died?) [{cause}]"
+            elif absent:
+                cause = f"{cause}; ranks {absent} never joined it"
+            elif self.header.n_ranks == 2:  # the collective's only other rank failed in it
+                peer = 1 - self.rank
+        culprit, why = found or (peer if peer >= 0 else None, cause)
         at = f"the shape exchange before step {step} ({instr})" if k < 0 else f"instruction {k} ({instr}) of step {step}"
         who = f"rank {culprit} {why}" if culprit is not None else f"a rank {why}"
         doing = "posting to" if posting else "waiting for"
         return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}: {who}", culprit, why)
+
+    def _join(self, n: int) -> None:
+        """Record in the store that this rank is posting its ``n``-th collective (1, 2, ...), so
+        that if the collective fails, a rank that never came to it can be named."""
+        if self._store is None:
+            return
+        try:
+            self._store.set(f"{self._key}/joined/rank{self.rank}", str(n))
+        except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+            pass
+
+    def _absent(self, n: int, grace: float = 1.0) -> list[int]:
+        """The other ranks that have not posted collective ``n`` (a slow rank that comes within
+        ``grace`` seconds is not counted, as long as more than one is missing)."""
+        if self._store is None:
+            return []
+        deadline = time.monotonic() + grace
+        while True:
+            absent = []
+            for r in range(self.header.n_ranks):
+                key = f"{self._key}/joined/rank{r}"
+                try:
+                    if r != self.rank and (not self._store.check([key]) or int(self._store.get(key)) < n):
+                        absent.append(r)
+                except Exception:  # noqa: BLE001 - no store, no names
+                    return []
+            if len(absent) <= 1 or time.monotonic() > deadline:
+                return absent
+            time.sleep(0.1)
 
     def _someone_failed(self) -> bool:
         """Has any rank of this runtime reported a failure? (polled while a wait lasts)"""
@@ -515,8 +552,12 @@ class _Attributed:
     transport's own error. ``where`` = (instruction index, instruction, step) is also the tag
     the transport gets (a flushed send's failure names that send's instruction)."""
 
-    def __init__(self, transport: Transport, stopped: Callable[[tuple, int, str, bool, str | None], PipelineError]):
-        self.transport, self.stopped = transport, stopped
+    def __init__(self, transport: Transport, stopped: Callable[..., PipelineError], join: Callable[[int], None]):
+        """``stopped``: ``PipelineRuntime._stopped``; ``join(n)``: called before the ``n``-th
+        collective is posted (``PipelineRuntime._join``)."""
+        self.transport, self.stopped, self.join = transport, stopped, join
+        self.collectives = 0  # posted so far: the same sequence on every rank
+        self._numbers: dict[int, int] = {}  # id(pending collective) -> its number
 
     def send(self, tensor: torch.Tensor, peer: int, where: tuple) -> None:
         self._call(lambda: self.transport.send(tensor, peer, where), where, peer)
@@ -525,25 +566,32 @@ class _Attributed:
         return self._call(lambda: self.transport.recv(buffer, peer, where), where, peer)
 
     def wait(self, pending: Pending, where: tuple) -> None:
-        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, posting=False)
+        n = self._numbers.pop(id(pending), None)
+        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, False, n)
 
     def flush(self, where: tuple) -> None:
         self._call(self.transport.flush, where, -1, "its sends", posting=False)
 
     def all_reduce(self, tensor: torch.Tensor, group, where: tuple, what: str) -> Pending:
-        pending = self._call(lambda: self.transport.all_reduce(tensor, group, where), where, -1, what)
-        pending.what = what
-        return pending
+        return self._collective(lambda: self.transport.all_reduce(tensor, group, where), where, what)
 
     def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, group, where: tuple, what: str) -> Pending:
-        pending = self._call(lambda: self.transport.all_gather(outputs, tensor, group, where), where, -1, what)
+        return self._collective(lambda: self.transport.all_gather(outputs, tensor, group, where), where, what)
+
+    def _collective(self, post: Callable[[], Pending], where: tuple, what: str) -> Pending:
+        self.collectives += 1
+        n = self.collectives
+        self.join(n)
+        pending = self._call(post, where, -1, what, True, n)
         pending.what = what
+        self._numbers[id(pending)] = n
         return pending
 
     def release(self) -> None:
         self.transport.release()
 
-    def _call(self, call: Callable[[], Any], where: tuple, peer: int, what: str = "", posting: bool = True):
+    def _call(self, call: Callable[[], Any], where: tuple, peer: int, what: str = "", posting: bool = True,
+              collective: int | None = None):
         try:
             return call()
         except Stopped as e:
@@ -555,7 +603,7 @@ class _Attributed:
         if not (isinstance(tag, tuple) and len(tag) == 3):
             tag = where  # a transport that tags its errors otherwise
         target = f"rank {peer}" if peer >= 0 else what or "the collective"
-        raise self.stopped(tag, peer, target, posting, cause) from None
+        raise self.stopped(tag, peer, target, posting, cause, collective) from None
 
 
 def _without_data(y: torch.Tensor) -> torch.Tensor:
