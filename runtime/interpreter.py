@@ -379,6 +379,8 @@ class PipelineRuntime:
         found = self._first_failure(peer)
         if found is None and peer < 0 and collective is not None:
             absent = self._absent(collective)
+            found = self._first_failure(peer)  # a rank that failed elsewhere may have reported meanwhile
+        if found is None and peer < 0 and collective is not None:
             if len(absent) == 1:
                 found = absent[0], f"never joined {target} (died?) [{cause}]"
             elif absent:
@@ -402,8 +404,8 @@ class PipelineRuntime:
             pass
 
     def _absent(self, n: int, grace: float = 1.0) -> list[int]:
-        """The other ranks that have not posted collective ``n`` (a slow rank that comes within
-        ``grace`` seconds is not counted, as long as more than one is missing)."""
+        """The other ranks that have not posted collective ``n``. While more than one is missing,
+        wait up to ``grace`` seconds for slow ranks to come or for a rank to report a failure."""
         if self._store is None:
             return []
         deadline = time.monotonic() + grace
@@ -416,7 +418,7 @@ class PipelineRuntime:
                         absent.append(r)
                 except Exception:  # noqa: BLE001 - no store, no names
                     return []
-            if len(absent) <= 1 or time.monotonic() > deadline:
+            if len(absent) <= 1 or time.monotonic() > deadline or self._someone_failed():
                 return absent
             time.sleep(0.1)
 
