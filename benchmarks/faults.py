@@ -256,7 +256,10 @@ def report(rows: list[dict], examples: dict, args, wall: float, command: str) ->
         lines.append(f"| {KINDS[r['kind']]} (`{r['kind']}`) | {r['runs']} | {r['ranks']} | {r['named']} | {r['raw']}"
                      f" | {r['hang']} | {r['posting']} | {sec(r['median'])} | {sec(r['max'])} |")
     raw, hang = sum(r["raw"] for r in rows), sum(r["hang"] for r in rows)
-    lines += ["", f"In all: {sum(r['ranks'] for r in rows)} ranks, {raw} raw errors, {hang} hangs.", ""]
+    posting = sum(r["posting"] for r in rows)
+    lines += ["", f"In all: {sum(r['ranks'] for r in rows)} ranks, {raw} raw errors, {hang} hangs. {posting} ranks"
+              " stopped while posting: before every transport call was attributed (issue 23), a failed post"
+              " escaped the runtime as gloo's own `RuntimeError`.", ""]
     for (kind, outcome), message in sorted(examples.items()):
         lines.append(f"- `{kind}`, {outcome}, e.g.: {message[:300]}")
     return "\n".join(lines)

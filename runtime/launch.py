@@ -98,6 +98,12 @@ def _child(fn, rank, world_size, args, backend, port, tmp, threads) -> None:
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=600))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=600))
+    # Every rank has connected before any runs fn: a rank that returns (or dies) at once would
+    # otherwise close its connections while another is still making its own (gloo then fails
+    # in init_process_group, outside anything fn could attribute).
+    if store.add("schedc/run_local/connected", 1) == world_size:
+        store.set("schedc/run_local/all", "1")
+    store.wait(["schedc/run_local/all"])
     try:
         result = ("ok", fn(rank, world_size, *args))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
