@@ -548,10 +548,9 @@ class PipelineRuntime:
 
 class _Attributed:
     """The transport as the interpreter calls it: a failure of any call (posting, waiting,
-    flushing, a collective) becomes the runtime's PipelineError (``stopped(where, peer, doing,
-    cause)``: ``PipelineRuntime._stopped``) naming this rank, the instruction, the peer and the
-    cause; TransferFailed and Stopped as the transport raises them, anything else as a
-    transport's own error. ``where`` = (instruction index, instruction, step) is also the tag
+    flushing, a collective) becomes the runtime's PipelineError (``PipelineRuntime._stopped``)
+    naming this rank, the instruction, the peer or collective and the cause; TransferFailed and
+    Stopped as the transport raises them, anything else as a transport's own error. ``where`` = (instruction index, instruction, step) is also the tag
     the transport gets (a flushed send's failure names that send's instruction)."""
 
     def __init__(self, transport: Transport, stopped: Callable[..., PipelineError], join: Callable[[int], None]):
