@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,15 +56,15 @@ def clip_args_error(max_norm: Any, mode: Any, optimizer: Any) -> str | None:
 
 class GradClip:
     """One rank's part of global-norm clipping. ``params``: this rank's stage parameters (each
-    once); ``device``: where the all-reduce's tensor lives; ``wait(work, where)``: the runtime's
-    wait for a collective (deadline, failure polling, errors naming the failed rank)."""
+    once); ``device``: where the all-reduce's tensor lives; ``comm``: the runtime's transport,
+    which posts the all-reduce and waits for it (``all_reduce(tensor, group, where, what)``,
+    ``wait(pending, where)``: deadline, failure polling, errors naming the failed rank)."""
 
     def __init__(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer, max_norm: float, mode: str,
-                 skip_nonfinite: bool, group: dist.ProcessGroup | None, device: torch.device,
-                 wait: Callable[[Any, Any], None]):
+                 skip_nonfinite: bool, group: dist.ProcessGroup | None, device: torch.device, comm: Any):
         self.params, self.optimizer = params, optimizer
         self.max_norm, self.mode, self.skip_nonfinite = float(max_norm), mode, bool(skip_nonfinite)
-        self.device, self.wait = device, wait
+        self.device, self.comm = device, comm
         self.group = _group_like(group)  # collective: every rank of the pipeline constructs one
         self.pending: tuple | None = None  # post: (work, squared norm, snapshot, where) until checked
         self.norm: float | None = None  # of the last checked step
@@ -74,9 +73,9 @@ class GradClip:
     def step(self, where: Any) -> None:
         """At STEP: reduce the norm and clip or skip then step (sync), or step now and check later (post)."""
         squares = self._local_squares()
-        work = dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        work = self.comm.all_reduce(squares, self.group, where, "the gradient-norm all-reduce")
         if self.mode == "sync":
-            self.wait(work, where)
+            self.comm.wait(work, where)
             skip, coef = self._decide(squares)
             if not skip:
                 if self.clipped:
@@ -104,7 +103,7 @@ class GradClip:
             return
         work, squares, (opt_params, data, grads, state), where = self.pending
         self.pending = None
-        self.wait(work, where)
+        self.comm.wait(work, where)
         skip, coef = self._decide(squares)
         if not (skip or self.clipped):
             return  # the step taken was the right one

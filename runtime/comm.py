@@ -5,8 +5,15 @@
 
 - ``send(tensor, peer, tag)``: posts the send and keeps the buffer only until the transfer is
   done, so memory follows the schedule (a boundary tensor is not held to the optimizer step).
-- ``recv(buffer, peer)`` posts a receive; ``wait(pending, tag)`` waits for it.
+- ``recv(buffer, peer, tag)`` posts a receive; ``wait(pending, tag)`` waits for it.
 - ``flush()`` waits for every send (at the optimizer step).
+- ``all_reduce`` / ``all_gather`` post a collective (the gradient norm, the trace); ``wait``
+  waits for it like a receive.
+
+Every failure of these calls is raised as ``TransferFailed`` (posting included: a peer that
+closed its connections before a send or receive to it is posted makes gloo raise at once) or
+``Stopped``, never as the backend's own error; the interpreter turns both into its
+``PipelineError`` naming the rank that failed.
 
 Waiting has a deadline (``timeout``) and stops early when ``stopped()`` says another rank has
 failed (checked every ``POLL`` seconds while a wait lasts), so a rank whose peer raised and
@@ -40,11 +47,13 @@ POLL = 0.25  # seconds between checks of ``stopped()`` while a wait lasts
 
 
 class TransferFailed(RuntimeError):
-    """A wait failed: the peer died or closed the connection, or the timeout passed."""
+    """A transfer failed: the peer died or closed the connection, or the timeout passed.
+    ``posting``: it failed as it was posted (else while it was waited for). ``peer`` is -1 for
+    a collective."""
 
-    def __init__(self, tag: Any, peer: int, cause: str):
+    def __init__(self, tag: Any, peer: int, cause: str, posting: bool = False):
         super().__init__(cause)
-        self.tag, self.peer, self.cause = tag, peer, cause
+        self.tag, self.peer, self.cause, self.posting = tag, peer, cause, posting
 
 
 class Stopped(RuntimeError):
@@ -55,13 +64,27 @@ class Stopped(RuntimeError):
         self.tag, self.peer = tag, peer
 
 
+def describe(e: BaseException) -> str:
+    """A backend's exception in one line: its type and the start of its message."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+def posted(tag: Any, peer: int, post: Callable[[], Any]) -> Any:
+    """``post()`` (a non-blocking send, receive or collective); its failure as TransferFailed."""
+    try:
+        return post()
+    except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses
+        raise TransferFailed(tag, peer, describe(e), posting=True) from None
+
+
 class Pending:
-    """A posted receive (or send) and what waiting for it found."""
+    """A posted receive (or send, or collective) and what waiting for it found. ``what`` names a
+    collective in errors (e.g. "the gradient-norm all-reduce"); ``peer`` is -1 for one."""
 
-    __slots__ = ("work", "peer", "done", "error")
+    __slots__ = ("work", "peer", "done", "error", "what")
 
-    def __init__(self, work, peer: int):
-        self.work, self.peer = work, peer
+    def __init__(self, work, peer: int, what: str = ""):
+        self.work, self.peer, self.what = work, peer, what
         self.done = threading.Event()
         self.error: str | None = None
 
@@ -72,13 +95,17 @@ class Transport:
     ``cls(group, timeout, stopped, threaded=..., release_on_caller=...)`` (see TorchTransport)
     and registered in TRANSPORTS under the name ``PipelineRuntime(..., transport=NAME)`` takes.
     The ranks' SENDs and RECVs between two ranks list the same messages in the same order (the
-    Program guarantees it), so a transport may match them by their order alone."""
+    Program guarantees it), so a transport may match them by their order alone.
+
+    Each method raises TransferFailed or Stopped when it fails (``posted`` wraps a post);
+    anything else it raises is still attributed by the interpreter, as a transport's bug.
+    ``tag`` is opaque here: the interpreter's (instruction index, instruction, step)."""
 
     def send(self, tensor: torch.Tensor, peer: int, tag: Any) -> None:
         """Post the transfer of ``tensor`` to ``peer`` (a rank of the group); do not wait."""
         raise NotImplementedError
 
-    def recv(self, buffer: torch.Tensor, peer: int) -> Pending:
+    def recv(self, buffer: torch.Tensor, peer: int, tag: Any) -> Pending:
         """Post a receive from ``peer`` into ``buffer``; ``wait`` completes it."""
         raise NotImplementedError
 
@@ -93,6 +120,18 @@ class Transport:
 
     def release(self) -> None:
         """Free, on the caller's thread, what completed sends still hold (may do nothing)."""
+
+    # Collectives on a process group of the caller's (every rank of it calls them in the same
+    # order); by default torch.distributed's asynchronous ones, waited for with ``wait``.
+
+    def all_reduce(self, tensor: torch.Tensor, group, tag: Any) -> Pending:
+        """Post a sum all-reduce of ``tensor`` in place over ``group``."""
+        return Pending(posted(tag, -1, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group,
+                                                                async_op=True)), -1)
+
+    def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, group, tag: Any) -> Pending:
+        """Post an all-gather of ``tensor`` into ``outputs`` (one per rank of ``group``)."""
+        return Pending(posted(tag, -1, lambda: dist.all_gather(outputs, tensor, group=group, async_op=True)), -1)
 
 
 class TorchTransport(Transport):
@@ -118,7 +157,7 @@ class TorchTransport(Transport):
     # ---- posting ----
 
     def send(self, tensor: torch.Tensor, peer: int, tag: Any) -> None:
-        work = dist.isend(tensor, self._global[peer], group=self.group)
+        work = posted(tag, peer, lambda: dist.isend(tensor, self._global[peer], group=self.group))
         pending = Pending(work, peer)
         if not self.threaded:
             self._sends = [s for s in self._sends if not s[0].work.is_completed()]
@@ -133,8 +172,8 @@ class TorchTransport(Transport):
         with self._lock:
             self._released.clear()
 
-    def recv(self, buffer: torch.Tensor, peer: int) -> Pending:
-        return Pending(dist.irecv(buffer, self._global[peer], group=self.group), peer)
+    def recv(self, buffer: torch.Tensor, peer: int, tag: Any) -> Pending:
+        return Pending(posted(tag, peer, lambda: dist.irecv(buffer, self._global[peer], group=self.group)), peer)
 
     # ---- waiting ----
 
@@ -173,7 +212,7 @@ class TorchTransport(Transport):
         try:
             pending.work.wait(datetime.timedelta(seconds=self.timeout))
         except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses
-            pending.error = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            pending.error = describe(e)
         if signal:
             pending.done.set()
 

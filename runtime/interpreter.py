@@ -35,9 +35,12 @@ CPU the transfers run on gloo's threads. With gloo and CUDA tensors, transfers a
 through host memory.
 
 Faults: every wait has a deadline (``timeout``). A rank whose step raises records the error in
-the process group's store before re-raising; a rank that cannot complete a wait (its peer died,
-the connection closed, or the deadline passed) raises ``PipelineError`` naming the rank that
-failed first, as far as the store tells (else the peer it waited for). Waiting ranks also poll
+the process group's store before re-raising. Every call into the transport (posting a send or a
+receive, waiting, flushing the sends, the collectives of clipping and ``save_trace``, the shape
+exchange's transfers) goes through ``_Attributed``: whatever fails there (the peer died, the
+connection closed, the deadline passed, even a transport's own bug) raises ``PipelineError``
+naming this rank, the instruction, the peer it was posting to or waiting for, and the rank that
+failed first, as far as the store tells (else that peer) with the cause. Waiting ranks also poll
 the store (``schedc.runtime.comm``), so they stop within a fraction of a second of any rank's
 report, also when the failed rank stays alive. A runtime whose step failed is not used again.
 """
@@ -59,7 +62,7 @@ from torch import nn
 from schedc.errors import SchedcError
 from schedc.program import Instr, Message
 from schedc.runtime.clip import GradClip, clip_args_error
-from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport
+from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport, describe
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
@@ -178,6 +181,7 @@ class PipelineRuntime:
             raise PipelineError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
         self.comm: Transport = TRANSPORTS[transport](group, self.timeout, self._someone_failed,
                                                      threaded=backend == "gloo", release_on_caller=measure_memory)
+        self._io = _Attributed(self.comm, self._stopped, self._join)  # every call into the transport goes through it
         self.trace_enabled = trace or measure_memory
         self.events: list[tuple[Instr, float, float]] = []  # (instruction, start, end) of the last step
         self.meter = None
@@ -194,7 +198,7 @@ class PipelineRuntime:
         if clip_grad_norm is not None:
             mine = list({id(p): p for ps in self.params.values() for p in ps}.values())
             self.clip = GradClip(mine, optimizer, clip_grad_norm, clip_mode, skip_nonfinite, group, self.comm_device,
-                                 self._wait_norm)
+                                 self._io)
 
     # ---- the step ----
 
@@ -241,9 +245,12 @@ class PipelineRuntime:
         return self.clip is not None and self.clip.skipped
 
     def _failed(self, e: BaseException) -> None:
-        """Tell the other ranks, through the store, why this rank's step (or check) failed."""
+        """Tell the other ranks, through the store, why this rank's step (or check) failed. A
+        PipelineError of a transfer that could not tell who failed (``why`` but no ``culprit``)
+        blames no one; any other PipelineError is this rank's own."""
         if isinstance(e, PipelineError):
-            self._report(self.rank if e.culprit is None else e.culprit, e.why or str(e))
+            own = e.culprit is None and e.why is None
+            self._report(self.rank if own else e.culprit, e.why or str(e))
         else:
             self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
@@ -263,11 +270,11 @@ class PipelineRuntime:
                 t0 = time.perf_counter()
                 if meter is None:
                     self._ops[instr.op](state, instr, k)
-                    self.comm.release()
+                    self._io.release()
                 else:
                     with meter.instruction(k, counted=instr.op != "STEP"):
                         self._ops[instr.op](state, instr, k)
-                        self.comm.release()  # completed sends' buffers, freed where the meter sees it
+                        self._io.release()  # completed sends' buffers, freed where the meter sees it
                 if self.trace_enabled:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
@@ -326,18 +333,19 @@ class PipelineRuntime:
         self.store.backward_weight((instr.stage, instr.mb))
 
     def _send(self, state: _StepState, instr: Instr, k: int) -> None:
-        self.comm.send(state.outbox.pop(instr.message).to(self.comm_device).contiguous(), instr.peer, (k, instr))
+        self._io.send(state.outbox.pop(instr.message).to(self.comm_device).contiguous(), instr.peer,
+                       (k, instr, self.steps))
 
     def _recv(self, state: _StepState, instr: Instr, k: int) -> None:
         shape, dtype = self._meta[min(instr.message.src, instr.message.dst)]
         buf = torch.empty(shape, dtype=dtype, device=self.comm_device)
-        state.inbox[instr.message] = (self.comm.recv(buf, instr.peer), buf)
+        state.inbox[instr.message] = (self._io.recv(buf, instr.peer, (k, instr, self.steps)), buf)
 
     def _local(self, state: _StepState, instr: Instr, k: int) -> None:
         state.inbox[instr.message] = (None, state.outbox.pop(instr.message))
 
     def _optimizer_step(self, state: _StepState, instr: Instr, k: int) -> None:
-        self._waiting(self.comm.flush)
+        self._io.flush((k, instr, self.steps))
         self._finish_step(state.saved, state.outbox, state.inbox, (k, instr, self.steps))
 
     def _finish_step(self, saved, outbox, inbox, where) -> None:
@@ -367,44 +375,71 @@ class PipelineRuntime:
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
         pending, tensor = inbox.pop(msg)
         if pending is not None:
-            self._waiting(lambda: self.comm.wait(pending, (k, instr)))
+            self._io.wait(pending, (k, instr, self.steps))
         return tensor.to(self.device)
 
     # ---- waiting, and naming who failed ----
 
-    def _waiting(self, wait: Callable[[], None]) -> None:
-        """Run ``wait`` (of the transport); a failed or stopped wait becomes a PipelineError
-        naming the rank that failed first, as far as the store tells (else the peer waited for)."""
-        try:
-            wait()
-            return
-        except Stopped as e:
-            (k, instr), peer = e.tag, e.peer
-            cause = "(this rank stopped waiting when it read that)"
-        except TransferFailed as e:
-            (k, instr), peer = e.tag, e.peer
-            cause = f"did not answer within {self.timeout:g} s or closed the connection (died?) [{e.cause}]"
-        culprit, why = self._first_failure(peer) or (peer, cause)
-        raise PipelineError(
-            f"rank {self.rank}: pipeline stopped at instruction {k} ({instr}) of step {self.steps}:"
-            f" rank {culprit} {why}",
-            culprit,
-            why,
-        )
-
-    def _wait_norm(self, work, where) -> None:
-        """Wait for the gradient-norm all-reduce of the STEP ``where`` = (k, instr, step), with the
-        deadline and failure polling of a transfer; a PipelineError names the rank that failed."""
+    def _stopped(self, where: tuple, peer: int, target: str, posting: bool, cause: str | None,
+                 collective: int | None = None) -> PipelineError:
+        """The error of a transport call that failed (``cause``: what failed, from the transport)
+        or stopped because another rank reported a failure (``cause`` None). It names this rank,
+        the instruction ``where`` = (index, instruction, step), what this rank was posting to or
+        waiting for (``target``: rank ``peer``, or the ``collective``-th collective, ``peer`` -1)
+        and the rank that failed first as far as the store tells, else the peer; for a collective,
+        the rank that never joined it (``_join``), else, over two ranks, the other one."""
         k, instr, step = where
+        if cause is None:
+            cause = "(this rank stopped waiting when it read that)"
+        elif posting:
+            cause = f"closed the connection before this rank posted to it (died?) [{cause}]"
+        else:
+            cause = f"did not answer within {self.timeout:g} s or closed the connection (died?) [{cause}]"
+        found = self._first_failure(peer)
+        if found is None and peer < 0 and collective is not None:
+            absent = self._absent(collective)
+            found = self._first_failure(peer)  # a rank that failed elsewhere may have reported meanwhile
+        if found is None and peer < 0 and collective is not None:
+            if len(absent) == 1:
+                found = absent[0], f"never joined {target} (died?) [{cause}]"
+            elif absent:
+                cause = f"{cause}; ranks {absent} never joined it"
+            elif self.header.n_ranks == 2:  # the collective's only other rank failed in it
+                peer = 1 - self.rank
+        culprit, why = found or (peer if peer >= 0 else None, cause)
+        at = f"the shape exchange before step {step} ({instr})" if k < 0 else f"instruction {k} ({instr}) of step {step}"
+        who = f"rank {culprit} {why}" if culprit is not None else f"a rank {why}"
+        doing = "posting to" if posting else "waiting for"
+        return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}: {who}", culprit, why)
+
+    def _join(self, n: int) -> None:
+        """Record in the store that this rank is posting its ``n``-th collective (1, 2, ...), so
+        that if the collective fails, a rank that never came to it can be named."""
+        if self._store is None:
+            return
         try:
-            self.comm.wait(Pending(work, -1), (k, instr))
-        except (Stopped, TransferFailed) as e:
-            reports = (self._read_report(r) for r in range(self.header.n_ranks) if r != self.rank)
-            culprit, why = self._first_failure(-1) or next(filter(None, reports), None) or (
-                None, f"the gradient-norm all-reduce failed: {e}")
-            who = why if culprit is None else f"rank {culprit} {why}"
-            raise PipelineError(f"rank {self.rank}: pipeline stopped at instruction {k} ({instr}) of step {step}: {who}",
-                                culprit, why) from None
+            self._store.set(f"{self._key}/joined/rank{self.rank}", str(n))
+        except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+            pass
+
+    def _absent(self, n: int, grace: float = 1.0) -> list[int]:
+        """The other ranks that have not posted collective ``n``. While more than one is missing,
+        wait up to ``grace`` seconds for slow ranks to come or for a rank to report a failure."""
+        if self._store is None:
+            return []
+        deadline = time.monotonic() + grace
+        while True:
+            absent = []
+            for r in range(self.header.n_ranks):
+                key = f"{self._key}/joined/rank{r}"
+                try:
+                    if r != self.rank and (not self._store.check([key]) or int(self._store.get(key)) < n):
+                        absent.append(r)
+                except Exception:  # noqa: BLE001 - no store, no names
+                    return []
+            if len(absent) <= 1 or time.monotonic() > deadline or self._someone_failed():
+                return absent
+            time.sleep(0.1)
 
     def _someone_failed(self) -> bool:
         """Has any rank of this runtime reported a failure? (polled while a wait lasts)"""
@@ -416,12 +451,18 @@ class PipelineRuntime:
             return False
 
     def _first_failure(self, peer: int) -> tuple[int, str] | None:
-        """The report of a rank that failed by itself (blamed no other), else ``peer``'s, else None."""
+        """The report of a rank that failed by itself (blamed no other), else ``peer``'s if it
+        names a rank, else any report naming a rank, else None."""
         reports = {r: self._read_report(r) for r in range(self.header.n_ranks) if r != self.rank}
         own = [rep for r, rep in reports.items() if rep is not None and rep[0] == r]
-        return own[0] if own else reports.get(peer)
+        naming = [rep for rep in reports.values() if rep is not None and rep[0] is not None]
+        if own:
+            return own[0]
+        if reports.get(peer) is not None and reports[peer][0] is not None:
+            return reports[peer]
+        return naming[0] if naming else None
 
-    def _report(self, culprit: int, why: str) -> None:
+    def _report(self, culprit: int | None, why: str) -> None:
         """Tell the other ranks, through the store, which rank failed first and how."""
         if self._store is None:
             return
@@ -431,8 +472,8 @@ class PipelineRuntime:
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             pass
 
-    def _read_report(self, rank: int) -> tuple[int, str] | None:
-        """What ``rank`` reported: (the rank it blames, why), or None."""
+    def _read_report(self, rank: int) -> tuple[int | None, str] | None:
+        """What ``rank`` reported: (the rank it blames or None, why), or None."""
         if self._store is None:
             return None
         key = f"{self._key}/rank{rank}"
@@ -440,7 +481,8 @@ class PipelineRuntime:
             if not self._store.check([key]):
                 return None
             report = json.loads(self._store.get(key))
-            return int(report["culprit"]), str(report["why"])
+            culprit = report["culprit"]
+            return (None if culprit is None else int(culprit)), str(report["why"])
         except Exception:  # noqa: BLE001
             return None
 
@@ -474,13 +516,12 @@ class PipelineRuntime:
                     raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
                 self._meta[s] = (y.shape, y.dtype)
                 if dst != here:
-                    self.comm.send(_encode(y), dst, (-1, meta_instr))  # waited for with the step's sends
+                    self._io.send(_encode(y), dst, (-1, meta_instr, self.steps))  # waited for with the step's sends
                 x = y
             elif dst == here:
                 meta = torch.empty(_META_LEN, dtype=torch.int64)
-                pending = self.comm.recv(meta, src)
-                tag = (-1, meta_instr._replace(op="RECV", stage=s + 1, peer=src, peer_stage=s))
-                self._waiting(lambda: self.comm.wait(pending, tag))
+                where = (-1, meta_instr._replace(op="RECV", stage=s + 1, peer=src, peer_stage=s), self.steps)
+                self._io.wait(self._io.recv(meta, src, where), where)
                 self._meta[s] = _decode(meta)
                 x = torch.zeros(self._meta[s][0], dtype=self._meta[s][1], device=self.device)
         self._meta_key = key
@@ -509,17 +550,80 @@ class PipelineRuntime:
         # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
         mine = torch.frombuffer(bytearray(json.dumps(self.trace_events()).encode()), dtype=torch.uint8)
         n = dist.get_world_size(self.group)
+        where = (len(self.program), Instr("SAVE_TRACE"), self.steps - 1)  # after the last step's program
+        what = "the trace gather"
         size = torch.tensor([mine.numel()], dtype=torch.int64, device=self.comm_device)
         sizes = [torch.zeros_like(size) for _ in range(n)]
-        dist.all_gather(sizes, size, group=self.group)
+        self._io.wait(self._io.all_gather(sizes, size, self.group, where, what), where)
         longest = max(int(x) for x in sizes)
         padded = torch.zeros(longest, dtype=torch.uint8, device=self.comm_device)
         padded[: mine.numel()] = mine.to(self.comm_device)
         received = [torch.empty_like(padded) for _ in range(n)]
-        dist.all_gather(received, padded, group=self.group)
+        self._io.wait(self._io.all_gather(received, padded, self.group, where, what), where)
         if self.rank == 0:
             gathered = [json.loads(b[: int(k)].cpu().numpy().tobytes()) for b, k in zip(received, sizes)]
             write_trace_file(path, self.header.schedule, self.steps - 1, gathered)
+
+
+class _Attributed:
+    """The transport as the interpreter calls it: a failure of any call (posting, waiting,
+    flushing, a collective) becomes the runtime's PipelineError (``PipelineRuntime._stopped``)
+    naming this rank, the instruction, the peer or collective and the cause; TransferFailed and
+    Stopped as the transport raises them, anything else as a transport's own error. ``where`` = (instruction index, instruction, step) is also the tag
+    the transport gets (a flushed send's failure names that send's instruction)."""
+
+    def __init__(self, transport: Transport, stopped: Callable[..., PipelineError], join: Callable[[int], None]):
+        """``stopped``: ``PipelineRuntime._stopped``; ``join(n)``: called before the ``n``-th
+        collective is posted (``PipelineRuntime._join``)."""
+        self.transport, self.stopped, self.join = transport, stopped, join
+        self.collectives = 0  # posted so far: the same sequence on every rank
+        self._numbers: dict[int, int] = {}  # id(pending collective) -> its number
+
+    def send(self, tensor: torch.Tensor, peer: int, where: tuple) -> None:
+        self._call(lambda: self.transport.send(tensor, peer, where), where, peer)
+
+    def recv(self, buffer: torch.Tensor, peer: int, where: tuple) -> Pending:
+        return self._call(lambda: self.transport.recv(buffer, peer, where), where, peer)
+
+    def wait(self, pending: Pending, where: tuple) -> None:
+        n = self._numbers.pop(id(pending), None)
+        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, False, n)
+
+    def flush(self, where: tuple) -> None:
+        self._call(self.transport.flush, where, -1, "its sends", posting=False)
+
+    def all_reduce(self, tensor: torch.Tensor, group, where: tuple, what: str) -> Pending:
+        return self._collective(lambda: self.transport.all_reduce(tensor, group, where), where, what)
+
+    def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, group, where: tuple, what: str) -> Pending:
+        return self._collective(lambda: self.transport.all_gather(outputs, tensor, group, where), where, what)
+
+    def _collective(self, post: Callable[[], Pending], where: tuple, what: str) -> Pending:
+        self.collectives += 1
+        n = self.collectives
+        self.join(n)
+        pending = self._call(post, where, -1, what, True, n)
+        pending.what = what
+        self._numbers[id(pending)] = n
+        return pending
+
+    def release(self) -> None:
+        self.transport.release()
+
+    def _call(self, call: Callable[[], Any], where: tuple, peer: int, what: str = "", posting: bool = True,
+              collective: int | None = None):
+        try:
+            return call()
+        except Stopped as e:
+            tag, peer, cause, posting = e.tag, e.peer, None, False
+        except TransferFailed as e:
+            tag, peer, cause, posting = e.tag, e.peer, e.cause, e.posting
+        except Exception as e:  # noqa: BLE001 - a transport's own error, attributed all the same
+            tag, cause = where, describe(e)
+        if not (isinstance(tag, tuple) and len(tag) == 3):
+            tag = where  # a transport that tags its errors otherwise
+        target = f"rank {peer}" if peer >= 0 else what or "the collective"
+        raise self.stopped(tag, peer, target, posting, cause, collective) from None
 
 
 def _without_data(y: torch.Tensor) -> torch.Tensor:

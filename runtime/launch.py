@@ -13,6 +13,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -30,18 +31,23 @@ class RankFailed(RuntimeError):
 
 
 def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              timeout: float = 600.0, threads: int | None = None) -> list[Any]:
+              timeout: float = 600.0, threads: int | None = None, preload: Sequence[str] = ()) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes with the default
     process group initialised; return each rank's return value (saved with ``torch.save``, read
     with ``weights_only=True``: plain data and tensors). Raises RankFailed if any rank raised,
     TimeoutError (after killing them) if they are not done within ``timeout`` seconds.
-    ``threads`` sets each process's torch threads (default: cores shared out)."""
+    ``threads`` sets each process's torch threads (default: cores shared out). ``preload``:
+    module names; if given, the ranks are forked from a server process that imported them once
+    (``multiprocessing``'s forkserver, kept for the parent's lifetime) instead of each spawned
+    afresh: a run starts in a fraction of a second, for many short runs (benchmarks/faults.py)."""
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     # The parent hosts the key-value store, as torchrun's agent does: it outlives any rank.
     store, listener = loopback_store(world_size)
     port = store.port
     with listener, tempfile.TemporaryDirectory(prefix="schedc-") as tmp:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("forkserver" if preload else "spawn")
+        if preload:
+            ctx.set_forkserver_preload(list(preload))
         procs = [
             ctx.Process(target=_child, args=(fn, r, world_size, args, backend, port, tmp, threads), daemon=True)
             for r in range(world_size)
@@ -92,6 +98,12 @@ def _child(fn, rank, world_size, args, backend, port, tmp, threads) -> None:
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=600))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=600))
+    # Every rank has connected before any runs fn: a rank that returns (or dies) at once would
+    # otherwise close its connections while another is still making its own (gloo then fails
+    # in init_process_group, outside anything fn could attribute).
+    if store.add("schedc/run_local/connected", 1) == world_size:
+        store.set("schedc/run_local/all", "1")
+    store.wait(["schedc/run_local/all"])
     try:
         result = ("ok", fn(rank, world_size, *args))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback

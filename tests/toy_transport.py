@@ -26,7 +26,7 @@ class StoreTransport(Transport):
         self.store.set(key, tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         self.sends += 1
 
-    def recv(self, buffer: torch.Tensor, peer: int) -> Pending:
+    def recv(self, buffer: torch.Tensor, peer: int, tag) -> Pending:
         key = f"toy/{peer}->{self.rank}/{self.received[peer]}"
         self.received[peer] += 1
         return Pending((buffer, key), peer)
