@@ -121,6 +121,11 @@ class Transport:
     def release(self) -> None:
         """Free, on the caller's thread, what completed sends still hold (may do nothing)."""
 
+    def in_flight(self) -> int:
+        """How many posted sends may still hold their buffer (0 for a transport whose sends
+        complete when posted)."""
+        return 0
+
     # Collectives on a process group of the caller's (every rank of it calls them in the same
     # order); by default torch.distributed's asynchronous ones, waited for with ``wait``.
 
@@ -171,6 +176,14 @@ class TorchTransport(Transport):
         """Free (on this thread) the buffers of sends completed so far (``release_on_caller``)."""
         with self._lock:
             self._released.clear()
+
+    def in_flight(self) -> int:
+        """Sends whose buffer is not yet dropped: on gloo, those the helper thread has not yet
+        seen complete (``done`` is set after the buffer goes); on NCCL, those not completed."""
+        with self._lock:
+            if self.threaded:
+                return sum(not pending.done.is_set() for pending, _, _ in self._sends)
+            return sum(not pending.work.is_completed() for pending, _, _ in self._sends)
 
     def recv(self, buffer: torch.Tensor, peer: int, tag: Any) -> Pending:
         return Pending(posted(tag, peer, lambda: dist.irecv(buffer, self._global[peer], group=self.group)), peer)
