@@ -34,10 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from schedc.errors import ProblemError
 from schedc.inputs import read_data, safe_filename, shorten
+from schedc.kinds import Kind
 from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
-KINDS = ("F", "B", "W", "BW")
+KINDS = tuple(Kind)
 
 
 class Boundary(BaseModel):

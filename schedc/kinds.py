@@ -1,0 +1,71 @@
+"""The kinds of op, as one table.
+
+An op is ``(kind, stage, microbatch)``. What a kind means to every pass that meets it (the
+simulator, the dependency rule, the memory rule, lowering, the checker, the exporters and the
+plots) is its row here: the lane it runs on, where its cost and memory delta come from, which ops
+it waits for, what its output carries to another stage, and how it prints. A pass that cannot
+handle a kind refuses it by name (``unsupported``), never drops it. A new kind (recompute,
+offload, a gradient reduce, ...) is a new member of ``Kind`` and a new row of ``ROWS``.
+
+``Kind`` is a ``str`` enum, so ``Kind.F == "F"``, schedule files keep their strings, and
+``problem.cost[kind]`` finds the kind's costs under its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    F = "F"  # forward
+    B = "B"  # input gradient (the backward's part on the critical path)
+    W = "W"  # weight gradient (deferrable)
+    BW = "BW"  # the fused backward, B and W in one op
+
+    __str__ = str.__str__  # prints as its name ("F"), as in files and tables
+    __format__ = str.__format__
+
+    @property
+    def row(self) -> KindRow:
+        return ROWS[self]
+
+
+BACKWARD = "backward"  # in a row's ``needs``: the backward of that stage, B or (fused) BW
+
+
+@dataclass(frozen=True)
+class KindRow:
+    lane: str  # the lane of its rank it runs on: "compute" (copy and comm lanes come with later kinds)
+    title: str  # what it is, for legends and messages
+    needs: tuple[tuple[Kind | str, int], ...]  # (kind or BACKWARD, stage offset): the ops whose results it uses
+    carries: str | None  # what its output carries to another stage: "act", "grad", or None
+    frees: bool  # the last op of its (stage, microbatch): what the forward saved is gone after it
+    split: bool | None  # True: only in split-backward schedules; False: only fused; None: in both
+    torch: str  # torch.distributed.pipelining's action letter
+
+
+ROWS: dict[Kind, KindRow] = {
+    Kind.F: KindRow("compute", "F (forward)", ((Kind.F, -1),), "act", False, None, "F"),
+    Kind.B: KindRow("compute", "B (input grad)", ((Kind.F, 0), (BACKWARD, 1)), "grad", False, True, "I"),
+    Kind.W: KindRow("compute", "W (weight grad)", ((Kind.B, 0),), None, True, True, "W"),
+    Kind.BW: KindRow("compute", "BW (full backward)", ((Kind.F, 0), (BACKWARD, 1)), "grad", True, False, "B"),
+}
+
+BACKWARDS = frozenset(k for k, row in ROWS.items() if row.carries == "grad")  # B and BW
+SPLIT = frozenset(k for k, row in ROWS.items() if row.split)  # B and W
+FUSED = frozenset(k for k, row in ROWS.items() if row.split is False)  # BW
+
+
+def kind_of(value: object) -> Kind:
+    """``value`` as a Kind; ValueError naming the known kinds if it is none."""
+    try:
+        return Kind(value)
+    except ValueError:
+        raise ValueError(f"unknown op kind {value!r} (expected {', '.join(k.value for k in Kind)})") from None
+
+
+def unsupported(kind: Kind, where: str, supported: frozenset[Kind] | tuple[Kind, ...]) -> ValueError:
+    """The error of a pass that meets a kind it cannot handle: raise it, never skip the op."""
+    known = ", ".join(k.value for k in supported)
+    return ValueError(f"{where} cannot handle op kind {kind.value!r} (it handles {known})")
