@@ -58,17 +58,30 @@ class Policy:
     # forward ends by the time its first B can arrive (so warm-up forwards never delay that B)
     overrun_warmup: bool = False  # with timed_warmup: a forward may start until that B arrives
     # (one last forward may delay it, rather than leave the rank idle)
+    balance_w: bool = False  # with eager_w off: run a W that would not fit before the next arrival
+    # anyway when waiting would make this rank's idle time so far the largest of all ranks
+    staircase: bool = False  # one chunk per rank: before its first B, a rank starts at most one
+    # microbatch fewer than the rank of the stage before it, each at most what memory holds (and,
+    # with timed_warmup, what ends by its first B): warm-up depths fall by one or more per rank
+    strict: bool = False  # one chunk per rank: after its first B, no B straight after a B while
+    # forwards remain (a W that frees memory for the next F, or a wait, instead)
 
 
 FLAGS = (
     "b_first", "eager_w", "alternate", "late_stage_first", "shallow_warmup", "lean", "timed_warmup", "overrun_warmup",
+    "balance_w",
+)
+ONE_CHUNK_FLAGS = (
+    "b_first", "eager_w", "alternate", "shallow_warmup", "timed_warmup", "overrun_warmup", "balance_w", "staircase",
+    "strict",
 )
 
 
 def flags_for(problem: Problem) -> tuple[str, ...]:
-    """The switches that can matter: stage order and lean reservations need several local stages."""
+    """The switches that can matter: stage order and lean reservations need several local stages;
+    the staircase and strict turns are written for one stage per rank."""
     if problem.chunks == 1:
-        return ("b_first", "eager_w", "alternate", "shallow_warmup", "timed_warmup", "overrun_warmup")
+        return ONE_CHUNK_FLAGS
     return FLAGS if problem.chunks == 2 else tuple(f for f in FLAGS if f != "lean")
 
 
@@ -117,6 +130,19 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     for s in range(1, n):
         head[s] = head[s - 1] + cost["F"][s - 1] + (comm if stage_rank[s - 1] != stage_rank[s] else 0.0)
 
+    # Staircase warm-up depths, along the stages (one per rank): what memory holds, what ends by
+    # the first B's earliest arrival (timed), and one fewer than the stage before.
+    stair = [m] * p
+    if policy.staircase and problem.chunks == 1:
+        before = m + 1
+        for s in range(n):
+            r = stage_rank[s]
+            cap = m if room[r] == math.inf else int((room[r] + mtol.eps) // need[r])
+            if policy.timed_warmup:
+                window = cost["F"][s] + round_trip[s] + (cost["F"][s] if policy.overrun_warmup else 0.0)
+                cap = min(cap, int((window + tol.eps) // cost["F"][s]))
+            stair[r] = before = max(1, min(cap, before - 1))
+
     def first_arrivals(r: int) -> list[float]:
         """When the first microbatch's next pieces of work can reach rank r at the earliest: the
         forward of each later local stage, and the rank's first B (once its last stage's forward
@@ -151,6 +177,8 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             return False  # steady state: a B between two new microbatches
         if policy.shallow_warmup and not seen_b[r] and started[r] >= depth[r]:
             return False
+        if policy.staircase and not seen_b[r] and started[r] >= stair[r]:
+            return False
         if policy.timed_warmup and not seen_b[r]:
             end = free[r] + (0.0 if policy.overrun_warmup else cost["F"][op.stage])
             if any(tol.gt(end, due) for due in first_arrivals(r)):
@@ -161,6 +189,9 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
     def run(op: Op, r: int, t: float) -> None:
         kind, s, _ = op
         end = t + cost[kind][s]
+        if out[r]:
+            idle[r] += max(0.0, t - free_at[r])
+        free_at[r] = end
         finish[op] = end
         free[r] = end
         out[r].append(op)
@@ -195,6 +226,8 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
                 heapq.heappush(heap, entry)
         return pick
 
+    idle = [0.0] * p  # per rank, the time it waited between its ops so far
+    free_at = [0.0] * p  # per rank, when its last op ended
     heap = [(0.0, r) for r in range(p)]  # (free time, rank): always advance the earliest rank
     waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
     while heap:
@@ -203,6 +236,9 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             continue  # stale entry
         bs = [Op("B", s, next_b[s]) for s in local[r] if next_b[s] < next_f[s]]
         fs = [Op("F", s, next_f[s]) for s in local[r] if next_f[s] < m]
+        if policy.strict and problem.chunks == 1 and seen_b[r] and last_fb[r] == "B" and fs:
+            if pending_w[r] or any(admits(f, r) for f in fs):  # else only a B can free memory
+                bs = []
         ready_b = [op for op in bs if tol.le(arrival(op, r), t)]
         ready_f = [op for op in fs if tol.le(arrival(op, r), t)]
         admitted_f = [op for op in ready_f if admits(op, r)]
@@ -212,6 +248,7 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
             choice = admitted_f[0]
         elif pending_w[r] and (
             policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], arrival, admits, cost, tol)
+            or (policy.balance_w and _gap_exceeds(bs, fs, r, t, arrival, admits, idle, tol))
         ):
             choice = pending_w[r].pop(0)  # (ready_f here means F waits on memory: W frees it)
         else:
@@ -243,9 +280,21 @@ def _fits_gap(bs, fs, r, t, w, arrival, admits, cost, tol) -> bool:
     return tol.ge(min(soon, default=math.inf), t + cost["W"][w.stage])
 
 
+def _gap_exceeds(bs, fs, r, t, arrival, admits, idle, tol) -> bool:
+    """True when waiting on rank r for the next arrival would make its idle time so far the
+    largest of all ranks (then a W that overruns the arrival is the smaller loss)."""
+    soon = [arrival(op, r) for op in bs] + [arrival(op, r) for op in fs if admits(op, r)]
+    gap = min(soon, default=math.inf) - t
+    return gap < math.inf and tol.gt(idle[r] + gap, max(idle))
+
+
+PAPER_LIKE = Policy(b_first=False, eager_w=False, alternate=True, timed_warmup=True, balance_w=True)
+
+
 def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) -> Schedule:
     """Search the policy switches one at a time (keep a flip when the simulator says it is better,
-    until no flip helps), so the cost grows with the number of switches, not 2 ** switches."""
+    until no flip helps), so the cost grows with the number of switches, not 2 ** switches; from
+    two starts, and on its own from a third (coordinate search stops at local optima)."""
     judged = problem if limit is None else problem.with_changes(memory={"limit": list(limit)})
     seen: dict[Policy, tuple] = {}
     tol = problem.time_tol
@@ -271,16 +320,26 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
             return a_obj < b_obj
         return tol.lt(a_make, b_make)
 
+    def descend(best: Policy) -> Policy:
+        """Flip one switch at a time from ``best``, keeping a flip that helps, until none does."""
+        improved = True
+        while improved:
+            improved = False
+            for flag in flags_for(problem):
+                other = replace(best, **{flag: not getattr(best, flag)})
+                if better(other, best):
+                    best, improved = other, True
+        return best
+
     best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
     if better(other, best):
         best = other
-    improved = True
-    while improved:
-        improved = False
-        for flag in flags_for(problem):
-            other = replace(best, **{flag: not getattr(best, flag)})
-            if better(other, best):
-                best, improved = other, True
+    best = descend(best)
+    # A third start, searched on its own: the paper's steady state (F and B in turn, W into the
+    # bubbles it fills or to balance them, timed warm-up) is a local optimum apart from the first.
+    third = descend(replace(PAPER_LIKE, staircase=problem.chunks == 1, strict=problem.chunks == 1))
+    if better(third, best):
+        best = third
     return seen[best][3]
 
 
