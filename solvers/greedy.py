@@ -20,11 +20,23 @@ first forward of its last stage plus the round trip through the later stages); t
 lets one forward start until then. This is what the zero-bubble paper's own scheduler does, and
 on its settings it gives its published ZB-2p bubble.
 
+Where communication is slow against F and memory lies between 1p and 2p, three more switches
+matter (the zero-bubble paper's steady state, and what its own scheduler does): a W may go into a
+bubble it does not fill when waiting would make this rank's idle time the largest so far (the
+bubble is then spread over the ranks instead of piling up on one); the warm-up depths fall by at
+least one per rank down the pipeline (a staircase, each step capped by memory and by the first
+B's arrival), so that no rank holds more microbatches than the rank before can feed back; and
+after the warm-up a rank never runs two B in a row while forwards remain, freeing memory with a
+W for the next F instead. These slow links otherwise cost up to 6 % against the paper's scheduler
+(``benchmarks/zb_comm.py``).
+
 Small choices (B or F first when both are ready, W eagerly or only where it fits the gap,
 strict F/B alternation after warm-up, warm-up depth, which stage first on a rank holding several,
-how much room to reserve, the timed warm-up) change the result from problem to problem, so a
-coordinate search over these switches builds variants and the simulator, the one judge, keeps the
-best that fits.
+how much room to reserve, the timed warm-up, the three above) change the result from problem to
+problem, so a coordinate search over these switches builds variants and the simulator, the one
+judge, keeps the best that fits. Coordinate search stops at local optima, so it runs from three
+starts (the default, a 1F1B-like and a paper-like policy), and the first descent flips the older
+switches alone before the newer ones: the result is never worse than the search without them.
 
 Every comparison of times (an input arrived, a forward ends in time, ranks free at once, one
 variant faster than another) and of memory (a forward fits) is up to float noise relative to the
@@ -41,7 +53,9 @@ from dataclasses import dataclass, replace
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
+from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import any_placement, register
+from schedc.tolerance import meets
 
 
 @dataclass(frozen=True)
@@ -288,6 +302,7 @@ def _gap_exceeds(bs, fs, r, t, arrival, admits, idle, tol) -> bool:
     return gap < math.inf and tol.gt(idle[r] + gap, max(idle))
 
 
+NEWER = ("balance_w", "staircase", "strict")  # the switches added for comm-heavy problems
 PAPER_LIKE = Policy(b_first=False, eager_w=False, alternate=True, timed_warmup=True, balance_w=True)
 
 
@@ -303,7 +318,7 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
         if policy not in seen:
             try:
                 schedule = greedy_schedule(problem, limit, policy, name)
-            except RuntimeError:  # a lean variant stalled: not a candidate
+            except RuntimeError:  # a variant stalled (lean reservations): not a candidate
                 seen[policy] = (True, math.inf, math.inf, None)
             else:
                 t = simulate(judged, schedule)
@@ -320,26 +335,35 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
             return a_obj < b_obj
         return tol.lt(a_make, b_make)
 
-    def descend(best: Policy) -> Policy:
-        """Flip one switch at a time from ``best``, keeping a flip that helps, until none does."""
+    def descend(best: Policy, flags: tuple[str, ...]) -> Policy:
+        """Flip one of ``flags`` at a time from ``best``, keeping a flip that helps, until none does."""
         improved = True
-        while improved:
+        while improved and not optimal(best):
             improved = False
-            for flag in flags_for(problem):
+            for flag in flags:
                 other = replace(best, **{flag: not getattr(best, flag)})
                 if better(other, best):
                     best, improved = other, True
         return best
 
+    def optimal(policy: Policy) -> bool:
+        """Its schedule fits and meets the lower bound: no switch can do better."""
+        over, objective, _ = score(policy)
+        return not over and meets(objective, bound)
+
+    bound = lower_bound(judged).value
+    flags = flags_for(problem)
     best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
     if better(other, best):
         best = other
-    best = descend(best)
+    # First the older switches alone, then all of them from there: never worse than the older search.
+    best = descend(descend(best, tuple(f for f in flags if f not in NEWER)), flags)
     # A third start, searched on its own: the paper's steady state (F and B in turn, W into the
-    # bubbles it fills or to balance them, timed warm-up) is a local optimum apart from the first.
-    third = descend(replace(PAPER_LIKE, staircase=problem.chunks == 1, strict=problem.chunks == 1))
-    if better(third, best):
-        best = third
+    # bubbles they fill or to balance them, a timed warm-up) sits apart from the first two.
+    if not optimal(best):
+        third = descend(replace(PAPER_LIKE, staircase="staircase" in flags, strict="strict" in flags), flags)
+        if better(third, best):
+            best = third
     return seen[best][3]
 
 
