@@ -27,7 +27,7 @@ bubble is then spread over the ranks instead of piling up on one); the warm-up d
 least one per rank down the pipeline (a staircase, each step capped by memory and by the first
 B's arrival), so that no rank holds more microbatches than the rank before can feed back; and
 after the warm-up a rank never runs two B in a row while forwards remain, freeing memory with a
-W for the next F instead. These slow links otherwise cost up to 6 % against the paper's scheduler
+W for the next F instead. Without them these slow links cost up to 6.7 % against that scheduler
 (``benchmarks/zb_comm.py``).
 
 Small choices (B or F first when both are ready, W eagerly or only where it fits the gap,
@@ -151,7 +151,7 @@ def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: P
         before = m + 1
         for s in range(n):
             r = stage_rank[s]
-            cap = m if room[r] == math.inf else int((room[r] + mtol.eps) // need[r])
+            cap = m if room[r] == math.inf or need[r] <= 0 else int((room[r] + mtol.eps) // need[r])
             if policy.timed_warmup:
                 window = cost["F"][s] + round_trip[s] + (cost["F"][s] if policy.overrun_warmup else 0.0)
                 cap = min(cap, int((window + tol.eps) // cost["F"][s]))
@@ -318,7 +318,7 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
         if policy not in seen:
             try:
                 schedule = greedy_schedule(problem, limit, policy, name)
-            except RuntimeError:  # a variant stalled (lean reservations): not a candidate
+            except RuntimeError:  # a variant stalled (as lean reservations can): not a candidate
                 seen[policy] = (True, math.inf, math.inf, None)
             else:
                 t = simulate(judged, schedule)

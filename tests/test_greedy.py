@@ -104,6 +104,7 @@ PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
 @pytest.mark.parametrize(
     "name, published",
     [  # Table 5 of the zero-bubble paper (ZB-1p / ZB-2p), on its Table 9 costs
+        ("zb-1.5B-m24-2p", 0.0433),  # 0.0446 before the paper-like start of the switch search
         ("zb-1.5B-m32-2p", 0.0039),
         ("zb-1.5B-m64-2p", 0.0026),
         ("zb-6.2B-m24-2p", 0.0029),
