@@ -32,7 +32,7 @@ from schedc import Problem
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from zb_paper import COSTS, MODELS, _run_json, memory_ratio  # noqa: E402
+from zb_paper import COSTS, MODELS, run_json, memory_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM_DIR = ROOT / "examples" / "problems" / "zb-comm"
@@ -134,7 +134,7 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         output = out_dir / f"{name}.json"
-        res, wall, err = _run_json(
+        res, wall, err = run_json(
             ["solve", str(path), "-o", str(output), "--time-limit", str(args.time_limit), "-q"],
             timeout=10 * args.time_limit + 60,
         )
@@ -144,7 +144,7 @@ def main() -> None:
                          f"{ref if ref is not None else 'n/a'} | error: {err} | | | | {wall:.1f} |")
             behind.append(f"{name}: {err}")
             continue
-        sim, _, err = _run_json(["simulate", str(output)], timeout=600)
+        sim, _, err = run_json(["simulate", str(output)], timeout=600)
         value = res["objective"]
         if sim is None or abs(sim[objective] - value) > 1e-9 * max(1.0, value):
             raise RuntimeError(f"{output}: solve reported {value}, the file simulates to {sim and sim[objective]}")
