@@ -142,7 +142,7 @@ def write_problems(directory: Path = PROBLEM_DIR) -> list[Path]:
     return paths
 
 
-def _run_json(args: list[str], timeout: float) -> tuple[dict | None, float, str]:
+def run_json(args: list[str], timeout: float) -> tuple[dict | None, float, str]:
     """Run a schedc command with --json; (parsed output or None, wall seconds, error text)."""
     import json
     import subprocess
@@ -164,13 +164,13 @@ def solve_cell(path: Path, solver: str, time_limit: float, out_dir: Path) -> dic
     """``schedc solve`` as a user runs it (wall time of the whole command), then ``schedc
     simulate`` of the file it wrote: the reported bubble must be the simulated one."""
     output = out_dir / f"{path.stem}.{solver}.json"
-    res, wall, err = _run_json(
+    res, wall, err = run_json(
         ["solve", str(path), "-o", str(output), "--solver", solver, "--time-limit", str(time_limit), "-q"],
         timeout=10 * time_limit + 60,
     )
     if res is None:
         return {"error": err, "wall": wall}
-    sim, _, err = _run_json(["simulate", str(output)], timeout=600)
+    sim, _, err = run_json(["simulate", str(output)], timeout=600)
     if sim is None:
         return {"error": f"simulate: {err}", "wall": wall}
     if abs(sim["span"] - res["span"]) > 1e-9 * max(1.0, res["span"]):
@@ -180,7 +180,7 @@ def solve_cell(path: Path, solver: str, time_limit: float, out_dir: Path) -> dic
 
 def torch_rows(path: Path) -> dict[str, float | None]:
     """torch.distributed.pipelining's ZBVZeroBubble and DualPipeV on the problem (None: does not fit)."""
-    res, _, err = _run_json(["compare", str(path), "--torch"], timeout=600)
+    res, _, err = run_json(["compare", str(path), "--torch"], timeout=600)
     out: dict[str, float | None] = {}
     for row in (res or {}).get("results", []):
         if row["schedule"] in ("torch:ZBVZeroBubble", "torch:DualPipeV", "zb-v", "dualpipev") and row.get("applies"):

@@ -1,6 +1,7 @@
 """The memory-aware zero-bubble heuristic: as good as the handcrafted zero-bubble schedules at
 their memory, and never over the memory limit it is given."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
-from schedc.solvers.greedy import greedy_schedule, policies, reference_limit
+from schedc.solvers.greedy import NEWER, PAPER_LIKE, flags_for, greedy_schedule, policies, reference_limit
 from tests.strategies import with_working, working_memory
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
@@ -79,12 +80,17 @@ def limited_problems(draw):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(limited_problems())
-def test_every_policy_completes_within_any_feasible_limit(problem):
+@given(limited_problems(), st.data())
+def test_every_policy_completes_within_any_feasible_limit(problem, data):
     """Every switch combination finishes (no memory deadlock, lean reservations included:
     they are offered only up to two chunks per rank) and stays under the limit, working memory
-    (when the problem has some) included; so do the registry's memory-aware schedules."""
+    (when the problem has some) included; so do the registry's memory-aware schedules. Each
+    example takes every combination of the older switches with one drawn setting of the newer
+    ones (all 2 ** 9 on every example would triple the test's time)."""
+    newer = {f: data.draw(st.booleans(), label=f) for f in NEWER if f in flags_for(problem)}
     for policy in policies(problem):
+        if any(getattr(policy, f) != v for f, v in newer.items()):
+            continue
         t = simulate(problem, greedy_schedule(problem, problem.memory_limit, policy, "g"))
         assert t.fits, (policy, t.violations)
     for name in ("zb-greedy", "zb-1p", "zb-2p"):
@@ -98,6 +104,7 @@ PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
 @pytest.mark.parametrize(
     "name, published",
     [  # Table 5 of the zero-bubble paper (ZB-1p / ZB-2p), on its Table 9 costs
+        ("zb-1.5B-m24-2p", 0.0433),  # 0.0446 before the paper-like start of the switch search
         ("zb-1.5B-m32-2p", 0.0039),
         ("zb-1.5B-m64-2p", 0.0026),
         ("zb-6.2B-m24-2p", 0.0029),
@@ -112,3 +119,32 @@ def test_reaches_the_zero_bubble_papers_own_scheduler(name, published):
     problem = load_problem(PAPER / f"{name}.yaml")
     t = simulate(problem, solvers.build("zb-greedy", problem))
     assert t.fits and round(t.bubble_rate("span"), 4) <= published
+
+
+COMM = Path(__file__).parent.parent / "examples" / "problems" / "zb-comm"
+
+
+@pytest.mark.parametrize(
+    "name, reference",
+    [  # the zero-bubble repository's scheduler, run separately (benchmarks/zb_comm.py, REFERENCE)
+        ("zbc-1.5B-m24-c8-l1.25", 1356.345),  # 1363.95 before the staircase and strict switches
+        ("zbc-6.2B-m24-c4-l1.25", 2096.877),  # 2231.81 before the balanced W and the third start
+        ("zbc-6.2B-m24-c8-l1.5", 2051.793),
+    ],
+)
+def test_reaches_the_zero_bubble_repositorys_scheduler_with_slow_links(name, reference):
+    """Comm 4-8x the paper's, memory between 1p and 2p: the heuristic alone is no worse than the
+    paper's own scheduler (the solver then starts from it)."""
+    problem = load_problem(COMM / f"{name}.yaml")
+    t = simulate(problem, solvers.build("zb-greedy", problem))
+    assert t.fits and t.objective_value() <= reference * (1 + 1e-9)
+
+
+def test_the_newer_switches_change_the_schedule():
+    """Each newer switch makes a difference on a comm-heavy problem (none is dead code)."""
+    problem = load_problem(COMM / "zbc-1.5B-m24-c8-l1.25.yaml")
+    base = replace(PAPER_LIKE, staircase=True, strict=True)
+    built = greedy_schedule(problem, problem.memory_limit, base, "g")
+    for flag in NEWER:
+        other = greedy_schedule(problem, problem.memory_limit, replace(base, **{flag: False}), "g")
+        assert other.ranks != built.ranks, flag

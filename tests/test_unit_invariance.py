@@ -147,16 +147,16 @@ def test_memory_tight_zb_greedy_is_no_worse_than_zb_h1_in_any_unit(c):
 
 @pytest.mark.parametrize("c", (0.1, 1e-3))
 def test_skewed_solver_win_holds_in_any_unit(c):
-    """README: on skewed.yaml the solver proves 30 where the best heuristic that fits takes 33."""
+    """README: on skewed.yaml the solver proves 71 where the best heuristic that fits takes 78."""
     problem = load_problem(PROBLEMS / "skewed.yaml")
     scaled = in_time_unit(problem, c)
     one, other = solve(problem, time_limit=60), solve(scaled, time_limit=60)
     assert one.status == other.status == "optimal"
-    assert close(one.objective, 30.0) and close(other.objective, 30.0 * c)
+    assert close(one.objective, 71.0) and close(other.objective, 71.0 * c)
     assert close(other.bound, c * one.bound)
     greedy = simulate(scaled, solvers.build("zb-greedy", scaled))
-    assert greedy.fits and close(greedy.makespan, 33.0 * c)  # the heuristic is not optimal there
-    assert close(other.warm_objective, 33.0 * c) and other.warm_objective > other.objective * 1.05
+    assert greedy.fits and close(greedy.makespan, 78.0 * c)  # the heuristic is not optimal there
+    assert close(other.warm_objective, 78.0 * c) and other.warm_objective > other.objective * 1.05
 
 
 # ---- the solver ----
@@ -175,7 +175,7 @@ def seeded_problem(seed: int, objective: str) -> Problem:
 
 
 @pytest.mark.parametrize("objective", ["makespan", "span"])
-@pytest.mark.parametrize("seed", [6, 12, 20])
+@pytest.mark.parametrize("seed", [4, 20, 56])
 def test_solver_objective_does_not_depend_on_the_unit(seed, objective):
     problem = seeded_problem(seed, objective)
     one = solve(problem, time_limit=60)
