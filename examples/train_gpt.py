@@ -40,6 +40,28 @@ def gpt() -> ModelSpec:
     return ModelSpec(blocks=gpt_blocks(**CONFIG, seed=0), batch=batch, loss_fn=lm_loss, optimizer_state=2.0)
 
 
+def init_distributed() -> tuple[int, int, torch.device]:
+    """torchrun's process group (env://): NCCL with one GPU per rank (LOCAL_RANK) where CUDA is,
+    else gloo on CPU with the cores shared among the ranks. Returns (rank, world size, device)."""
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    return rank, world, device
+
+
+def iteration_ms(times: list[float], warmup: int, device: torch.device) -> float:
+    """The iteration time: the slowest rank's median step after warm-up (every rank calls it)."""
+    mine = torch.tensor(statistics.median(times[warmup:] or times), device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return mine.item()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("schedule", help="schedule file from `schedc solve` or `schedc compile`")
@@ -50,15 +72,7 @@ def main() -> None:
     ap.add_argument("--json", help="write a summary (losses, times) here")
     args = ap.parse_args()
 
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    rank, world, device = init_distributed()
 
     compiled = schedc.load(args.schedule)
     problem = compiled.problem
@@ -86,10 +100,7 @@ def main() -> None:
     if args.trace:
         rt.save_trace(args.trace)
 
-    # The iteration time is the slowest rank's median step after warm-up.
-    mine_median = torch.tensor(statistics.median(times[args.warmup:] or times))
-    dist.all_reduce(mine_median, op=dist.ReduceOp.MAX)
-    measured, simulated = mine_median.item(), compiled.timeline.makespan
+    measured, simulated = iteration_ms(times, args.warmup, device), compiled.timeline.makespan
     if last:
         print(f"{compiled.name}: iteration {measured:.1f} ms measured, {simulated:.1f} ms simulated"
               f" ({100 * (measured / simulated - 1):+.1f}%); loss {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
-from train_gpt import BATCH, CONFIG, gpt  # the model of train_gpt.py, next to this file
+from train_gpt import BATCH, CONFIG, gpt, init_distributed, iteration_ms  # the model of train_gpt.py, next to this file
 
 import schedc
 from schedc.partition import uniform
@@ -42,15 +40,7 @@ def main() -> None:
     ap.add_argument("--json", help="write a summary (losses, times) here")
     args = ap.parse_args()
 
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    rank, world, device = init_distributed()
 
     compiled = schedc.load(args.schedule)
     problem = compiled.problem
@@ -79,10 +69,7 @@ def main() -> None:
             if step % 5 == 0 or step == args.steps - 1:
                 print(f"step {step:3d}  loss {losses[-1]:.4f}  {times[-1]:.1f} ms", flush=True)
 
-    # The iteration time is the slowest rank's median step after warm-up.
-    mine_median = torch.tensor(statistics.median(times[args.warmup:] or times), device=device)
-    dist.all_reduce(mine_median, op=dist.ReduceOp.MAX)
-    measured, simulated = mine_median.item(), compiled.timeline.makespan
+    measured, simulated = iteration_ms(times, args.warmup, device), compiled.timeline.makespan
     if last:
         print(f"{compiled.name} on torch's runtime ({args.comms}'s sends and receives): iteration {measured:.1f} ms"
               f" measured, {simulated:.1f} ms simulated; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
