@@ -23,6 +23,7 @@ from _results import machine, write_section  # noqa: E402
 
 import schedc.solvers as solvers  # noqa: E402
 from schedc import load_problem, simulate  # noqa: E402
+from schedc.solvers.deadline import Budget  # noqa: E402
 from schedc.solvers.localsearch import improve  # noqa: E402
 
 SETTING = Path(__file__).resolve().parent.parent / "examples" / "problems" / "zb-paper" / "zb-1.5B-m24-2p.yaml"
@@ -38,7 +39,7 @@ def main() -> int:
     problem = load_problem(SETTING)
     start = simulate(problem, solvers.build("zb-2p", problem))
     began = time.perf_counter()
-    best = improve(problem, start, began + args.seconds)
+    best = improve(problem, start, Budget.seconds(args.seconds, since=began))
     took = time.perf_counter() - began
     reached = round(best.bubble_rate(), 4) <= PAPER
     rows = [
