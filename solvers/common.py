@@ -42,7 +42,7 @@ class Found:
     schedule: Schedule | None  # a better order than the incumbent, or None
     bound: float | None = None  # a lower bound the backend proved, or None
     history: list = field(default_factory=list)  # its Progress events
-    note: str = ""  # contains "time" when the deadline cut it short
+    note: str = ""  # contains "time" when the budget cut it short
     binaries: int = 0  # the size of its model, for the report
 
 

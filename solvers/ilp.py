@@ -41,7 +41,9 @@ from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
-from schedc.solvers.common import WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, order_edges, register_backend
+from schedc.solvers.common import (
+    WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, order_edges, register_backend,
+)
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
 from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as README shows)
 from schedc.tolerance import meets
@@ -240,7 +242,9 @@ def _w_follow_b(ops: list[Op], index: dict[Op, int], n: int, m: int) -> dict[tup
     return twins
 
 
-def _kept_order(index: dict[Op, int], keep: Schedule, window: list[range]) -> tuple[set[int], list[tuple[int, int, float]]]:
+def _kept_order(
+    index: dict[Op, int], keep: Schedule, window: list[range]
+) -> tuple[set[int], list[tuple[int, int, float]]]:
     """A neighbourhood of ``keep``: the ops in each rank's ``window`` of positions (open to
     reorder among themselves) and the edges that fix every other pair in keep's order."""
     free: set[int] = set()

@@ -13,8 +13,8 @@ problems of any size: move single ops on a rank, keep what the simulator's repla
 
 2. **Other starts**: climb from each other schedule given (the registry's that fit), best first;
    a worse start often climbs to a different and better local optimum than the best one does.
-3. **Kicks** (iterated local search) until the time budget runs out or ``PATIENCE`` kicks in a row without
-   a better schedule: a few random moves that keep the order deadlock-free and within the memory
+3. **Kicks** (iterated local search) until the time budget runs out or ``PATIENCE`` kicks in a
+   row without a better schedule: a few random moves that keep the order deadlock-free and within the memory
    limit, then a climb with the targeted moves. A result no worse than the current schedule
    becomes the current one (so the search walks plateaus), else it goes back to the best. The
    random generator is seeded: with time to spare, the same problem gives the same schedule.
@@ -222,9 +222,9 @@ def improve(
 ) -> Timeline:
     """Search from ``start`` (a Timeline of ``problem`` that fits), and from ``others`` (more
     Timelines that fit; those of other ops, e.g. a fused backward, are skipped), until ``budget``
-    runs out or the search ends; returns the best Timeline
-    found (``start`` itself when nothing beats it). ``progress(objective)`` hears of each better
-    schedule. It stops early once the objective is at most ``enough`` (a proven lower bound)."""
+    runs out or the search ends; returns the best Timeline found (``start`` itself when nothing
+    beats it). ``progress(objective)`` hears of each better schedule. It stops early once the
+    objective is at most ``enough`` (a proven lower bound)."""
     ev = _Evaluator(problem, start.schedule)
     best_s = score(start)
     best = ev.orders(start.schedule)
