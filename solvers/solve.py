@@ -185,6 +185,17 @@ class _Clock:
             self.progress(Progress(self.seconds(), value, None))
 
 
+@dataclass(frozen=True)
+class _Call:
+    """What one call of ``solve`` works on: the problem, the backend's name, the registry schedules
+    judged for the warm start, and the call's clock."""
+
+    problem: Problem
+    solver: str
+    run: RegistryRun
+    clock: _Clock
+
+
 @dataclass
 class _Outcome:
     """Where a solve stands: its best schedule, the registry schedule it started from, whether the
@@ -238,17 +249,16 @@ def solve(
     # What is left for the search: the budget less what the caller keeps and one simulation, to
     # judge what the search found.
     usable = budget.usable(run.simulate_seconds).less(run.simulate_seconds)
-    settings = Settings(usable, gap, threads, own.value, clock.relay)
-    out = _search(problem, solver, _Outcome(warm[1], warm), run, settings, local, clock)
+    call = _Call(problem, solver, run, clock)
+    out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
     if problem.fused_cheaper:
-        _prefer_fused(problem, out, run)
-    return _result(problem, solver, out, run, own, clock)
+        _prefer_fused(call, out)
+    return _result(call, out, own)
 
 
-def _search(
-    problem: Problem, solver: str, out: _Outcome, run: RegistryRun, settings: Settings, local: Budget, clock: _Clock
-) -> _Outcome:
+def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _Outcome:
     """The local search (within ``local`` too), then the backend, from ``out``'s warm start."""
+    problem, run, clock = call.problem, call.run, call.clock
     tol = problem.time_tol
     warm_t = out.best
     if meets(warm_t.objective_value(), settings.lower):  # the warm start is already proven optimal
@@ -267,8 +277,8 @@ def _search(
         out.found = Found(None, note="time limit (no time left to search)")
         clock.say("search: time limit, no time left to search")
         return out
-    clock.say(f"search: {solver}, {left:.1f} s left")
-    out.found = BACKENDS[solver](problem, out.best, settings)
+    clock.say(f"search: {call.solver}, {left:.1f} s left")
+    out.found = BACKENDS[call.solver](problem, out.best, settings)
     if out.found.schedule is not None:
         t = simulate(problem, out.found.schedule.renamed("ilp"))
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
@@ -276,18 +286,19 @@ def _search(
     return out
 
 
-def _prefer_fused(problem: Problem, out: _Outcome, run: RegistryRun) -> None:
+def _prefer_fused(call: _Call, out: _Outcome) -> None:
     """A fused backward is cheaper than B + W here: a fused registry schedule may beat every split
     one, and the backend's bound covers split schedules only (it is dropped)."""
     out.found = replace(out.found, bound=None)
-    for name, t in run.fused:
-        if problem.time_tol.lt(t.objective_value(), out.best.objective_value()):
+    for name, t in call.run.fused:
+        if call.problem.time_tol.lt(t.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = t, True
             out.warm = (name, t)  # reported as the registry schedule it returns
 
 
-def _result(problem: Problem, solver: str, out: _Outcome, run: RegistryRun, own: Bound, clock: _Clock) -> SolveResult:
+def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
     """The result: the best schedule, the larger of the two bounds and the status."""
+    solver, run = call.solver, call.run
     objective = out.best.objective_value()
     solver_bound = out.found.bound
     bound = max(own.value, solver_bound if solver_bound is not None else -math.inf)
@@ -316,7 +327,7 @@ def _result(problem: Problem, solver: str, out: _Outcome, run: RegistryRun, own:
         warm_start=warm_name,
         warm_objective=warm_t.objective_value(),
         solver=solver,
-        seconds=clock.seconds(),
+        seconds=call.clock.seconds(),
         binaries=out.found.binaries,
         history=out.found.history,
         registry=run.fitting,
