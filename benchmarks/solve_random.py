@@ -48,7 +48,8 @@ from schedc import Problem, simulate
 from schedc.errors import SchedcError
 from schedc.runtime.torch_schedules import torch_schedules
 from schedc.solvers.greedy import reference_limit
-from schedc.solvers.ilp import fitting_registry_schedules, solve, split_backward
+from schedc.solvers.registry import unfuse
+from schedc.solvers.solve import fitting_registry_schedules, solve
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _results import machine, write_section  # noqa: E402
@@ -114,7 +115,7 @@ def rivals(problem: Problem, torch_candidates) -> list[tuple[str, object]]:
         if t is not None:
             out.append((f"{name} (fused)", t))
     for name, schedule in torch_candidates:
-        t = _fits(problem, split_backward(schedule))
+        t = _fits(problem, unfuse(schedule))
         if t is not None:
             out.append((name, t))
         if any(op.kind == "BW" for ops in schedule.ranks for op in ops):

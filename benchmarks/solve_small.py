@@ -34,7 +34,8 @@ from pathlib import Path
 
 import schedc.solvers as solvers
 from schedc import Problem, simulate
-from schedc.solvers.ilp import fitting_registry_schedules, solve, split_backward
+from schedc.solvers.registry import unfuse
+from schedc.solvers.solve import fitting_registry_schedules, solve
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -81,7 +82,7 @@ def make_problem(seed: int) -> Problem:
     peaks = []
     for spec in solvers.REGISTRY.values():
         if spec.why_not(limited) is None:
-            peaks.append(simulate(limited, split_backward(spec.build(limited))).peak_memory)
+            peaks.append(simulate(limited, unfuse(spec.build(limited))).peak_memory)
     least = min(peaks, key=lambda pk: max(x - y for x, y in zip(pk, limited.memory_limit)))
     return limited.with_changes(memory={"limit": [round(max(x, y), 6) for x, y in zip(limited.memory_limit, least)]})
 

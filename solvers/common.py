@@ -3,10 +3,11 @@ report, the precedence edges of a problem's ops and the longest paths over them 
 every model tightens with).
 
 A search backend is a function ``search(problem, incumbent, settings) -> Found``: it looks for a
-better order than the incumbent (a fitting Timeline) by ``settings.deadline`` and reports what
-it found and what it proved. ``schedc.solvers.ilp.solve`` does the rest (warm start, local
-search, judging the result with the simulator, the status). A backend registers itself in
-BACKENDS under the name ``solve(problem, solver=NAME)`` and ``schedc solve --solver NAME`` take.
+better order than the incumbent (a fitting Timeline) before ``settings.budget`` runs out and
+reports what it found and what it proved. ``schedc.solvers.solve.solve`` does the rest (warm
+start, local search, judging the result with the simulator, the status). A backend registers
+itself with ``@register_backend(NAME)`` (or one line ``BACKENDS[NAME] = search``), the name that
+``solve(problem, solver=NAME)`` and ``schedc solve --solver NAME`` take.
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import Timeline
+from schedc.solvers.deadline import Budget
+
+WINDOW_MIN_SECONDS = 5.0  # the least time worth a search step (a neighbourhood of the ILP's search)
 
 
 @dataclass(frozen=True)
 class Settings:
     """What every search backend is given."""
 
-    deadline: float  # time.perf_counter() by which it returns
+    budget: Budget  # it returns before this runs out
     gap: float  # it may stop when (incumbent - bound) / incumbent is below this
     threads: int | None  # None: the backend's own default
     lower: float  # a proven lower bound on the objective (the independent one)
@@ -37,12 +42,24 @@ class Found:
     schedule: Schedule | None  # a better order than the incumbent, or None
     bound: float | None = None  # a lower bound the backend proved, or None
     history: list = field(default_factory=list)  # its Progress events
-    note: str = ""  # contains "time" when the deadline cut it short
+    note: str = ""  # contains "time" when the budget cut it short
     binaries: int = 0  # the size of its model, for the report
 
 
 Backend = Callable[[Problem, Timeline, Settings], Found]
 BACKENDS: dict[str, Backend] = {}  # name -> search; filled by the backends' modules
+
+
+def register_backend(name: str) -> Callable[[Backend], Backend]:
+    """Register a search backend under ``name`` (as ``registry.register`` does a schedule)."""
+
+    def wrap(fn: Backend) -> Backend:
+        if name in BACKENDS:
+            raise ValueError(f"search backend {name!r} registered twice")
+        BACKENDS[name] = fn
+        return fn
+
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,6 @@ class Progress:
     incumbent: float | None
     bound: float | None
     note: str = ""
-
 
 
 def order_edges(
@@ -78,7 +94,7 @@ def order_edges(
         if op.mb == 0:
             continue
         prev = op._replace(mb=op.mb - 1)
-        if (op.kind == "F" and op.stage == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
+        if (op.kind == Kind.F and op.stage == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
             edges.append((index[prev], index[op], 0.0))
     return edges
 

@@ -25,13 +25,13 @@ same way (exact up to 10**9; else the largest activation is 10**6 units); otherw
 and frees are rounded towards more memory held and the room down, so every schedule the model
 accepts fits, and no bound is reported.
 
-The time limit covers the whole call: building the model (checked as it goes), the search
-(``max_time_in_seconds`` with what is left, and ``stop_search`` at the deadline should presolve
-run over), and simulating incumbents. Reservoirs of more than RESERVOIR_EXPAND events are kept
+The time budget covers the whole call: building the model (checked as it goes), the search
+(``max_time_in_seconds`` with what is left, and ``stop_search`` when the budget runs out should
+presolve run over), and simulating incumbents. Reservoirs of more than RESERVOIR_EXPAND events are kept
 as reservoirs: CP-SAT's default expands them into a Boolean per pair of events, which at
 p = 32, m = 256 takes tens of GB.
 
-The order found is re-timed by the simulator in ``ilp.solve`` (so rounding only steers the
+The order found is re-timed by the simulator in ``solve.solve`` (so rounding only steers the
 search). For span, free start times may give a rank a shorter span than as-soon-as-possible
 timing does, so every incumbent is simulated and the best by the simulator is returned.
 """
@@ -45,12 +45,14 @@ from fractions import Fraction
 from typing import Callable
 
 from schedc.errors import SchedcError
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.common import BACKENDS, Found, Progress, Settings, longest_paths, order_edges
+from schedc.solvers.common import Found, Progress, Settings, longest_paths, order_edges, register_backend
+from schedc.solvers.deadline import Budget
 
-KINDS = ("F", "B", "W")
+KINDS = (Kind.F, Kind.B, Kind.W)  # the split backward's kinds: the ops of the model
 SEED = 0  # fixed, so that a single-worker run is reproducible
 RESERVOIR_EXPAND = 128  # events per rank above which reservoirs are not expanded into pair Booleans
 MIN_SEARCH_SECONDS = 0.2  # CP-SAT is not started with less time than this left
@@ -58,11 +60,11 @@ CHECK_EVERY = 1024  # model building looks at the clock once per this many items
 
 
 class _OutOfTime(Exception):
-    """The deadline passed while the model was being built."""
+    """The time budget ran out while the model was being built."""
 
 
-def _on_time(deadline: float, k: int = 0) -> None:
-    if k % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+def _on_time(budget: Budget, k: int = 0) -> None:
+    if k % CHECK_EVERY == 0 and budget.expired():
         raise _OutOfTime
 
 
@@ -97,21 +99,15 @@ class _Scale:
         return round(y) if self.exact else math.ceil(y - 1e-9)
 
 
-def solve_cpsat(
-    problem: Problem,
-    warm_t: Timeline,
-    time_limit: float,
-    gap: float,
-    threads: int | None,
-    progress: Callable | None,
-):
-    """Search with CP-SAT from the warm start ``warm_t``, all within ``time_limit`` seconds of
-    wall-clock time (building the model included).
+@register_backend("cpsat")  # OR-Tools CP-SAT (pip install ".[cpsat]")
+def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found:
+    """Search with CP-SAT from the warm start ``warm_t``, all within ``settings.budget``
+    (building the model included).
 
-    Returns ``(schedule or None, proven lower bound or None, history, result)`` as ``ilp.solve``
-    expects; ``result`` contains "time" when the time limit stopped the search (or the model
-    building) and "Optimal" when CP-SAT proved optimality (within ``gap``)."""
-    deadline = time.perf_counter() + time_limit
+    Returns what it found and the lower bound it proved; its ``note`` contains "time" when the
+    budget stopped the search (or the model building) and "Optimal" when CP-SAT proved
+    optimality (within ``settings.gap``)."""
+    budget = settings.budget
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:
@@ -122,25 +118,16 @@ def solve_cpsat(
             ) from None
         raise SchedcError("--solver cpsat needs OR-Tools: pip install 'schedc[cpsat]'") from None
     try:
-        model = _CpModel(problem, warm_t, cp_model, deadline)
+        model = _CpModel(problem, warm_t, cp_model, budget)
     except _OutOfTime:
-        return None, None, [], "time limit (building the CP-SAT model)"
-    left = deadline - time.perf_counter()
+        return Found(None, note="time limit (building the CP-SAT model)")
+    left = budget.left()
     if left < MIN_SEARCH_SECONDS:
-        return None, None, [], "time limit (no time left for CP-SAT)"
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.max_time_in_seconds = max(0.05, left - min(0.5, 0.1 * left))  # CP-SAT's own stop, a little early
-    prm.relative_gap_limit = float(gap)
-    prm.random_seed = SEED
-    if threads:
-        prm.num_workers = int(threads)
-    prm.log_search_progress = False
-    prm.expand_reservoir_constraints = max(map(len, model.on_rank)) <= RESERVOIR_EXPAND
-
+        return Found(None, note="time limit (no time left for CP-SAT)")
+    solver = _cp_solver(cp_model, model, settings, left)
     history: list = []
-    callback = _make_callback(cp_model, model, history, progress, Progress, deadline)
-    stop = threading.Timer(max(0.0, deadline - time.perf_counter()), solver.stop_search)
+    callback = _make_callback(cp_model, model, history, settings.progress, Progress, budget)
+    stop = threading.Timer(budget.left(), solver.stop_search)
     stop.daemon = True
     stop.start()
     try:
@@ -152,110 +139,146 @@ def solve_cpsat(
         bound = model.bound_back(solver.best_objective_bound)
         if status == cp_model.OPTIMAL:
             exact = solver.objective_value <= solver.best_objective_bound + 0.5
-            result = "Optimal" if exact else f"Optimal (within relative gap {gap:g})"
-        else:  # nothing but the time limit stops CP-SAT short of its gap (stop_search only at the deadline)
+            result = "Optimal" if exact else f"Optimal (within relative gap {settings.gap:g})"
+        else:  # nothing but the budget stops CP-SAT short of its gap (stop_search only when it runs out)
             result = "time limit"
         final = Progress(solver.wall_time, model.objective_back(solver.objective_value), bound)
         if not history or (history[-1].incumbent, history[-1].bound) != (final.incumbent, final.bound):
             history.append(final)
         found = callback.best_schedule or model.schedule(solver.value)
-        return found, bound, history, result
+        return Found(found, bound, history, result)
     if status == cp_model.INFEASIBLE:  # only with memory rounded conservatively (the warm start is feasible)
-        return None, None, history, "infeasible (memory rounded conservatively)"
-    # UNKNOWN: the time limit came first (even presolve can take it on a large model)
-    return None, None, history, f"time limit, no solution ({solver.status_name(status)})"
+        return Found(None, None, history, "infeasible (memory rounded conservatively)")
+    # UNKNOWN: the budget ran out first (even presolve can take it on a large model)
+    return Found(None, None, history, f"time limit, no solution ({solver.status_name(status)})")
+
+
+def _cp_solver(cp_model, model: _CpModel, settings: Settings, left: float):
+    """A CP-SAT solver set up for ``settings`` with ``left`` seconds to search."""
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.max_time_in_seconds = max(0.05, left - min(0.5, 0.1 * left))  # CP-SAT's own stop, a little early
+    prm.relative_gap_limit = float(settings.gap)
+    prm.random_seed = SEED
+    if settings.threads:
+        prm.num_workers = int(settings.threads)
+    prm.log_search_progress = False
+    prm.expand_reservoir_constraints = max(map(len, model.on_rank)) <= RESERVOIR_EXPAND
+    return solver
+
+
+def _time_scale(problem: Problem) -> _Scale:
+    """Op costs and ``comm`` to integers: exact where a scale up to 10**6 makes them so, else the
+    largest op lasts 10**4 units (10 times more while the shortest would last less than one)."""
+    cost, n = problem.cost, problem.n_stages
+    raw = [cost[k][s] for k in KINDS for s in range(n)] + [problem.comm]
+    shortest = min(cost[k][s] for k in KINDS for s in range(n))
+    fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
+    while shortest * fallback < 1:
+        fallback *= 10
+    return _Scale(raw, 10**6, fallback)
 
 
 class _CpModel:
     """The CP-SAT model of one problem, hinted with the warm start."""
 
-    def __init__(self, problem: Problem, warm_t: Timeline, cp_model, deadline: float = math.inf):
-        """Raises _OutOfTime when ``deadline`` (a ``time.perf_counter()`` value) passes first."""
+    def __init__(self, problem: Problem, warm_t: Timeline, cp_model, budget: Budget | None = None):
+        """Raises _OutOfTime when ``budget`` (None: no limit) runs out first."""
+        budget = budget or Budget.unlimited()
         self.problem = problem
-        p, m, n = problem.ranks, problem.microbatches, problem.n_stages
-        cost, mem, rank_of = problem.cost, problem.mem, problem.stage_rank
-        span = problem.objective == "span"
-
-        # ---- integer times ----
-        raw = [cost[k][s] for k in KINDS for s in range(n)] + [problem.comm]
-        shortest = min(cost[k][s] for k in KINDS for s in range(n))
-        fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
-        while shortest * fallback < 1:
-            fallback *= 10
-        self.time = _Scale(raw, 10**6, fallback)
+        n, m = problem.n_stages, problem.microbatches
+        self.span = problem.objective == "span"
+        self.time = _time_scale(problem)
         comm = self.time.down(problem.comm)
-
         self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in KINDS]
-        index = {op: k for k, op in enumerate(self.ops)}
-        self.index = index
-        dur = [max(1, self.time.down(cost[op.kind][op.stage])) for op in self.ops]
+        self.index = {op: k for k, op in enumerate(self.ops)}
+        self.dur = [max(1, self.time.down(problem.cost[op.kind][op.stage])) for op in self.ops]
 
         # Precedences: data dependencies (with latency) and stage 0's microbatch numbering.
-        edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, index)]
-        _, earliest, tail, _ = longest_paths(dur, edges)
-        _on_time(deadline)
+        edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, self.index)]
+        _, earliest, tail, _ = longest_paths(self.dur, edges)
+        _on_time(budget)
+        self.on_rank: list[list[int]] = [[] for _ in range(problem.ranks)]
+        for k, op in enumerate(self.ops):
+            self.on_rank[problem.stage_rank[op.stage]].append(k)
+        hint, hint_obj, horizon = self._hint(warm_t, comm)
 
-        # ---- the warm start, in model units (rounded down when the scale is not exact) ----
+        self.cp = cp_model.CpModel()
+        self._intervals(budget, edges, earliest, [horizon - t for t in tail])
+        self.memory = self._reservoirs(budget) if problem.memory_limit is not None else None
+        self.C = self._objective(budget, hint_obj, horizon)
+        for k, x in enumerate(self.start):
+            _on_time(budget, k)
+            self.cp.add_hint(x, hint[k])
+        self.cp.add_hint(self.C, hint_obj)
+
+    def _hint(self, warm_t: Timeline, comm: int) -> tuple[list[int], int, int]:
+        """The warm start in model units (rounded down when the scale is not exact): each op's
+        start, the objective, and the horizon (``ilp._span_horizon`` for span)."""
         times = warm_t.op_times()
         hint = [self.time.down(times[op][1]) for op in self.ops]
-        on_rank: list[list[int]] = [[] for _ in range(p)]
-        for k, op in enumerate(self.ops):
-            on_rank[rank_of[op.stage]].append(k)
-        sinks = [k for k, op in enumerate(self.ops) if op.kind == "W"]  # every other op feeds one on its rank
-        if span:
-            first_hint = [min(hint[k] for k in ks) for ks in on_rank]
-            hint_obj = max(hint[k] + dur[k] - first_hint[rank_of[self.ops[k].stage]] for k in sinks)
-            horizon = max(p * (hint_obj + comm), max(hint[k] + dur[k] for k in sinks))  # ilp._span_horizon
-        else:
+        dur, rank_of = self.dur, self.problem.stage_rank
+        sinks = [k for k, op in enumerate(self.ops) if op.kind == Kind.W]  # every other op feeds one on its rank
+        if not self.span:
             hint_obj = max(hint[k] + dur[k] for k in sinks)
-            horizon = hint_obj
+            return hint, hint_obj, hint_obj
+        first_hint = [min(hint[k] for k in ks) for ks in self.on_rank]
+        hint_obj = max(hint[k] + dur[k] - first_hint[rank_of[self.ops[k].stage]] for k in sinks)
+        horizon = max(self.problem.ranks * (hint_obj + comm), max(hint[k] + dur[k] for k in sinks))
+        return hint, hint_obj, horizon
 
-        # ---- variables and constraints ----
-        cp = cp_model.CpModel()
-        start, intervals = [], []
+    def _intervals(self, budget: Budget, edges, earliest: list[int], latest: list[int]) -> None:
+        """A start and a fixed-size interval per op, the precedences, one op at a time per rank."""
+        cp, dur = self.cp, self.dur
+        self.start, intervals = [], []
+        first = self.index[Op(Kind.F, 0, 0)]  # microbatches are numbered as they enter stage 0: the first op
         for k, op in enumerate(self.ops):
-            _on_time(deadline, k)
-            lo, hi = earliest[k], horizon - tail[k]
-            if k == index[Op("F", 0, 0)]:  # microbatches are numbered as they enter stage 0: the first op
+            _on_time(budget, k)
+            lo, hi = earliest[k], latest[k]
+            if k == first:
                 hi = lo
             x = cp.new_int_var(lo, max(lo, hi), f"s_{op.kind}{op.stage}_{op.mb}")
-            start.append(x)
+            self.start.append(x)
             intervals.append(cp.new_fixed_size_interval_var(x, dur[k], f"i_{op.kind}{op.stage}_{op.mb}"))
         for k, (a, b, lat) in enumerate(edges):
-            _on_time(deadline, k)
-            cp.add(start[b] >= start[a] + dur[a] + lat)
-        for ks in on_rank:
+            _on_time(budget, k)
+            cp.add(self.start[b] >= self.start[a] + dur[a] + lat)
+        for ks in self.on_rank:
             cp.add_no_overlap([intervals[k] for k in ks])
-        _on_time(deadline)
+        _on_time(budget)
 
-        limits = problem.memory_limit
-        if limits is not None:
-            values = [mem[k][s] for k in KINDS for s in range(n)]
-            values += list(limits) + list(problem.static_memory) + list(problem.stage_working)
-            self.memory = _Scale(values, 10**9, 10**6 / (problem.memory_scale or 1.0))
-            for r, ks in enumerate(on_rank):
-                _on_time(deadline)
-                room = self.memory.down(problem.activation_room[r])
-                when, change = [], []
-                for k in ks:
-                    op = self.ops[k]
-                    delta = self.memory.up(mem[op.kind][op.stage])  # conservative when not exact
-                    if delta > 0:  # an allocation counts from the op's start
-                        when.append(start[k])
-                    elif delta < 0:  # a free from its end
-                        when.append(start[k] + dur[k])
-                    else:
-                        continue
-                    change.append(delta)
-                if change:
-                    low = min(0, sum(c for c in change if c < 0))  # never binding: frees follow allocations
-                    cp.add_reservoir_constraint(when, change, low, room)
-        else:
-            self.memory = None
+    def _reservoirs(self, budget: Budget) -> _Scale:
+        """Per rank, a reservoir of the activation memory within the room; returns the memory scale."""
+        problem, mem, start, dur = self.problem, self.problem.mem, self.start, self.dur
+        values = [mem[k][s] for k in KINDS for s in range(problem.n_stages)]
+        values += list(problem.memory_limit) + list(problem.static_memory) + list(problem.stage_working)
+        memory = _Scale(values, 10**9, 10**6 / (problem.memory_scale or 1.0))
+        for r, ks in enumerate(self.on_rank):
+            _on_time(budget)
+            room = memory.down(problem.activation_room[r])
+            when, change = [], []
+            for k in ks:
+                op = self.ops[k]
+                delta = memory.up(mem[op.kind][op.stage])  # conservative when not exact
+                if delta > 0:  # an allocation counts from the op's start
+                    when.append(start[k])
+                elif delta < 0:  # a free from its end
+                    when.append(start[k] + dur[k])
+                else:
+                    continue
+                change.append(delta)
+            if change:
+                low = min(0, sum(c for c in change if c < 0))  # never binding: frees follow allocations
+                self.cp.add_reservoir_constraint(when, change, low, room)
+        return memory
 
+    def _objective(self, budget: Budget, hint_obj: int, horizon: int):
+        """C, minimised: every rank's work fits before it, and every W ends by it (for span, by it
+        plus the rank's first start)."""
+        cp, start, dur, span = self.cp, self.start, self.dur, self.span
         C = cp.new_int_var(0, hint_obj, "C")
-        for r, ks in enumerate(on_rank):
-            _on_time(deadline)
+        for r, ks in enumerate(self.on_rank):
+            _on_time(budget)
             work = sum(dur[k] for k in ks)
             base = cp.new_int_var(0, horizon, f"first_{r}")  # the rank's first start, whichever op it is
             cp.add_min_equality(base, [start[k] for k in ks])
@@ -264,17 +287,10 @@ class _CpModel:
             else:
                 cp.add(C >= base + work)
             for k in ks:
-                if self.ops[k].kind == "W":
+                if self.ops[k].kind == Kind.W:
                     cp.add(C >= start[k] + dur[k] - (base if span else 0))
         cp.minimize(C)
-
-        for k, x in enumerate(start):
-            _on_time(deadline, k)
-            cp.add_hint(x, hint[k])
-        cp.add_hint(C, hint_obj)
-
-        self.cp, self.start, self.C, self.dur = cp, start, C, dur
-        self.on_rank, self.span = on_rank, span
+        return C
 
     # ---- back to schedc's units ----
 
@@ -297,12 +313,12 @@ class _CpModel:
         return Schedule.from_lists("cpsat", per_rank)
 
 
-def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type, deadline: float = math.inf):
+def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type, budget: Budget):
     """A solution callback (its base class comes from OR-Tools, imported lazily)."""
 
     class Callback(cp_model.CpSolverSolutionCallback):
         """Reports each incumbent; for span, keeps the best order as the simulator times it
-        (while a simulation still ends before ``deadline``)."""
+        (while a simulation still ends before ``budget`` runs out)."""
 
         def __init__(self):
             super().__init__()
@@ -313,7 +329,7 @@ def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_
         def on_solution_callback(self):
             incumbent = model.objective_back(self.objective_value)
             event = progress_type(self.wall_time, incumbent, model.bound_back(self.best_objective_bound))
-            if model.span and time.perf_counter() + self.simulate_seconds < deadline:
+            if model.span and not budget.less(self.simulate_seconds).expired():
                 began = time.perf_counter()
                 schedule = model.schedule(self.value)
                 t = simulate(model.problem, schedule)
@@ -326,11 +342,3 @@ def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_
 
     return Callback()
 
-
-def _search(problem: Problem, incumbent: Timeline, s: Settings) -> Found:
-    found, bound, history, note = solve_cpsat(problem, incumbent, s.deadline - time.perf_counter(), s.gap, s.threads,
-                                              s.progress)
-    return Found(found, bound, history, note)
-
-
-BACKENDS["cpsat"] = _search  # OR-Tools CP-SAT (pip install ".[cpsat]")

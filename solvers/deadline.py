@@ -1,35 +1,107 @@
 """Keeping ``schedc solve`` within its wall-clock limit.
 
-A deadline is a ``time.perf_counter()`` value. Two tools let the steps of a solve stop at one:
+Every time limit in ``solvers/`` is a ``Budget``: the moment it runs out on the monotonic clock
+(``time.perf_counter()``), what is left of it, a share of it for one step, and the time a caller
+keeps for itself after the solve, counted in simulations of the problem (what writing a schedule
+file costs scales with them). Two tools let the steps of a solve stop when their budget runs out:
 
 - ``Worker`` runs a generator in a forked child process with a process group of its own and
-  hands its items over one at a time; at the deadline it kills the group (the child and any CBC
-  the child started). Building the searched heuristic schedules and the ILP model of a large
-  problem are plain Python loops that nothing can interrupt in place, and one of them alone can
-  outlast a short limit (several seconds at p = 32, m = 256); in a child they can be stopped.
+  hands its items over one at a time; when the budget runs out it kills the group (the child and
+  any CBC the child started). Building the searched heuristic schedules and the ILP model of a
+  large problem are plain Python loops that nothing can interrupt in place, and one of them alone
+  can outlast a short limit (several seconds at p = 32, m = 256); in a child they can be stopped.
   Small problems, and platforms other than Linux (no safe fork), run the generator in this
-  process instead: the caller still checks the deadline between items.
-- ``run_cbc`` runs CBC on the model PuLP writes, under a watchdog. CBC checks its ``-sec``
-  limit only between nodes of its search, so root processing can overrun it by minutes. At the
-  deadline CBC is interrupted (it then stops searching and writes its incumbent) and, if it has
-  not stopped shortly after, killed. A killed CBC writes no solution: the caller keeps its warm
-  start and says "time limit".
+  process instead: the caller still checks the budget between items.
+- ``schedc.solvers.cbc.run_cbc`` runs CBC under a watchdog that uses the same budget.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-LATE = object()  # Worker.next: the deadline came before the item (the child has been stopped)
+from schedc.problem import Problem
+
+LATE = object()  # Worker.next: the budget ran out before the item (the child has been stopped)
 END = object()  # Worker.next: the generator is exhausted
+WORKER_OPS = 300  # above this many ops, schedules and models are built in a child process a budget can stop
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Wall-clock time for a solve or one step of it.
+
+    ``end`` is the ``time.perf_counter()`` reading at which it runs out (``math.inf``: never).
+    ``kept`` is time the caller keeps for itself after the solve, in simulations of the problem,
+    before the end of the whole budget (``whole``; a share of a budget keeps its whole's): it is
+    taken off only once a simulation's cost is known (``usable``)."""
+
+    end: float
+    kept: float = 0.0
+    whole: float | None = None  # the whole budget's end, for a share of it; None: this is the whole
+
+    @classmethod
+    def seconds(cls, seconds: float, *, since: float | None = None, kept: float = 0.0) -> Budget:
+        """``seconds`` from now, or from ``since`` (an earlier ``time.perf_counter()`` reading)."""
+        return cls((time.perf_counter() if since is None else since) + seconds, kept)
+
+    @classmethod
+    def unlimited(cls) -> Budget:
+        return cls(math.inf)
+
+    @property
+    def limited(self) -> bool:
+        return self.end < math.inf
+
+    def left(self) -> float:
+        """Seconds left (0 once it has run out)."""
+        return max(0.0, self.end - time.perf_counter())
+
+    def expired(self) -> bool:
+        return time.perf_counter() >= self.end
+
+    def share(self, fraction: float) -> Budget:
+        """The first ``fraction`` of what is left now (the time kept stays the whole's)."""
+        now = time.perf_counter()
+        return Budget(min(self.end, now + fraction * max(0.0, self.end - now)), self.kept, self._whole)
+
+    def less(self, seconds: float) -> Budget:
+        """Runs out ``seconds`` earlier (kept for a last step: reading a solution, a simulation)."""
+        return replace(self, end=self.end - seconds)
+
+    def at_most(self, seconds: float) -> Budget:
+        """Runs out no later than ``seconds`` from now."""
+        return replace(self, end=min(self.end, time.perf_counter() + seconds))
+
+    def at_least(self, seconds: float) -> Budget:
+        """Runs out no earlier than ``seconds`` from now."""
+        return replace(self, end=max(self.end, time.perf_counter() + seconds))
+
+    def earlier(self, other: Budget) -> Budget:
+        """Whichever of the two runs out first."""
+        return self if self.end <= other.end else other
+
+    def usable(self, simulation: float) -> Budget:
+        """What a step may use, one simulation of the problem costing ``simulation`` seconds:
+        this budget, less the time kept for the caller (which it then no longer counts)."""
+        return Budget(min(self.end, self._whole - self.kept * simulation))
+
+    @property
+    def _whole(self) -> float:
+        return self.end if self.whole is None else self.whole
+
+
+def in_child(problem: Problem) -> bool:
+    """Whether a problem is large enough (more than WORKER_OPS ops) for its schedules and models
+    to be built in a child process (a Worker) that its budget can stop mid-build."""
+    return problem.n_stages * problem.microbatches * 3 > WORKER_OPS
 
 
 class WorkerDied(RuntimeError):
@@ -48,9 +120,9 @@ def can_fork() -> bool:
 class Worker:
     """``fn(*args)``, a generator, run in a child process (``child=True`` and Linux) or here.
 
-    ``next(until)`` returns its next item, ``END`` when it is exhausted, or ``LATE`` when
-    ``until`` (a ``time.perf_counter()`` value; None waits for ever) passes first, in which case
-    the child is killed. Run here, ``next`` cannot stop an item half way and ignores ``until``.
+    ``next(budget)`` returns its next item, ``END`` when it is exhausted, or ``LATE`` when
+    ``budget`` (None waits for ever) runs out first, in which case the child is killed. Run here,
+    ``next`` cannot stop an item half way and ignores ``budget``.
     An exception in the generator is raised again by ``next``. Use it as a context manager:
     leaving the block kills whatever is still running."""
 
@@ -74,25 +146,25 @@ class Worker:
     def in_child(self) -> bool:
         return self._proc is not None
 
-    def next(self, until: float | None = None):
+    def next(self, budget: Budget | None = None):
         if self._gen is not None:
             return next(self._gen, END)
         if self._conn is None:
             return END
-        wait = None if until is None else max(0.0, until - time.perf_counter())
+        wait = None if budget is None else budget.left()
         if not self._conn.poll(wait):
             self.stop()
             return LATE
         try:
-            kind, value = self._conn.recv()
+            tag, value = self._conn.recv()
         except EOFError:
             code = self._proc.exitcode if self._proc is not None else None
             self.stop()
             raise WorkerDied(f"the child process running {self._name} died (exit code {code})") from None
-        if kind == "item":
+        if tag == "item":
             return value
         self.stop()
-        if kind == "end":
+        if tag == "end":
             return END
         raise value
 
@@ -133,60 +205,3 @@ def _child_main(conn, fn, args) -> None:
             conn.send(("error", RuntimeError(traceback.format_exc())))
     finally:
         conn.close()
-
-
-# ---- CBC under a watchdog ----
-
-INTERRUPT_GRACE = 1.0  # seconds between interrupting CBC and killing it (at most 20% of the time left)
-MIN_SECONDS = 0.5  # CBC is not started with less time than this left
-
-
-def run_cbc(lp, cmd, deadline: float, log: Path) -> str:
-    """Solve the PuLP problem ``lp`` with ``cmd`` (a ``pulp.PULP_CBC_CMD``: its path and options
-    are used, its time limit is not), warm-started from the variables' initial values, so that
-    CBC is gone by ``deadline``. Assigns the solution to ``lp``'s variables and status as
-    ``lp.solve`` would, and returns "" or why the time limit stopped CBC: "time limit (cbc
-    interrupted)", or, with no solution assigned, "time limit (cbc killed)" or "time limit (no
-    time left for cbc)". CBC's output goes to ``log``; its model and solution files beside it."""
-    if deadline - time.perf_counter() < MIN_SECONDS:
-        return "time limit (no time left for cbc)"
-    mps, mst, sol = (log.with_name(f"model.{ext}") for ext in ("mps", "mst", "sol"))
-    variables, var_names, con_names, _ = lp.writeMPS(str(mps), rename=1)
-    cmd.writesol(str(mst), lp, variables, var_names, con_names)
-    left = deadline - time.perf_counter()
-    if left < MIN_SECONDS:  # writing the model took the time
-        return "time limit (no time left for cbc)"
-    grace = min(INTERRUPT_GRACE, 0.2 * max(left, 0.0))
-    # CBC's own limit, a little short of the interrupt: when it holds, CBC ends on its own.
-    sec = max(0.05, 0.9 * (left - grace) - 0.1)
-    args = [cmd.path, str(mps), "-mips", str(mst), "-sec", f"{sec:.2f}"]
-    for option in cmd.getOptions():  # gap, threads and time mode, as PuLP spells them
-        args += ("-" + option).split()
-    args += ["-solve", "-printingOptions", "all", "-solution", str(sol)]
-    stopped = ""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=max(0.0, deadline - grace - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)  # CBC stops between nodes and writes its incumbent
-            stopped = "time limit (cbc interrupted)"
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                return "time limit (cbc killed)"
-        finally:
-            if proc.poll() is None:  # an exception here (KeyboardInterrupt): leave no CBC behind
-                proc.kill()
-                proc.wait()
-    if proc.returncode != 0 or not sol.exists():
-        return stopped or f"solver error: cbc exited with status {proc.returncode}"
-    status, values, reduced, prices, slacks, sol_status = cmd.readsol_MPS(str(sol), lp, variables, var_names, con_names)
-    lp.assignVarsVals(values)
-    lp.assignVarsDj(reduced)
-    lp.assignConsPi(prices)
-    lp.assignConsSlack(slacks, activity=True)
-    lp.assignStatus(status, sol_status)
-    return stopped

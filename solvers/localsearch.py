@@ -13,8 +13,8 @@ problems of any size: move single ops on a rank, keep what the simulator's repla
 
 2. **Other starts**: climb from each other schedule given (the registry's that fit), best first;
    a worse start often climbs to a different and better local optimum than the best one does.
-3. **Kicks** (iterated local search) until the deadline or ``PATIENCE`` kicks in a row without
-   a better schedule: a few random moves that keep the order deadlock-free and within the memory
+3. **Kicks** (iterated local search) until the time budget runs out or ``PATIENCE`` kicks in a
+   row without a better schedule: a few random moves that keep the order deadlock-free and within the memory
    limit, then a climb with the targeted moves. A result no worse than the current schedule
    becomes the current one (so the search walks plateaus), else it goes back to the best. The
    random generator is seeded: with time to spare, the same problem gives the same schedule.
@@ -32,12 +32,13 @@ takes the same steps in any unit.
 from __future__ import annotations
 
 import random
-import time
 from typing import Callable, Iterator, Sequence
 
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
+from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
 
 PATIENCE = 200  # kicks in a row without a better schedule before the search stops
@@ -169,15 +170,15 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
                         yield r, i, j
 
 
-def _climb(ev: _Evaluator, orders: Orders, deadline: float, reach: int, full: bool, found=None):
+def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: bool, found=None):
     """First-improvement hill climb from ``orders`` (which must be feasible) to a local optimum
-    or the deadline: ``(orders, score)``. ``found(score)`` hears of each improvement."""
+    or the end of ``budget``: ``(orders, score)``. ``found(score)`` hears of each improvement."""
     s, start, end = ev.run(orders)
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and not budget.expired():
         improved = False
         for r, i, j in _candidates(ev, orders, start, end, reach, full):
-            if time.perf_counter() >= deadline:
+            if budget.expired():
                 break
             trial = _moved(orders, r, i, j)
             out = ev.run(trial)
@@ -211,7 +212,7 @@ def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
 def improve(
     problem: Problem,
     start: Timeline,
-    deadline: float,
+    budget: Budget,
     *,
     others: Sequence[Timeline] = (),
     reach: int = 3,
@@ -220,16 +221,16 @@ def improve(
     progress: Callable[[float], None] | None = None,
 ) -> Timeline:
     """Search from ``start`` (a Timeline of ``problem`` that fits), and from ``others`` (more
-    Timelines that fit; those of other ops, e.g. a fused backward, are skipped), until
-    ``deadline`` (a ``time.perf_counter()`` value) or the search ends; returns the best Timeline
-    found (``start`` itself when nothing beats it). ``progress(objective)`` hears of each better
-    schedule. It stops early once the objective is at most ``enough`` (a proven lower bound)."""
+    Timelines that fit; those of other ops, e.g. a fused backward, are skipped), until ``budget``
+    runs out or the search ends; returns the best Timeline found (``start`` itself when nothing
+    beats it). ``progress(objective)`` hears of each better schedule. It stops early once the
+    objective is at most ``enough`` (a proven lower bound)."""
     ev = _Evaluator(problem, start.schedule)
     best_s = score(start)
     best = ev.orders(start.schedule)
 
     def done() -> bool:
-        return time.perf_counter() >= deadline or (enough is not None and meets(best_s[0], enough))
+        return budget.expired() or (enough is not None and meets(best_s[0], enough))
 
     def found(s: Score) -> None:
         nonlocal best_s
@@ -240,7 +241,7 @@ def improve(
 
     def climb(orders: Orders, full: bool = True) -> tuple[Orders, Score]:
         nonlocal best
-        orders, s = _climb(ev, orders, deadline, reach, full, found)
+        orders, s = _climb(ev, orders, budget, reach, full, found)
         if s == best_s:
             best = orders
         return orders, s
@@ -276,7 +277,7 @@ def improve(
 def renumbered(schedule: Schedule) -> Schedule:
     """The same schedule with microbatches numbered in the order they enter stage 0 (the exact
     models number them so). Microbatches are interchangeable, so times and memory do not change."""
-    entry = [op.mb for ops in schedule.ranks for op in ops if op.kind == "F" and op.stage == 0]
+    entry = [op.mb for ops in schedule.ranks for op in ops if op.kind == Kind.F and op.stage == 0]
     new = {old: k for k, old in enumerate(entry)}
     return Schedule.from_lists(
         schedule.name, [[Op(op.kind, op.stage, new[op.mb]) for op in ops] for ops in schedule.ranks]

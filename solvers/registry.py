@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from schedc.errors import ScheduleError
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.deadline import END, LATE, Worker
+from schedc.solvers.deadline import END, LATE, Budget, Worker
 from schedc.tolerance import Tolerance
 
 Builder = Callable[[Problem], Schedule]
@@ -32,7 +32,7 @@ class ScheduleSpec:
 
 REGISTRY: dict[str, ScheduleSpec] = {}
 # name -> a search: ``search(problem, *, solver, time_limit, gap, threads, progress)`` returning a
-# result with ``schedule``, ``timeline`` and ``summary()`` (``schedc.solvers.ilp.solve`` is "ilp").
+# result with ``schedule``, ``timeline`` and ``summary()`` (``schedc.solvers.solve.solve`` is "ilp").
 # Named like a schedule wherever one is taken (schedc.compile, ablation configs); not built by
 # ``evaluate``, as a search needs a time limit.
 SEARCHES: dict[str, Callable[..., Any]] = {}
@@ -63,7 +63,7 @@ def build(name: str, problem: Problem) -> Schedule:
     return spec.build(problem)
 
 
-NOT_EVALUATED = "not evaluated (time limit)"  # Evaluated.reason of a schedule the deadline left out
+NOT_EVALUATED = "not evaluated (time limit)"  # Evaluated.reason of a schedule the time budget left out
 NO_FIT = "does not fit the memory limit"  # Evaluated.reason, with ``warm_start``, of one not simulated
 
 
@@ -90,9 +90,7 @@ def evaluate(
     names: Iterable[str] | None = None,
     *,
     warm_start: bool = False,
-    deadline: float = math.inf,
-    end: float = math.inf,
-    keep: float = 0.0,
+    budget: Budget | None = None,
     child: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> list[Evaluated]:
@@ -102,11 +100,12 @@ def evaluate(
     ``warm_start`` judges them as the solver starts from them: with the backward split (a fused
     BW as B then W), each fused one also as built where a fused backward is cheaper than B + W
     (``as_built``, kept when it fits), and one that clearly cannot fit is not simulated (reason
-    NO_FIT). ``deadline`` (a ``time.perf_counter()`` value) stops the pass: once one schedule
-    fits, no further one is judged after it, nor once only ``keep`` simulations' time is left
-    before ``end``; those left out come back with reason NOT_EVALUATED. Past the deadline the
-    pass goes on while nothing fits yet. ``child`` builds the schedules in a child process that
-    the deadline can stop mid-build (for large problems). ``say`` hears a line per schedule."""
+    NO_FIT). ``budget`` (None: no limit) stops the pass: once one schedule fits, no further one
+    is judged unless judging it (one more simulation, the longest so far) ends within what the
+    budget leaves usable (``Budget.usable``: less the simulations it keeps for the caller); those
+    left out come back with reason NOT_EVALUATED. Once the budget has run out the pass goes on
+    while nothing fits yet. ``child`` builds the schedules in a child process that the budget can
+    stop mid-build (for large problems). ``say`` hears a line per schedule."""
     say = say or (lambda note: None)
     specs = [get(n) for n in (REGISTRY if names is None else names)]
     reasons = {spec.name: spec.why_not(problem) for spec in specs}
@@ -114,15 +113,16 @@ def evaluate(
     out = {name: Evaluated(name, reason, None, None, 0.0) for name, reason in reasons.items() if reason}
     if warm_start:
         say(f"warm start: evaluating {len(applies)} registry schedules")
+    budget = budget or Budget.unlimited()
     sim = 0.0  # the longest simulation so far
-    with Worker(_build, (problem, applies), child=child and deadline < math.inf) as worker:
+    with Worker(_build, (problem, applies), child=child and budget.limited) as worker:
         for name in applies:
-            cutoff = min(deadline, end - keep * sim) - sim  # once one fits, judge another only if it ends in time
+            judging = budget.usable(sim).less(sim)  # once one fits, judge another only if it ends in time
             fitted = any(e.fits for e in out.values())
-            if fitted and time.perf_counter() >= cutoff:
+            if fitted and judging.expired():
                 break
             began = time.perf_counter()
-            item = worker.next(cutoff if fitted else None)
+            item = worker.next(judging if fitted else None)
             if item is LATE or item is END:
                 break
             out[name] = e = _judge(problem, name, item[1], warm_start, began)
@@ -148,7 +148,7 @@ def _judge(problem: Problem, name: str, schedule: Schedule, warm_start: bool, be
         t = simulate(problem, schedule)
         now = time.perf_counter()
         return Evaluated(name, None, schedule, t, now - began, now - simulating)
-    split = split_backward(schedule)
+    split = unfuse(schedule)
     fused_too = problem.fused_cheaper and not REGISTRY[name].split_backward
     if not fused_too and _cannot_fit(problem, split):  # spare the simulation
         return Evaluated(name, NO_FIT, split, None, time.perf_counter() - began)
@@ -160,13 +160,13 @@ def _judge(problem: Problem, name: str, schedule: Schedule, warm_start: bool, be
                      as_built if as_built is not None and as_built.fits else None)
 
 
-def split_backward(schedule: Schedule) -> Schedule:
+def unfuse(schedule: Schedule) -> Schedule:
     """The same schedule with every fused BW as B then W (identical times, memory and order)."""
     per_rank = []
     for ops in schedule.ranks:
         out = []
         for op in ops:
-            out += [Op("B", op.stage, op.mb), Op("W", op.stage, op.mb)] if op.kind == "BW" else [op]
+            out += [Op(Kind.B, op.stage, op.mb), Op(Kind.W, op.stage, op.mb)] if op.kind == Kind.BW else [op]
         per_rank.append(out)
     return Schedule.from_lists(schedule.name, per_rank)
 

@@ -12,7 +12,9 @@ from schedc import Problem, simulate  # noqa: E402
 from schedc.errors import SchedcError  # noqa: E402
 from schedc.solvers.bounds import lower_bound  # noqa: E402
 from schedc.solvers.cpsat import _CpModel, solve_cpsat  # noqa: E402
-from schedc.solvers.ilp import Progress, best_registry_schedule, solve  # noqa: E402
+from schedc.solvers.common import Progress, Settings  # noqa: E402
+from schedc.solvers.deadline import Budget  # noqa: E402
+from schedc.solvers.solve import best_registry_schedule, solve  # noqa: E402
 from tests.exhaustive import exhaustive_optimum
 from tests.strategies import add_working, small_problems  # noqa: E402
 from tests.test_ilp import SMALL  # noqa: E402
@@ -44,7 +46,8 @@ def test_solve_cpsat_improves_a_suboptimal_warm_start(data):
     _, warm = best_registry_schedule(problem)
     assert warm.objective_value() > truth + 1e-6  # the point of these two problems
     events = []
-    found, bound, history, result = solve_cpsat(problem, warm, 60, 0.0, 1, events.append)
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(60), 0.0, 1, 0.0, events.append))
+    found, bound, history, result = out.schedule, out.bound, out.history, out.note
     t = simulate(problem, found)
     assert t.fits
     assert not any(op.kind == "BW" for ops in found.ranks for op in ops)
@@ -98,7 +101,8 @@ def test_costs_without_a_small_scale_are_rounded_down_and_the_bound_stays_valid(
              objective=objective, memory=dict(F=1, limit=2))
     )
     _, warm = best_registry_schedule(problem)
-    found, bound, _, _ = solve_cpsat(problem, warm, 30, 0.0, 1, None)
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(30), 0.0, 1, 0.0, None))
+    found, bound = out.schedule, out.bound
     truth, _ = exhaustive_optimum(problem, time_budget=60)
     t = simulate(problem, found)
     assert t.fits and t.objective_value() >= truth - 1e-9
@@ -124,7 +128,8 @@ def test_time_limit_is_reported():
              comm=0.4, memory=dict(F=[2.5, 2, 2, 3], B=[-1.5, -1.2, -1.2, -2], limit=[10, 8, 8, 12]))
     )
     _, warm = best_registry_schedule(problem)
-    found, bound, history, result = solve_cpsat(problem, warm, 0.5, 0.0, 1, None)
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(0.5), 0.0, 1, 0.0, None))
+    found, bound, history, result = out.schedule, out.bound, out.history, out.note
     if "Optimal" not in result:  # not expected in half a second, but not an error either
         assert "time" in result
     if found is not None:
@@ -139,4 +144,4 @@ def test_missing_ortools_says_how_to_install(monkeypatch):
     _, warm = best_registry_schedule(problem)
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     with pytest.raises(SchedcError, match=r"pip install 'schedc\[cpsat\]'"):
-        solve_cpsat(problem, warm, 1, 0.0, 1, None)
+        solve_cpsat(problem, warm, Settings(Budget.seconds(1), 0.0, 1, 0.0, None))

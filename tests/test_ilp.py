@@ -12,7 +12,9 @@ import schedc
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.app.cli import main
-from schedc.solvers.ilp import _Model, best_registry_schedule, cbc, solve
+from schedc.solvers.cbc import cbc
+from schedc.solvers.ilp import _Model
+from schedc.solvers.solve import best_registry_schedule, solve
 from tests.exhaustive import exhaustive_optimum
 from tests.strategies import add_working, small_problems
 

@@ -10,7 +10,9 @@ import pytest
 
 from schedc import Problem, simulate
 from schedc.schedule import Op
-from schedc.solvers.ilp import _Model, _span_horizon, best_registry_schedule, cbc, solve
+from schedc.solvers.cbc import cbc
+from schedc.solvers.ilp import _Model, _span_horizon
+from schedc.solvers.solve import best_registry_schedule, solve
 from tests.exhaustive import exhaustive_optimum
 
 # p = 3, m = 4, v = 2 (loop), comm 1, memory-bound: CBC on the plain big-M model ended at 172

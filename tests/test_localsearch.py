@@ -1,6 +1,5 @@
 """The local search of schedc solve: never worse, always what the simulator says, any size."""
 
-import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -8,6 +7,7 @@ from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import load_problem, simulate
+from schedc.solvers.deadline import Budget
 from schedc.solvers.localsearch import _Evaluator, improve, renumbered, score
 from tests.strategies import pipeline_problems
 
@@ -24,7 +24,7 @@ def test_improve_is_never_worse_fits_and_is_the_simulated_timeline(problem, obje
     )
     start = simulate(problem, solvers.build("zb-greedy", problem))
     assert start.fits
-    best = improve(problem, start, time.perf_counter() + 2.0)
+    best = improve(problem, start, Budget.seconds(2.0))
     again = simulate(problem, best.schedule)
     assert best.fits and again.fits
     assert again.objective_value() == best.objective_value()
@@ -61,7 +61,8 @@ def test_a_window_model_accepts_an_incumbent_out_of_microbatch_order():
     incumbent from the local search may run two W of a stage the other way round."""
     from schedc import Problem
     from schedc.schedule import Schedule
-    from schedc.solvers.ilp import _solve_pulp
+    from schedc.solvers.common import Settings
+    from schedc.solvers.ilp import solve_pulp
 
     problem = Problem.parse(dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), objective="span"))
     base = solvers.build("zb-h1", problem)
@@ -70,8 +71,8 @@ def test_a_window_model_accepts_an_incumbent_out_of_microbatch_order():
     ranks[0].insert(ranks[0].index(("W", 0, 1)) + 1, w0)  # W0 after W1
     keep = simulate(problem, Schedule.from_lists("keep", ranks))
     window = [range(0, len(ops) // 2) for ops in ranks]
-    found, *_ = _solve_pulp(problem, keep, 0.0, "cbc", time.perf_counter() + 30, 0.0, None, None,
-                            keep=keep.schedule, window=window)
+    found = solve_pulp(problem, keep, Settings(Budget.seconds(30), 0.0, None, 0.0), "cbc",
+                       keep=keep.schedule, window=window).schedule
     assert found is not None
     assert simulate(problem, found).objective_value() <= keep.objective_value() + 1e-9
 
@@ -82,7 +83,7 @@ def test_kicks_and_other_starts_reach_an_optimum_the_climb_alone_misses():
     the search ends (200 kicks without a better order, long before the deadline, so the result
     does not depend on the machine's speed) at 94, the exhaustive optimum."""
     from schedc import Problem
-    from schedc.solvers.ilp import fitting_registry_schedules
+    from schedc.solvers.solve import fitting_registry_schedules
     from tests.exhaustive import exhaustive_optimum
 
     problem = Problem.parse(dict(
@@ -93,7 +94,7 @@ def test_kicks_and_other_starts_reach_an_optimum_the_climb_alone_misses():
     fitting = [t for _, t in fitting_registry_schedules(problem)]
     start = min(fitting, key=lambda t: t.objective_value())
     assert start.objective_value() == 98
-    best = improve(problem, start, time.perf_counter() + 600, others=[t for t in fitting if t is not start])
+    best = improve(problem, start, Budget.seconds(600), others=[t for t in fitting if t is not start])
     optimum, _ = exhaustive_optimum(problem, time_budget=120)
     assert optimum == 94 == best.objective_value()
     assert simulate(problem, best.schedule).objective_value() == 94

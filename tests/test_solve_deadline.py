@@ -13,14 +13,18 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 
+import schedc.solvers.cbc as cbc
+import schedc.solvers.deadline as deadline
 import schedc.solvers.ilp as ilp
 import schedc.solvers.registry as registry
+import schedc.solvers.solve as driver
 from schedc import Problem, simulate
 from schedc.app.cli import main
 from schedc.errors import SchedcError
 from schedc.solvers.bounds import lower_bound
-from schedc.solvers.deadline import END, LATE, Worker, can_fork
-from schedc.solvers.ilp import Progress, best_registry_schedule, evaluate_registry, solve
+from schedc.solvers.common import Progress, Settings
+from schedc.solvers.deadline import END, LATE, Budget, Worker, can_fork
+from schedc.solvers.solve import best_registry_schedule, evaluate_registry, solve
 from tests.strategies import small_problems
 
 # gpipe and looped-bfs hold every microbatch's activations: they do not fit here, 1f1b does.
@@ -47,7 +51,7 @@ def where(monkeypatch, request):
     if request.param:
         if not can_fork():
             pytest.skip("no fork on this platform")
-        monkeypatch.setattr(ilp, "WORKER_OPS", 0)
+        monkeypatch.setattr(deadline, "WORKER_OPS", 0)
     return request.param
 
 
@@ -58,7 +62,7 @@ def test_the_deadline_stops_registry_evaluation_but_a_fitting_schedule_is_return
     assert not everything.not_evaluated
     first_fit = everything.fitting[0][0]
     notes = []
-    run = evaluate_registry(problem, deadline=time.perf_counter() - 1, say=notes.append)  # already passed
+    run = evaluate_registry(problem, Budget(time.perf_counter() - 1), say=notes.append)  # already run out
     assert [name for name, _ in run.fitting] == [first_fit]  # judged past the deadline: nothing fitted before
     assert run.not_evaluated and first_fit not in run.not_evaluated
     assert run.fitting[0][1].fits
@@ -81,14 +85,14 @@ def test_a_killed_cbc_falls_back_to_the_warm_start_with_status_time_limit(where,
     pids = tmp_path / "pids"
     fake.write_text(f"#!/bin/sh\ntrap '' INT\necho $$ >> {pids}\nexec sleep 600\n")
     fake.chmod(0o755)
-    real_cbc = ilp.cbc
+    real_cbc = cbc.cbc
 
     def fake_cbc(**options):
         cmd = real_cbc(**options)
         cmd.path = str(fake)
         return cmd
 
-    monkeypatch.setattr(ilp, "cbc", fake_cbc)
+    monkeypatch.setattr(cbc, "cbc", fake_cbc)
     problem = Problem.parse(BINDING)
     assert lower_bound(problem).value < best_registry_schedule(problem)[1].objective_value()
     result = solve(problem, time_limit=2.0)
@@ -102,22 +106,21 @@ def test_a_killed_cbc_falls_back_to_the_warm_start_with_status_time_limit(where,
 
     # The search alone: no schedule from a killed CBC, and the reason says so.
     _, warm = best_registry_schedule(problem)
-    found, bound, _, reason, _ = ilp._solve_pulp(
-        problem, warm, lower_bound(problem).value, "cbc", time.perf_counter() + 1.5, 1e-4, None, None
-    )
+    out = ilp.solve_pulp(problem, warm, Settings(Budget.seconds(1.5), 1e-4, None, lower_bound(problem).value), "cbc")
+    found, bound, reason = out.schedule, out.bound, out.note
     assert found is None and bound is None and "time limit" in reason
 
 
 def test_progress_hears_of_the_warm_start_before_any_solver_runs(monkeypatch):
     events: list[Progress] = []
     calls = []
-    real = ilp._solve_pulp
+    real = ilp.solve_pulp
 
     def spy(*args, **kwargs):
         calls.append(len(events))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ilp, "_solve_pulp", spy)
+    monkeypatch.setattr(ilp, "solve_pulp", spy)
     problem = Problem.parse(BINDING)
     result = solve(problem, time_limit=30, progress=events.append)
     assert calls and calls[0] > 0  # events had arrived when the search began
@@ -133,7 +136,8 @@ def test_cpsat_stops_building_its_model_at_the_deadline():
 
     problem = Problem.parse(BINDING)
     _, warm = best_registry_schedule(problem)
-    found, bound, history, result = solve_cpsat(problem, warm, 1e-9, 0.0, 1, None)
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(1e-9), 0.0, 1, 0.0, None))
+    found, bound, history, result = out.schedule, out.bound, out.history, out.note
     assert found is None and bound is None and history == []
     assert "time limit" in result
 
@@ -166,9 +170,9 @@ def _failing():
 def test_a_worker_is_killed_at_its_deadline_and_hands_errors_over():
     with Worker(_sleeper, (600,), child=True) as worker:
         assert worker.in_child
-        assert worker.next(time.perf_counter() + 30) == "first"
+        assert worker.next(Budget.seconds(30)) == "first"
         pid = worker._proc.pid
-        assert worker.next(time.perf_counter() + 0.2) is LATE
+        assert worker.next(Budget.seconds(0.2)) is LATE
         assert not alive(pid)
         assert worker.next(None) is END
     for child in (True, False):
@@ -187,8 +191,8 @@ def test_a_worker_group_is_killed_with_the_processes_it_started():
         yield "never"
 
     with Worker(starts_a_process, (), child=True) as worker:
-        grandchild = worker.next(time.perf_counter() + 30)
-        assert worker.next(time.perf_counter() + 0.2) is LATE
+        grandchild = worker.next(Budget.seconds(30))
+        assert worker.next(Budget.seconds(0.2)) is LATE
     for _ in range(100):  # the kill is sent with the group's; it may take a moment to land
         if not alive(grandchild):
             break
@@ -200,9 +204,9 @@ def test_a_worker_group_is_killed_with_the_processes_it_started():
 
 def test_fitting_registry_schedules_still_judges_every_schedule():
     problem = Problem.parse(TIGHT)
-    names = [name for name, _ in ilp.fitting_registry_schedules(problem)]
+    names = [name for name, _ in driver.fitting_registry_schedules(problem)]
     assert "1f1b" in names and "gpipe" not in names
-    for name, t in ilp.fitting_registry_schedules(problem):
+    for name, t in driver.fitting_registry_schedules(problem):
         assert t.fits and t.objective_value() == simulate(problem, t.schedule).objective_value()
 
 
@@ -211,6 +215,6 @@ def test_fitting_registry_schedules_still_judges_every_schedule():
 def test_the_quick_memory_test_only_rejects_schedules_the_simulator_rejects(problem):
     for spec in registry.REGISTRY.values():
         if spec.why_not(problem) is None:
-            schedule = registry.split_backward(spec.build(problem))
+            schedule = registry.unfuse(spec.build(problem))
             if registry._cannot_fit(problem, schedule):
                 assert not simulate(problem, schedule).fits, spec.name

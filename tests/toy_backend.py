@@ -4,8 +4,6 @@ file, one registry line: see tests/test_plugins.py); it proves no bound."""
 
 from __future__ import annotations
 
-import time
-
 from schedc.schedule import Schedule
 from schedc.simulate import simulate
 from schedc.solvers.common import Found, Settings
@@ -18,7 +16,7 @@ def search(problem, incumbent, settings: Settings) -> Found:
     best = incumbent
     for r, ops in enumerate(incumbent.schedule.ranks):
         for k in range(len(ops) - 1):
-            if time.perf_counter() > settings.deadline:
+            if settings.budget.expired():
                 return Found(None if best is incumbent else best.schedule, note="time limit")
             swapped = [list(o) for o in best.schedule.ranks]
             swapped[r][k], swapped[r][k + 1] = swapped[r][k + 1], swapped[r][k]

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import schedc.app.cli_base as base
 from schedc.app import cli_ablate, cli_profile, cli_schedules, cli_solve  # noqa: F401  (register the commands)
 from schedc.app.cli_base import main
+from schedc.app.cli_solve import ProgramStart
 
 __all__ = ["main", "program"]
 
@@ -29,9 +29,7 @@ def _process_age() -> float | None:
 def program() -> None:
     """The `schedc` console script: the CLI as its own process, so time limits count from its start."""
     age = _process_age()
-    if age is not None:
-        base.PROGRAM_STARTED = time.perf_counter() - age
-    sys.exit(main())
+    sys.exit(main(obj=None if age is None else ProgramStart(time.perf_counter() - age)))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -191,7 +191,3 @@ def timeline_table(prob: Problem, named: list[tuple[str, Timeline]]) -> None:
     ]
     print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits"], rows)
 
-
-# perf_counter() at the process's start when the CLI runs as the `schedc` program (set by
-# schedc.app.cli.program), else None: only then is the process's age the command's age.
-PROGRAM_STARTED: float | None = None

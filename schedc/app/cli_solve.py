@@ -4,18 +4,39 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import click
 
-import schedc.app.cli_base as base
 from schedc.app.cli_base import Finite, Registered, fmt, main, problem_options, read_problem, timeline_table
 from schedc.schedfile import CompiledSchedule
 from schedc.solvers.common import BACKENDS
-from schedc.solvers.ilp import solve as solve_ilp
+from schedc.solvers.deadline import Budget
+from schedc.solvers.solve import solve as solve_ilp
 
 # Lowering and writing a schedule file takes about 4 to 5 times as long as simulating the schedule
 # (p = 32, m = 256): solve() leaves that much of the time limit unused.
 _WRITE_SIMULATIONS = 6.0
+
+
+@dataclass(frozen=True)
+class ProgramStart:
+    """What the `schedc` console script hands its commands (as click's ``obj``): the
+    ``time.perf_counter()`` reading at which its process started, so that ``--time-limit`` counts
+    the interpreter's start and the imports too."""
+
+    at: float
+
+
+def time_budget(time_limit: float, started: float) -> Budget:
+    """The whole command's budget, ``time_limit`` seconds (what a user times). Run as the `schedc`
+    program, it counts from the process's start; called in-process (click's test runner, a Python
+    caller) from this command's start ``started``, with a second kept for what came before. A
+    little more is kept for the exit, and six simulations' worth for writing the file."""
+    program = click.get_current_context().find_root().obj
+    origin = program.at if isinstance(program, ProgramStart) else started - min(1.0, 0.02 * time_limit)
+    budget = Budget.seconds(time_limit, since=origin, kept=_WRITE_SIMULATIONS)
+    return budget.less(min(1.0, 0.03 * time_limit)).at_least(1e-3)
 
 
 @main.command()
@@ -67,14 +88,8 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         from schedc.runtime.torch_schedules import torch_schedules  # torch: only with --torch
 
         candidates = [(name, schedule) for name, schedule, _ in torch_schedules(prob) if schedule is not None]
-    # The limit is for the command as a whole (what a user times). Run as the `schedc` program,
-    # the process's own age counts the interpreter's start and imports; called in-process (click's
-    # test runner, a Python caller) only this command's own time counts, with a second kept for
-    # what came before. A little more is kept for writing the file and the exit.
-    used = time.perf_counter() - (base.PROGRAM_STARTED if base.PROGRAM_STARTED is not None else started - min(1.0, 0.02 * time_limit))
-    left = time_limit - used - min(1.0, 0.03 * time_limit)
-    result = solve_ilp(prob, solver=solver, time_limit=max(left, 1e-3), gap=gap, threads=threads,
-                       progress=show_progress, reserve=_WRITE_SIMULATIONS, candidates=candidates)
+    result = solve_ilp(prob, solver=solver, time_limit=time_budget(time_limit, started), gap=gap, threads=threads,
+                       progress=show_progress, candidates=candidates)
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
         click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary()}, indent=2))

@@ -22,7 +22,7 @@ def compile(  # noqa: A001 - schedc.compile is the documented name
     progress: Callable | None = None,
 ) -> CompiledSchedule:
     """Compile ``problem`` (a Problem or a problem file) with ``method``: a search ("ilp": solve
-    under the memory limit, see ``schedc.solvers.ilp.solve`` for the options) or a registry
+    under the memory limit, see ``schedc.solvers.solve.solve`` for the options) or a registry
     schedule name (``schedc schedules`` lists them)."""
     if not isinstance(problem, Problem):
         problem = load_problem(problem)

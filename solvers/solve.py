@@ -1,0 +1,338 @@
+"""The solve driver: the fastest split-backward schedule under the memory limit, whatever the
+search backend, with a proven bound. ``schedc solve``, ``schedc.compile(problem, "ilp")`` and the
+ablation study call ``solve`` (registered as the search "ilp").
+
+The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
+
+1. warm start: the registry's schedules judged with the backward split (``registry.evaluate``),
+   plus any candidates the caller gives; the best that fits is the incumbent;
+2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
+3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/common.py``: CBC and HiGHS in
+   ``solvers/ilp.py``, CP-SAT in ``solvers/cpsat.py``), given ``Settings`` and returning
+   ``Found``; what it found is judged by the simulator, the one judge;
+4. the status, from the objective against the larger of the backend's bound and schedc's own
+   independent one (``solvers/bounds.py``): "optimal" only when the objective meets it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from schedc.errors import SchedcError
+from schedc.problem import Problem
+from schedc.schedule import Schedule
+from schedc.simulate import Timeline, simulate
+from schedc.solvers.bounds import Bound, lower_bound
+from schedc.solvers.common import BACKENDS, WINDOW_MIN_SECONDS, Found, Progress, Settings
+from schedc.solvers.deadline import Budget, in_child
+from schedc.solvers.localsearch import improve
+from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
+from schedc.tolerance import Tolerance, meets
+
+WARM_SHARE = 0.5  # of the budget, at most, for judging registry schedules once one fits (see solve)
+LOCAL_SEARCH_SHARE = 0.25  # of the budget, at most, for the local search before the backend's
+SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
+
+
+@dataclass
+class SolveResult:
+    schedule: Schedule
+    timeline: Timeline
+    status: str  # "optimal", "feasible" (gap left), "time limit", or "warm start" (solver found nothing better)
+    objective: float
+    bound: float
+    bound_reason: str
+    warm_start: str
+    warm_objective: float
+    solver: str
+    seconds: float
+    binaries: int
+    history: list[Progress] = field(default_factory=list)  # the search's events, seconds on its own clock
+    registry: list[tuple[str, Timeline]] = field(default_factory=list)  # the fitting registry schedules
+    not_evaluated: list[str] = field(default_factory=list)  # registry schedules the time limit left out
+
+    @property
+    def gap(self) -> float:
+        return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
+
+    def summary(self) -> dict:
+        t = self.timeline
+        return {
+            "status": self.status,
+            "objective": self.objective,
+            "objective_kind": self.timeline.problem.objective,
+            "bound": self.bound,
+            "bound_reason": self.bound_reason,
+            "gap": self.gap,
+            "makespan": t.makespan,
+            "span": t.span,
+            "bubble": t.bubble_rate(),
+            "peak_memory": list(t.peak_memory),
+            "fits": t.fits,
+            "warm_start": self.warm_start,
+            "warm_objective": self.warm_objective,
+            "solver": self.solver,
+            "seconds": self.seconds,
+            "binaries": self.binaries,
+            "not_evaluated": list(self.not_evaluated),
+        }
+
+
+# ---- the warm start: the registry's schedules ----
+
+
+@dataclass
+class RegistryRun:
+    """The registry schedules judged for a warm start (``registry.evaluate(warm_start=True)``):
+    those that fit (backward split, in registry order), the fused ones that fit as built (only
+    when a fused backward is cheaper than B + W), the names the budget left out, and the
+    longest simulation (what judging one more schedule costs on this problem)."""
+
+    fitting: list[tuple[str, Timeline]]
+    fused: list[tuple[str, Timeline]]
+    not_evaluated: list[str]
+    simulate_seconds: float
+
+
+def evaluate_registry(
+    problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None
+) -> RegistryRun:
+    """The registry's schedules judged for a warm start within ``budget`` (see
+    ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``)."""
+    judged = evaluate(problem, warm_start=True, budget=budget, child=in_child(problem), say=say)
+    return RegistryRun(
+        fitting=[(e.name, e.timeline) for e in judged if e.fits],
+        fused=[(e.name, e.as_built) for e in judged if e.as_built is not None],
+        not_evaluated=[e.name for e in judged if e.reason == NOT_EVALUATED],
+        simulate_seconds=max((e.simulate_seconds for e in judged), default=0.0),
+    )
+
+
+def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
+    """Every registry schedule that applies and fits the memory limit, judged (backward split)."""
+    return evaluate_registry(problem).fitting
+
+
+def best_registry_schedule(
+    problem: Problem, fitting: list[tuple[str, Timeline]] | None = None
+) -> tuple[str, Timeline] | None:
+    """The registry schedule with the best objective among those that fit the memory limit
+    (the first of equals, in registry order)."""
+    best = None
+    for name, t in fitting_registry_schedules(problem) if fitting is None else fitting:
+        if best is None or problem.time_tol.lt(t.objective_value(), best[1].objective_value()):
+            best = (name, t)
+    return best
+
+
+def _judge_candidates(
+    problem: Problem, candidates: Sequence[tuple[str, Schedule]], say: Callable[[str], None]
+) -> list[tuple[str, Timeline]]:
+    """The caller's candidate schedules that are complete and fit, judged (backward split)."""
+    fitting = []
+    for name, schedule in candidates:
+        try:
+            t = simulate(problem, unfuse(schedule))
+        except SchedcError as e:  # incomplete or deadlocking: not a candidate
+            say(f"warm start: {name} is not a schedule of this problem ({e})")
+            continue
+        say(f"warm start: {name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else "does not fit"))
+        if t.fits:
+            fitting.append((name, t))
+    return fitting
+
+
+# ---- the driver ----
+
+
+def check_settings(time_limit: float | Budget, gap: float, threads: int | None) -> None:
+    """ValueError for settings no search can honour (nan and infinities included)."""
+    if not isinstance(time_limit, Budget) and (
+        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < math.inf
+    ):
+        raise ValueError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap <= 1:
+        raise ValueError(f"gap must be a number in [0, 1], got {gap!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a whole number >= 1 or None, got {threads!r}")
+
+
+class _Clock:
+    """The call's own clock: ``progress`` hears every step in seconds since ``solve`` began."""
+
+    def __init__(self, progress: Callable[[Progress], None] | None):
+        self.began = time.perf_counter()
+        self.progress = progress
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.began
+
+    def say(self, note: str) -> None:
+        if self.progress:
+            self.progress(Progress(self.seconds(), None, None, note))
+
+    def relay(self, event: Progress) -> None:
+        """A backend's event, whose seconds run on the backend's own clock."""
+        if self.progress:
+            self.progress(replace(event, seconds=self.seconds()))
+
+    def objective(self, value: float) -> None:
+        """The local search's better objective."""
+        if self.progress:
+            self.progress(Progress(self.seconds(), value, None))
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call of ``solve`` works on: the problem, the backend's name, the registry schedules
+    judged for the warm start, and the call's clock."""
+
+    problem: Problem
+    solver: str
+    run: RegistryRun
+    clock: _Clock
+
+
+@dataclass
+class _Outcome:
+    """Where a solve stands: its best schedule, the registry schedule it started from, whether the
+    best is a registry schedule, and what the backend found (``Found(None)`` when it did not run)."""
+
+    best: Timeline
+    warm: tuple[str, Timeline]
+    from_registry: bool = True
+    found: Found = field(default_factory=lambda: Found(None))
+
+
+def solve(
+    problem: Problem,
+    *,
+    solver: str = "cbc",
+    time_limit: float | Budget = 60.0,
+    gap: float = 1e-4,
+    threads: int | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    candidates: Sequence[tuple[str, Schedule]] = (),
+) -> SolveResult:
+    """Search the fastest split-backward schedule that fits ``problem``'s memory limit.
+
+    ``time_limit`` is wall-clock seconds for the whole call, or a ``Budget`` (the CLI's counts
+    from the process's start and keeps simulations' time for writing the file): judging the
+    registry schedules for the warm start (at most WARM_SHARE of it once one fits; the rest are
+    then left out and listed in ``not_evaluated``), the local search, building the model, the
+    search, and judging what it found. ``progress`` hears of each step from the first one on,
+    with seconds since the call began. ``candidates`` are more schedules to start from (e.g.
+    torch.distributed.pipelining's, which the CLI adds with ``--torch``): each that is complete
+    and fits joins the registry's for the warm start, so the result is never worse than any of
+    them either."""
+    if solver not in BACKENDS:
+        raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
+    check_settings(time_limit, gap, threads)
+    clock = _Clock(progress)
+    budget = time_limit if isinstance(time_limit, Budget) else Budget.seconds(time_limit)
+    local = budget.share(LOCAL_SEARCH_SHARE)
+    # The registry may take the whole budget when the rest would be too short for a neighbourhood
+    # anyway (large problems, where its schedules are slow to build and judge, are searched so).
+    warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
+    run = evaluate_registry(problem, budget.share(warm_share), clock.say)
+    run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
+    warm = best_registry_schedule(problem, run.fitting)
+    if warm is None:
+        raise SchedcError(
+            "no registry schedule fits the memory limit to start from; raise the limit"
+            f" (each rank needs at least {', '.join(f'{problem.min_memory(r):g}' for r in range(problem.ranks))})"
+        )
+    own = lower_bound(problem)
+    # What is left for the search: the budget less what the caller keeps and one simulation, to
+    # judge what the search found.
+    usable = budget.usable(run.simulate_seconds).less(run.simulate_seconds)
+    call = _Call(problem, solver, run, clock)
+    out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
+    if problem.fused_cheaper:
+        _prefer_fused(call, out)
+    return _result(call, out, own)
+
+
+def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _Outcome:
+    """The local search (within ``local`` too), then the backend, from ``out``'s warm start."""
+    problem, run, clock = call.problem, call.run, call.clock
+    tol = problem.time_tol
+    warm_t = out.best
+    if meets(warm_t.objective_value(), settings.lower):  # the warm start is already proven optimal
+        return out
+    # Local search first (cheap, any size): a better incumbent for the exact search to start from.
+    polished = improve(
+        problem, warm_t, settings.budget.earlier(local), others=[t for _, t in run.fitting if t is not warm_t],
+        enough=settings.lower, progress=clock.progress and clock.objective,
+    )
+    if tol.lt(polished.objective_value(), warm_t.objective_value()):
+        out.best, out.from_registry = polished, False
+    left = settings.budget.left()
+    if meets(out.best.objective_value(), settings.lower):
+        return out  # the local search reached the bound: nothing left to search for
+    if left < SEARCH_MIN_SECONDS:
+        out.found = Found(None, note="time limit (no time left to search)")
+        clock.say("search: time limit, no time left to search")
+        return out
+    clock.say(f"search: {call.solver}, {left:.1f} s left")
+    out.found = BACKENDS[call.solver](problem, out.best, settings)
+    if out.found.schedule is not None:
+        t = simulate(problem, out.found.schedule.renamed("ilp"))
+        if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
+            out.best, out.from_registry = t, False
+    return out
+
+
+def _prefer_fused(call: _Call, out: _Outcome) -> None:
+    """A fused backward is cheaper than B + W here: a fused registry schedule may beat every split
+    one, and the backend's bound covers split schedules only (it is dropped)."""
+    out.found = replace(out.found, bound=None)
+    for name, t in call.run.fused:
+        if call.problem.time_tol.lt(t.objective_value(), out.best.objective_value()):
+            out.best, out.from_registry = t, True
+            out.warm = (name, t)  # reported as the registry schedule it returns
+
+
+def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
+    """The result: the best schedule, the larger of the two bounds and the status."""
+    solver, run = call.solver, call.run
+    objective = out.best.objective_value()
+    solver_bound = out.found.bound
+    bound = max(own.value, solver_bound if solver_bound is not None else -math.inf)
+    # The independent bound's reason when it is as good as the solver's (up to the solver's noise).
+    reason = own.reason if solver_bound is None or meets(solver_bound, own.value) else f"{solver} search bound"
+    if Tolerance.of(objective, 1e-6).gt(bound, objective):
+        raise RuntimeError(f"bug: lower bound {bound} ({reason}) above a found schedule's {objective}")
+    bound = min(bound, objective)  # solver tolerance
+    if meets(objective, bound):
+        status = "optimal"
+    elif "time" in out.found.note.lower() or (out.from_registry and run.not_evaluated):
+        status = "time limit"  # even when the warm start is returned: the search was cut short
+    elif out.from_registry:
+        status = "warm start"  # the search ended on its own and found nothing better
+    else:
+        status = "feasible"
+    named = out.best.schedule.renamed("ilp")
+    warm_name, warm_t = out.warm
+    return SolveResult(
+        schedule=named,
+        timeline=replace(out.best, schedule=named),
+        status=status,
+        objective=objective,
+        bound=bound,
+        bound_reason=reason,
+        warm_start=warm_name,
+        warm_objective=warm_t.objective_value(),
+        solver=solver,
+        seconds=call.clock.seconds(),
+        binaries=out.found.binaries,
+        history=out.found.history,
+        registry=run.fitting,
+        not_evaluated=run.not_evaluated,
+    )
+
+
+SEARCHES["ilp"] = solve  # the exact search, by the name schedules go by
