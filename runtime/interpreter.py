@@ -548,7 +548,7 @@ class PipelineRuntime:
         ``measure_memory=True`` also ``memory`` (MiB after the instruction) and ``memory_peak``
         (MiB during it), this rank's activation memory relative to the step's start."""
         events = [
-            {"instr": str(i), "op": i.op, "stage": i.stage, "mb": i.mb, "start": t0, "end": t1}
+            {"instr": str(i), "op": i.op.value, "stage": i.stage, "mb": i.mb, "start": t0, "end": t1}
             for i, t0, t1 in self.events
         ]
         if self.memory and len(self.memory) == len(events):
@@ -564,7 +564,8 @@ class PipelineRuntime:
         # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
         mine = torch.frombuffer(bytearray(json.dumps(self.trace_events()).encode()), dtype=torch.uint8)
         n = dist.get_world_size(self.group)
-        where = (len(self.program), Instr("SAVE_TRACE"), self.steps - 1)  # after the last step's program
+        # after the last step's program; not an instruction of it (Instr takes only opcodes), named in errors
+        where = (len(self.program), "SAVE_TRACE", self.steps - 1)
         what = "the trace gather"
         size = torch.tensor([mine.numel()], dtype=torch.int64, device=self.comm_device)
         sizes = [torch.zeros_like(size) for _ in range(n)]

@@ -100,7 +100,7 @@ class Schedule:
         n, m = problem.n_stages, problem.microbatches
         for op, (r, _) in where.items():
             if op.kind not in _ON_COMPUTE:
-                raise ScheduleError(f"{self.name}: {op}: {unsupported_lane(op.kind)}")
+                raise ScheduleError(f"{self.name}: {op}: {_off_lane(op.kind)}")
             if not (0 <= op.stage < n and 0 <= op.mb < m):
                 raise ScheduleError(f"{self.name}: {op} is outside {n} stages x {m} microbatches")
             if problem.stage_rank[op.stage] != r:
@@ -140,7 +140,7 @@ _NEEDS = {k: tuple((candidates(need)[0], candidates(need)[1:], offset) for need,
 _new = tuple.__new__  # an Op of a Kind without Op.__new__'s check: producers() runs in every simulation
 
 
-def unsupported_lane(kind: Kind) -> str:
+def _off_lane(kind: Kind) -> str:
     """Why a Schedule cannot hold an op of ``kind``: its ranks are the compute lane's orders."""
     return (f"op kind {kind.value!r} runs on the {ROWS[kind].lane} lane; a Schedule orders the compute lane"
             f" (kinds {', '.join(in_order(_ON_COMPUTE))})")

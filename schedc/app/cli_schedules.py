@@ -61,7 +61,7 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
     if as_json:
         out = t.summary()
         out["ops"] = [
-            {"rank": r, "kind": op.kind, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
+            {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
             for op, (r, s, e) in t.op_times().items()
         ]
         out["critical_path"] = critical.summary()
