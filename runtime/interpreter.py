@@ -60,7 +60,8 @@ import torch.distributed as dist
 from torch import nn
 
 from schedc.errors import SchedcError
-from schedc.program import Instr, Message
+from schedc.kinds import Kind, in_order, unsupported
+from schedc.program import Instr, Message, Opcode
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport, describe
 from schedc.runtime.memory import MemoryMeter
@@ -155,6 +156,15 @@ class PipelineRuntime:
         self.stages = dict(stages)
         self.loss_fn, self.optimizer, self.timeout = loss_fn, optimizer, float(timeout)
         self.program: tuple[Instr, ...] = compiled.program.for_rank(self.rank)
+        self._ops: dict[Kind | Opcode, Callable[[_StepState, Instr, int], None]] = {  # opcode -> its method
+            Kind.F: self._forward, Kind.B: self._backward_input, Kind.BW: self._backward_full, Kind.W: self._weight,
+            Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
+            Opcode.STEP: self._optimizer_step,
+        }
+        for instr in self.program:  # a kind without a method here is refused before anything is set up
+            if instr.op not in self._ops:
+                runs = in_order(k for k in self._ops if isinstance(k, Kind))
+                raise PipelineError(str(unsupported(instr.op, "the runtime", runs)))
         self.last = head.n_stages - 1
         self.m = head.microbatches
         first = next(iter(self.stages.values()))
@@ -190,10 +200,6 @@ class PipelineRuntime:
             self.meter = MemoryMeter(self.device, [p for ps in self.params.values() for p in ps])
         self.memory: list[tuple[int, int]] = []  # measure_memory: (after, peak) bytes per instruction, last step
         self.steps = 0
-        self._ops = {  # opcode -> its method
-            "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
-            "SEND": self._send, "RECV": self._recv, "LOCAL": self._local, "STEP": self._optimizer_step,
-        }
         self.clip: GradClip | None = None  # made last: its process group is made by every rank
         if clip_grad_norm is not None:
             mine = list({id(p): p for ps in self.params.values() for p in ps}.values())
@@ -272,7 +278,7 @@ class PipelineRuntime:
                     self._ops[instr.op](state, instr, k)
                     self._io.release()
                 else:
-                    with meter.instruction(k, counted=instr.op != "STEP"):
+                    with meter.instruction(k, counted=instr.op is not Opcode.STEP):
                         self._ops[instr.op](state, instr, k)
                         self._io.release()  # completed sends' buffers, freed where the meter sees it
                 if self.trace_enabled:
@@ -317,12 +323,20 @@ class PipelineRuntime:
                 " schedule without a split backward"
             ) from None
 
-    def _backward(self, state: _StepState, instr: Instr, k: int) -> None:
+    def _backward_input(self, state: _StepState, instr: Instr, k: int) -> None:
+        """B: the input gradient; the weight gradients wait in the store for W."""
+        self._backward(state, instr, k, split=True)
+
+    def _backward_full(self, state: _StepState, instr: Instr, k: int) -> None:
+        """BW: the input and the weight gradients in one pass."""
+        self._backward(state, instr, k, split=False)
+
+    def _backward(self, state: _StepState, instr: Instr, k: int, split: bool) -> None:
         s, mb = instr.stage, instr.mb
         x, out = state.saved.pop((s, mb))
         grad = None if s == self.last else self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
         inputs = [x] if x is not None and x.requires_grad else []
-        if instr.op == "B":
+        if split:
             self.store.backward_input((s, mb), out, grad, inputs, self.params[s])
         else:
             self.store.backward_full(out, grad, inputs, self.params[s])
@@ -504,7 +518,7 @@ class PipelineRuntime:
         x = xs[0].to(self.device) if xs is not None else None
         for s in range(self.last):
             src, dst = stage_rank[s], stage_rank[s + 1]
-            meta_instr = Instr("SEND", s, -1, "act", dst, s + 1)  # names the exchange in errors
+            meta_instr = Instr(Opcode.SEND, s, -1, "act", dst, s + 1)  # names the exchange in errors
             if src == here:
                 module = self.stages[s]
                 mode = module.training
@@ -520,7 +534,7 @@ class PipelineRuntime:
                 x = y
             elif dst == here:
                 meta = torch.empty(_META_LEN, dtype=torch.int64)
-                where = (-1, meta_instr._replace(op="RECV", stage=s + 1, peer=src, peer_stage=s), self.steps)
+                where = (-1, meta_instr._replace(op=Opcode.RECV, stage=s + 1, peer=src, peer_stage=s), self.steps)
                 self._io.wait(self._io.recv(meta, src, where), where)
                 self._meta[s] = _decode(meta)
                 x = torch.zeros(self._meta[s][0], dtype=self._meta[s][1], device=self.device)
@@ -534,7 +548,7 @@ class PipelineRuntime:
         ``measure_memory=True`` also ``memory`` (MiB after the instruction) and ``memory_peak``
         (MiB during it), this rank's activation memory relative to the step's start."""
         events = [
-            {"instr": str(i), "op": i.op, "stage": i.stage, "mb": i.mb, "start": t0, "end": t1}
+            {"instr": str(i), "op": i.op.value, "stage": i.stage, "mb": i.mb, "start": t0, "end": t1}
             for i, t0, t1 in self.events
         ]
         if self.memory and len(self.memory) == len(events):
@@ -550,7 +564,8 @@ class PipelineRuntime:
         # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
         mine = torch.frombuffer(bytearray(json.dumps(self.trace_events()).encode()), dtype=torch.uint8)
         n = dist.get_world_size(self.group)
-        where = (len(self.program), Instr("SAVE_TRACE"), self.steps - 1)  # after the last step's program
+        # after the last step's program; not an instruction of it (Instr takes only opcodes), named in errors
+        where = (len(self.program), "SAVE_TRACE", self.steps - 1)
         what = "the trace gather"
         size = torch.tensor([mine.numel()], dtype=torch.int64, device=self.comm_device)
         sizes = [torch.zeros_like(size) for _ in range(n)]

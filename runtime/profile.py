@@ -59,6 +59,7 @@ import torch.distributed as dist
 from torch import nn
 
 from schedc.errors import SchedcError
+from schedc.kinds import Kind, check_supported
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
 from schedc.runtime.gpt import cut
@@ -67,6 +68,7 @@ from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
+TIMED = (Kind.F, Kind.B, Kind.W, Kind.BW)  # the op kinds the profiler times, in _StageRunner.times' order
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,9 @@ def profile_stages(
     device = torch.device(device) if device is not None else _device_of(stages[0])
     x = inputs[:size].to(device)
     y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
+    check_supported(Kind, "the profiler", TIMED)
     out: dict[str, list[float]] = {
-        k: [] for k in ("F", "B", "W", "BW", "activation", "kept_for_w", "static", "sends", "working")
+        k: [] for k in (*(kind.value for kind in TIMED), "activation", "kept_for_w", "static", "sends", "working")
     }
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
@@ -122,14 +125,12 @@ def profile_stages(
         run = _StageRunner(module, x, y if last else None, loss_fn)
         with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
                           for _ in range(load)]):
-            f, b, w, bw = run.times(warmup, repeats)
+            times = dict(zip(TIMED, run.times(warmup, repeats)))
         held, kept = run.memory()
         working = run.working()
         params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-        out["F"].append(f)
-        out["B"].append(b)
-        out["W"].append(w)
-        out["BW"].append(bw)
+        for kind, ms in times.items():
+            out[kind.value].append(ms)
         out["activation"].append(held / MiB)
         out["kept_for_w"].append(min(kept, held) / MiB)
         out["static"].append(params * (2 + optimizer_state) / MiB)
@@ -137,8 +138,8 @@ def profile_stages(
         x = run.output()
         out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
         if progress:
-            progress(f"stage {s}: F {f:.3f} ms  B {b:.3f} ms  W {w:.3f} ms  BW {bw:.3f} ms"
-                     f"  activation {held / MiB:.2f} MiB  working {working / MiB:.2f} MiB")
+            progress(f"stage {s}: " + "  ".join(f"{kind} {ms:.3f} ms" for kind, ms in times.items())
+                     + f"  activation {held / MiB:.2f} MiB  working {working / MiB:.2f} MiB")
     return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads())
 
 
@@ -370,6 +371,7 @@ def make_problem(
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there."""
+    check_supported(Kind, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
         raise ValueError(f"the profile has {n} stages but ranks x chunks is {ranks} x {chunks}")
@@ -386,7 +388,7 @@ def make_problem(
         memory["limit"] = memory_limit
     return Problem.parse(
         dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
-             costs=dict(F=profile.F, B=profile.B, W=profile.W, BW=profile.BW), comm=comm, memory=memory,
+             costs={kind.value: getattr(profile, kind.value) for kind in TIMED}, comm=comm, memory=memory,
              objective=objective,
              stage_blocks=stage_blocks),
         source=name,

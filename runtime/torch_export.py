@@ -38,7 +38,7 @@ from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining import stage as _stage
 
 from schedc.errors import SchedcError
-from schedc.interop import TO_TORCH, torch_comms_rows
+from schedc.interop import torch_comms_rows
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
 from schedc.schedule import Schedule
@@ -92,7 +92,7 @@ def torch_actions(compiled: CompiledSchedule | Problem, schedule: Schedule | Non
     action = names["_Action"].from_str
     if comms == "schedc":
         return {r: [action(cell) for cell in row] for r, row in enumerate(torch_comms_rows(compiled.program))}
-    compute = {r: [action(f"{op.stage}{TO_TORCH[op.kind]}{op.mb}") for op in ops]
+    compute = {r: [action(op.to_torch()) for op in ops]
                for r, ops in enumerate(compiled.schedule.ranks)}
     if comms == "none":
         return compute

@@ -18,9 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedc.errors import ProgramError, ScheduleError
+from schedc.kinds import ROWS, Kind, candidates, in_order, unsupported
 from schedc.problem import Problem
-from schedc.program import COMPUTE, OPCODES, TENSORS, Instr, Message, Program, consumed, produced
+from schedc.program import DIRECTION, LOWERED, TENSORS, Instr, Message, Opcode, Program, consumed, produced
 from schedc.schedule import Op, Schedule
+
+# kind -> per need on its own stage, the kinds that may meet it (W: B; B and BW: F), from the rows
+_SAME_STAGE = {k: tuple(candidates(need) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
+# tensor -> the kinds whose output carries it, in the table's order (act: F; grad: B, BW)
+_MAKERS = {tensor: tuple(k for k, row in ROWS.items() if row.carries == tensor) for tensor in TENSORS}
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,7 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None) 
     for r, instrs in enumerate(program.ranks):
         for k, instr in enumerate(instrs):
             _check_fields(problem, r, k, instr)
-        steps = [k for k, i in enumerate(instrs) if i.op == "STEP"]
+        steps = [k for k, i in enumerate(instrs) if i.op is Opcode.STEP]
         if steps != [len(instrs) - 1]:
             raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {len(steps)})")
 
@@ -71,12 +77,12 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None) 
 
     feeds = _check_dataflow(problem, program)
     buffers = _run(program, _pair(program), feeds)
-    count = lambda op: tuple(sum(i.op == op for i in instrs) for instrs in program.ranks)  # noqa: E731
+    count = lambda op: tuple(sum(i.op is op for i in instrs) for instrs in program.ranks)  # noqa: E731
     return CheckReport(
         instructions=tuple(len(instrs) for instrs in program.ranks),
-        sends=count("SEND"),
-        receives=count("RECV"),
-        local=count("LOCAL"),
+        sends=count(Opcode.SEND),
+        receives=count(Opcode.RECV),
+        local=count(Opcode.LOCAL),
         receive_buffers=buffers,
     )
 
@@ -85,9 +91,9 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
     where = f"rank {r} instruction {k} ({instr})"
     n, m = problem.n_stages, problem.microbatches
     stage_rank = problem.stage_rank
-    if instr.op not in OPCODES:
-        raise ProgramError(f"rank {r} instruction {k}: unknown op {instr.op!r} (expected one of {', '.join(OPCODES)})")
-    if instr.op == "STEP":
+    if isinstance(instr.op, Kind) and instr.op not in LOWERED:
+        raise ProgramError(f"rank {r} instruction {k}: {unsupported(instr.op, 'the checker', in_order(LOWERED))}")
+    if instr.op is Opcode.STEP:
         if (instr.stage, instr.mb, instr.tensor, instr.peer, instr.peer_stage) != (-1, -1, "", -1, -1):
             raise ProgramError(f"{where}: STEP takes no stage, microbatch, tensor or peer")
         return
@@ -95,17 +101,17 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
         raise ProgramError(f"{where}: stage or microbatch outside {n} stages x {m} microbatches")
     if stage_rank[instr.stage] != r:
         raise ProgramError(f"{where}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
-    if instr.op in COMPUTE:
+    if isinstance(instr.op, Kind):
         if (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
             raise ProgramError(f"{where}: a compute instruction has no tensor or peer")
         return
     if instr.tensor not in TENSORS:
         raise ProgramError(f"{where}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
     msg = instr.message
-    if not 0 <= instr.peer_stage < n or msg.dst != msg.src + (1 if msg.tensor == "act" else -1):
-        raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{'+' if msg.tensor == 'act' else '-'}1")
+    if not 0 <= instr.peer_stage < n or msg.dst != msg.src + DIRECTION[msg.tensor]:
+        raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{DIRECTION[msg.tensor]:+d}")
     peer_rank = stage_rank[instr.peer_stage]
-    if instr.op == "LOCAL":
+    if instr.op is Opcode.LOCAL:
         if peer_rank != r or instr.peer != -1:
             raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank"
                                " (peer -1)")
@@ -124,7 +130,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
         arrived: dict[Message, int] = {}  # -> index of its RECV, or -1 for a LOCAL
         feeds.append({})
         for k, instr in enumerate(instrs):
-            if instr.op in ("SEND", "LOCAL"):
+            if instr.op is Opcode.SEND or instr.op is Opcode.LOCAL:
                 msg = instr.message
                 if msg in moved:
                     raise ProgramError(f"rank {r}: {msg} is moved twice ({moved[msg]} and {instr})")
@@ -132,21 +138,20 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                 maker = _maker(msg, done)
                 if maker is None:
                     raise ProgramError(f"rank {r}: {instr} comes before the op that computes it")
-                if instr.op == "LOCAL":
+                if instr.op is Opcode.LOCAL:
                     arrived[msg] = -1
-            elif instr.op == "RECV":
+            elif instr.op is Opcode.RECV:
                 arrived[instr.message] = k
-            elif instr.op in COMPUTE:
+            elif isinstance(instr.op, Kind):
                 op = instr.compute
                 need = consumed(op, n)
                 if need is not None and need not in arrived:
                     raise ProgramError(f"rank {r}: {op} needs {need}, which no earlier RECV or LOCAL on rank {r} brings")
                 if need is not None and arrived[need] >= 0:
                     feeds[r][k] = arrived[need]
-                local = {"B": ("F",), "BW": ("F",), "W": ("B",)}.get(op.kind, ())
-                for kind in local:
-                    if Op(kind, op.stage, op.mb) not in done:
-                        raise ProgramError(f"rank {r}: {op} runs before {Op(kind, op.stage, op.mb)}")
+                for kinds in _SAME_STAGE[op.kind]:
+                    if not any(Op(kind, op.stage, op.mb) in done for kind in kinds):
+                        raise ProgramError(f"rank {r}: {op} runs before {Op(kinds[0], op.stage, op.mb)}")
                 done.add(op)
     expected = {msg for ops in program.compute_order() for op in ops if (msg := produced(op, n)) is not None}
     missing = expected - moved.keys()
@@ -156,8 +161,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
 
 
 def _maker(msg: Message, done: set[Op]) -> Op | None:
-    kinds = ("F",) if msg.tensor == "act" else ("B", "BW")
-    return next((Op(k, msg.src, msg.mb) for k in kinds if Op(k, msg.src, msg.mb) in done), None)
+    return next((op for k in _MAKERS[msg.tensor] if (op := Op(k, msg.src, msg.mb)) in done), None)
 
 
 def _pair(program: Program) -> dict[tuple[int, int], int]:
@@ -167,9 +171,9 @@ def _pair(program: Program) -> dict[tuple[int, int], int]:
     recvs: dict[tuple[int, int], list[tuple[int, Message]]] = {}
     for r, instrs in enumerate(program.ranks):
         for k, instr in enumerate(instrs):
-            if instr.op == "SEND":
+            if instr.op is Opcode.SEND:
                 sends.setdefault((r, instr.peer), []).append((k, instr.message))
-            elif instr.op == "RECV":
+            elif instr.op is Opcode.RECV:
                 recvs.setdefault((instr.peer, r), []).append((k, instr.message))
     partner: dict[tuple[int, int], tuple[int, int]] = {}
     for src, dst in sorted(sends.keys() | recvs.keys()):
@@ -209,7 +213,7 @@ def _run(program: Program, partner: dict[tuple[int, int], tuple[int, int]], feed
 def _blocker(ranks, pc, partner, feeds, r) -> tuple[int, str] | None:
     """(rank, what it has not done yet) that rank r waits for at its current instruction, or None."""
     k = pc[r]
-    if ranks[r][k].op == "SEND":
+    if ranks[r][k].op is Opcode.SEND:
         peer, j = partner[(r, k)]
         return None if pc[peer] > j else (peer, f"post {ranks[peer][j]}")
     if k in feeds[r]:  # a compute op whose input comes by RECV: wait for the matching SEND
@@ -235,7 +239,7 @@ def _cycle(ranks, pc, partner, feeds, r) -> str:
 def _buffers(instrs: tuple[Instr, ...], fed: dict[int, int]) -> int:
     held = most = 0
     for k, instr in enumerate(instrs):
-        if instr.op == "RECV":
+        if instr.op is Opcode.RECV:
             held += 1
             most = max(most, held)
         elif k in fed:

@@ -118,7 +118,7 @@ class CriticalPath:
             "compute": list(self.compute()),
             "comm": self.comm(),
             "ops": [
-                {"rank": r, "kind": op.kind, "stage": op.stage, "mb": op.mb, "start": s, "end": e,
+                {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e,
                  "wait": None if w is None else w.kind, "latency": 0.0 if w is None else w.latency}
                 for op, (r, s, e), w in zip(self.ops, self.times, self.waits)
             ],

@@ -2,6 +2,7 @@
 
 torch writes a schedule as CSV with one row per rank and one cell per action,
 ``{stage}{action}{microbatch}``: ``3F0`` is the forward of stage 3 on microbatch 0. Actions map as
+the kinds' rows say (``KindRow.torch``, ``Op.to_torch``):
 
     schedc  F  B (input gradient)  W (weight gradient)  BW (fused backward)
     torch   F  I                   W                    B
@@ -26,11 +27,13 @@ from pathlib import Path
 
 from schedc.errors import SchedcError
 from schedc.inputs import read_text
-from schedc.program import COMPUTE, Program
+from schedc.kinds import BY_TORCH, ROWS, Kind
+from schedc.program import Opcode, Program
 from schedc.schedule import Op, Schedule
 
-TO_TORCH = {"F": "F", "B": "I", "W": "W", "BW": "B"}
-FROM_TORCH = {t: k for k, t in TO_TORCH.items()}
+TO_TORCH = {k: row.torch for k, row in ROWS.items()}  # kind -> torch's action letter
+FROM_TORCH = BY_TORCH  # torch's action letter -> kind
+_LAST_OF_STAGE = frozenset(k for k, row in ROWS.items() if row.frees)  # W, BW: a stage's last backward is one
 # torch actions that compute nothing: communication, FSDP unshard/reshard, data-parallel grad reduction.
 NO_COMPUTE = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"}
 _CELL = re.compile(r"(\d+)([A-Z_]+)(\d*)")
@@ -45,7 +48,7 @@ def to_torch_csv(schedule: Schedule) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for ops in schedule.ranks:
-        writer.writerow(f"{op.stage}{TO_TORCH[op.kind]}{op.mb}" for op in ops)
+        writer.writerow(op.to_torch() for op in ops)
     return out.getvalue()
 
 
@@ -60,18 +63,18 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     runtime hands off inside F and B, and the caller steps."""
     rows = []
     for instrs in program.ranks:
-        last_backward = {i.stage: k for k, i in enumerate(instrs) if i.op in ("W", "BW")}
+        last_backward = {i.stage: k for k, i in enumerate(instrs) if i.op in _LAST_OF_STAGE}
         row: list[str] = []
         pending: int | None = None  # a stage whose REDUCE_GRAD waits for its last backward's send
         for k, instr in enumerate(instrs):
-            if pending is not None and not (instr.op == "SEND" and instr.stage == pending):
+            if pending is not None and not (instr.op is Opcode.SEND and instr.stage == pending):
                 row.append(f"{pending}REDUCE_GRAD")
                 pending = None
-            if instr.op in COMPUTE:
-                row.append(f"{instr.stage}{TO_TORCH[instr.op]}{instr.mb}")
+            if isinstance(instr.op, Kind):
+                row.append(instr.compute.to_torch())
                 if last_backward.get(instr.stage) == k:
                     pending = instr.stage
-            elif instr.op in ("SEND", "RECV"):
+            elif instr.op is Opcode.SEND or instr.op is Opcode.RECV:
                 row.append(f"{instr.stage}{instr.op}_{'F' if instr.tensor == 'act' else 'B'}{instr.mb}")
         if pending is not None:
             row.append(f"{pending}REDUCE_GRAD")

@@ -26,7 +26,8 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Mapping
-from functools import cached_property
+from functools import cached_property, reduce
+from operator import add
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
@@ -34,11 +35,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from schedc.errors import ProblemError
 from schedc.inputs import read_data, safe_filename, shorten
-from schedc.kinds import Kind
+from schedc.kinds import ROWS, Kind, unsupported
 from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
 KINDS = tuple(Kind)
+
+
+def _summed(parts) -> tuple[float, ...]:
+    """Per stage, the sum of ``parts`` (per-stage tuples), added left to right."""
+    return tuple(reduce(add, xs) for xs in zip(*parts))
 
 
 class Boundary(BaseModel):
@@ -246,9 +252,9 @@ class Problem(_Strict):
             )
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
-        for kind in ("F", "B", "W", "BW"):
-            if getattr(self.costs, kind) is not None:
-                self._per_stage(f"costs.{kind}", getattr(self.costs, kind))
+        for kind in KINDS:
+            if getattr(self.costs, kind.value) is not None:
+                self._per_stage(f"costs.{kind}", getattr(self.costs, kind.value))
         if self.time_scale < SMALLEST:
             raise ValueError(f"the largest op cost is {self.time_scale:g}, below {SMALLEST:g}: use a smaller unit of time")
         deltas = self.mem_deltas
@@ -345,19 +351,27 @@ class Problem(_Strict):
         return tuple(tuple(x) for x in out)
 
     @cached_property
-    def cost(self) -> dict[str, tuple[float, ...]]:
-        """kind -> per-stage duration, for F, B, W and the fused BW."""
-        f, b, w = (self._per_stage(f"costs.{k}", getattr(self.costs, k)) for k in ("F", "B", "W"))
-        bw = tuple(x + y for x, y in zip(b, w))
-        if self.costs.BW is not None:
-            bw = self._per_stage("costs.BW", self.costs.BW)
-        return {"F": f, "B": b, "W": w, "BW": bw}
+    def cost(self) -> dict[Kind, tuple[float, ...]]:
+        """kind -> per-stage duration, for every kind of schedc.kinds: ``costs.<kind>``; a kind
+        that fuses others (BW: B and W) costs their sum unless ``costs`` gives its own."""
+        out: dict[Kind, tuple[float, ...]] = {}
+        for kind, row in ROWS.items():  # a fused kind's row comes after the rows of what it fuses
+            given = getattr(self.costs, kind.value)
+            if given is None and row.fuses:
+                out[kind] = _summed(out[k] for k in row.fuses)
+            else:
+                out[kind] = self._per_stage(f"costs.{kind}", given)
+        return out
 
     @property
     def fused_cheaper(self) -> bool:
-        """Whether some stage's fused backward costs less than its B plus its W."""
+        """Whether some stage's fused backward (a kind that fuses others: BW) costs less than the
+        kinds it fuses (B plus W)."""
         c = self.cost
-        return any(self.time_tol.lt(bw, b + w) for bw, b, w in zip(c["BW"], c["B"], c["W"]))
+        return any(
+            self.time_tol.lt(c[kind][s], reduce(add, (c[k][s] for k in row.fuses)))
+            for kind, row in ROWS.items() if row.fuses for s in range(self.n_stages)
+        )
 
     # ---- the scale of times and of memory (see schedc.tolerance) ----
 
@@ -400,10 +414,16 @@ class Problem(_Strict):
         return f, b, w
 
     @cached_property
-    def mem(self) -> dict[str, tuple[float, ...]]:
-        """kind -> per-stage activation-memory delta, for F, B, W and the fused BW."""
-        f, b, w = self.mem_deltas
-        return {"F": f, "B": b, "W": w, "BW": tuple(x + y for x, y in zip(b, w))}
+    def mem(self) -> dict[Kind, tuple[float, ...]]:
+        """kind -> per-stage activation-memory delta, for every kind of schedc.kinds: F, B and W
+        from ``memory`` (``mem_deltas``), a kind that fuses others (BW) their sum."""
+        out = dict(zip((Kind.F, Kind.B, Kind.W), self.mem_deltas))
+        for kind, row in ROWS.items():
+            if kind not in out:
+                if not row.fuses:
+                    raise unsupported(kind, "the memory model (Problem.mem)", tuple(out))
+                out[kind] = _summed(out[k] for k in row.fuses)
+        return out
 
     @cached_property
     def static_memory(self) -> tuple[float, ...]:

@@ -29,16 +29,51 @@ timeline holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
+from schedc.errors import ProgramError
+from schedc.kinds import BY_NAME, ROWS, Kind, candidates, check_supported
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
 
-COMPUTE = ("F", "B", "W", "BW")
-COMM = ("SEND", "RECV")
-OPCODES = (*COMPUTE, *COMM, "LOCAL", "STEP")
-TENSORS = ("act", "grad")
+
+class Opcode(str, Enum):
+    """The instructions that are not compute ops (those are the op kinds, ``schedc.kinds.Kind``).
+    A ``str`` enum as Kind is: ``Opcode.SEND == "SEND"``, and files keep the name."""
+
+    SEND = "SEND"
+    RECV = "RECV"
+    LOCAL = "LOCAL"
+    STEP = "STEP"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+COMPUTE = tuple(Kind)  # the compute instructions: one per op kind
+COMM = (Opcode.SEND, Opcode.RECV)
+OPCODES = (*COMPUTE, *Opcode)  # F, B, W, BW, SEND, RECV, LOCAL, STEP
+_OPCODE_OF: dict[str, Kind | Opcode] = {**BY_NAME, **{o.value: o for o in Opcode}}
+TENSORS = ("act", "grad")  # what a row's ``carries`` names
+DIRECTION = {"act": 1, "grad": -1}  # a tensor goes from stage s to s + its direction
+LOWERED = frozenset(k for k, row in ROWS.items() if row.lane == "compute")  # the kinds lower() handles
+
+
+def _consumers() -> dict[tuple[str, int], tuple[Kind, ...]]:
+    """(tensor, the producer's stage minus the consumer's) -> the kinds that consume it, in the
+    table's order, read from the rows' needs: ("act", -1) -> F; ("grad", 1) -> B, BW."""
+    out: dict[tuple[str, int], tuple[Kind, ...]] = {}
+    for kind, row in ROWS.items():
+        for need, offset in row.needs:
+            for tensor in sorted({ROWS[k].carries for k in candidates(need)} - {None}):
+                if offset != 0 and kind not in out.get((tensor, offset), ()):
+                    out[tensor, offset] = (*out.get((tensor, offset), ()), kind)
+    return out
+
+
+_CONSUMERS = _consumers()
 
 
 class Message(NamedTuple):
@@ -53,20 +88,39 @@ class Message(NamedTuple):
         return f"{self.tensor}{self.mb} s{self.src}->s{self.dst}"
 
 
-class Instr(NamedTuple):
-    """One instruction. Unused fields are -1 (numbers) or "" (tensor)."""
-
-    op: str
+class _InstrFields(NamedTuple):
+    op: Kind | Opcode
     stage: int = -1  # the stage on this rank: computed, sending, receiving, or handing off
     mb: int = -1
     tensor: str = ""  # SEND / RECV / LOCAL: "act" or "grad"
     peer: int = -1  # SEND / RECV: the other rank
     peer_stage: int = -1  # SEND / RECV / LOCAL: the stage at the other end
 
+
+class Instr(_InstrFields):
+    """One instruction: ``op`` is a compute kind (Kind) or an Opcode; given by its name
+    (``Instr("SEND", ...)``, as files write it) it becomes that member here, and an unknown name
+    is a ProgramError. Unused fields are -1 (numbers) or "" (tensor)."""
+
+    __slots__ = ()
+
+    def __new__(cls, op: Kind | Opcode | str, stage: int = -1, mb: int = -1, tensor: str = "", peer: int = -1,
+                peer_stage: int = -1) -> "Instr":
+        if not isinstance(op, (Kind, Opcode)):
+            known = _OPCODE_OF.get(op) if isinstance(op, str) else None
+            if known is None:
+                raise ProgramError(f"unknown op {op!r} (expected one of {', '.join(OPCODES)})")
+            op = known
+        return tuple.__new__(cls, (op, stage, mb, tensor, peer, peer_stage))
+
+    @classmethod
+    def _make(cls, iterable) -> "Instr":  # _replace() goes through here: keep the coercion
+        return cls(*iterable)
+
     @property
     def message(self) -> Message:
         """SEND and LOCAL move ``stage -> peer_stage``; RECV brings ``peer_stage -> stage``."""
-        if self.op == "RECV":
+        if self.op is Opcode.RECV:
             return Message(self.tensor, self.mb, self.peer_stage, self.stage)
         return Message(self.tensor, self.mb, self.stage, self.peer_stage)
 
@@ -75,15 +129,15 @@ class Instr(NamedTuple):
         return Op(self.op, self.stage, self.mb)
 
     def __str__(self) -> str:
-        if self.op in COMPUTE:
+        if isinstance(self.op, Kind):
             return str(self.compute)
-        if self.op == "SEND":
+        if self.op is Opcode.SEND:
             return f"SEND {self.message} to rank {self.peer}"
-        if self.op == "RECV":
+        if self.op is Opcode.RECV:
             return f"RECV {self.message} from rank {self.peer}"
-        if self.op == "LOCAL":
+        if self.op is Opcode.LOCAL:
             return f"LOCAL {self.message}"
-        return self.op
+        return str(self.op)
 
     def to_data(self) -> dict:
         """JSON form: only the fields the opcode uses."""
@@ -96,20 +150,21 @@ class Instr(NamedTuple):
 
 
 def produced(op: Op, n_stages: int) -> Message | None:
-    """What a compute op sends on: F's activation forward, B's (or BW's) gradient backward."""
-    if op.kind == "F" and op.stage + 1 < n_stages:
-        return Message("act", op.mb, op.stage, op.stage + 1)
-    if op.kind in ("B", "BW") and op.stage > 0:
-        return Message("grad", op.mb, op.stage, op.stage - 1)
-    return None
+    """What a compute op sends on, its row's ``carries``: F's activation forward, B's (or BW's)
+    gradient backward; nothing from the stage at that end of the pipeline, or for W."""
+    tensor = ROWS[op.kind].carries
+    if tensor is None:
+        return None
+    dst = op.stage + DIRECTION[tensor]
+    return Message(tensor, op.mb, op.stage, dst) if 0 <= dst < n_stages else None
 
 
 def consumed(op: Op, n_stages: int) -> Message | None:
-    """What a compute op receives: the result of its producer on another stage (F(s): the
-    activation of s-1; B/BW(s): the gradient from s+1)."""
+    """What a compute op receives: the result of its producer on another stage, the tensor that
+    producer's row carries (F(s): the activation of s-1; B/BW(s): the gradient from s+1)."""
     for d in producers(op, n_stages):
         if d.stage != op.stage:
-            return Message("act" if op.kind == "F" else "grad", op.mb, d.stage, op.stage)
+            return Message(ROWS[d.kind].carries, op.mb, d.stage, op.stage)
     return None
 
 
@@ -158,7 +213,7 @@ class Program:
 
     def compute_order(self) -> tuple[tuple[Op, ...], ...]:
         """Per rank, the compute ops in program order (a lowered Program's equals its Schedule)."""
-        return tuple(tuple(i.compute for i in instrs if i.op in COMPUTE) for instrs in self.ranks)
+        return tuple(tuple(i.compute for i in instrs if isinstance(i.op, Kind)) for instrs in self.ranks)
 
     def listing(self, rank: int | None = None) -> str:
         """The program as text, one instruction per line."""
@@ -182,6 +237,7 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a
     LOCAL hand-off) right after each producing op, each RECV posted early (see the module notes),
     then the optimizer step. ``timeline`` is ``simulate(problem, schedule)``, computed if omitted."""
+    check_supported({op.kind for ops in schedule.ranks for op in ops}, "lowering", LOWERED)
     timeline = timeline or simulate(problem, schedule)
     n_stages, stage_rank = problem.n_stages, problem.stage_rank
     times = timeline.op_times()
@@ -200,9 +256,9 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
                 continue
             dst_rank = stage_rank[msg.dst]
             if dst_rank == r:
-                keyed[r].append(((end, 1), Instr("LOCAL", msg.src, msg.mb, msg.tensor, -1, msg.dst)))
+                keyed[r].append(((end, 1), Instr(Opcode.LOCAL, msg.src, msg.mb, msg.tensor, -1, msg.dst)))
                 continue
-            keyed[r].append(((end, 1), Instr("SEND", msg.src, msg.mb, msg.tensor, dst_rank, msg.dst)))
+            keyed[r].append(((end, 1), Instr(Opcode.SEND, msg.src, msg.mb, msg.tensor, dst_rank, msg.dst)))
             user = _consumer(msg, where)
             post = min(end, before[dst_rank][where[user][1]])
             channels.setdefault((r, dst_rank), []).append((end, post, msg))
@@ -215,18 +271,18 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
         for seq in range(len(msgs) - 1, -1, -1):
             _, post, msg = msgs[seq]
             latest = min(latest, post)
-            recv = Instr("RECV", msg.dst, msg.mb, msg.tensor, src_rank, msg.src)
+            recv = Instr(Opcode.RECV, msg.dst, msg.mb, msg.tensor, src_rank, msg.src)
             keyed[dst_rank].append(((latest, 0, src_rank, seq), recv))
 
     ranks = []
     for items in keyed:
         items.sort(key=lambda x: x[0])
-        ranks.append(tuple(instr for _, instr in items) + (Instr("STEP"),))
+        ranks.append(tuple(instr for _, instr in items) + (Instr(Opcode.STEP),))
     return Program(tuple(ranks), Header.of(problem, schedule))
 
 
 def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:
-    if msg.tensor == "act":
-        return Op("F", msg.dst, msg.mb)
-    b = Op("B", msg.dst, msg.mb)
-    return b if b in where else Op("BW", msg.dst, msg.mb)
+    """The op of the schedule that uses ``msg``: F(dst) for an activation, B(dst) or BW(dst) for
+    a gradient (the first such kind, in the table's order, that the schedule holds)."""
+    kinds = _CONSUMERS[msg.tensor, msg.src - msg.dst]
+    return next((op for k in kinds if (op := Op(k, msg.dst, msg.mb)) in where), Op(kinds[-1], msg.dst, msg.mb))

@@ -28,6 +28,7 @@ from pydantic import AfterValidator, Field
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
 from schedc.check import check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
+from schedc.kinds import Kind
 from schedc.problem import Boundary, Problem, load_problem
 from schedc.program import OPCODES, Header, Instr, Program, lower
 from schedc.schedule import Schedule
@@ -87,8 +88,14 @@ class _Strict(Boundary):
     _source = "schedule file"
 
 
+# The names a file writes: the op kinds of schedc.kinds (a schedule's ops, compute instructions)
+# and the other opcodes; loading turns them into Kind and Opcode members (Op, Instr).
+KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW
+OPCODE_NAMES = tuple(o.value for o in OPCODES)  # the kinds, then SEND, RECV, LOCAL, STEP
+
+
 class InstrModel(_Strict):
-    op: Literal[OPCODES]  # type: ignore[valid-type]
+    op: Literal[OPCODE_NAMES]  # type: ignore[valid-type]
     stage: int = Field(default=-1, ge=-1)
     mb: int = Field(default=-1, ge=-1)
     tensor: Literal["", "act", "grad"] = ""
@@ -98,7 +105,7 @@ class InstrModel(_Strict):
 
 class ScheduleModel(_Strict):
     name: str
-    ranks: list[list[tuple[Literal["F", "B", "W", "BW"], int, int]]]
+    ranks: list[list[tuple[Literal[KIND_NAMES], int, int]]]  # type: ignore[valid-type]
 
 
 def _plain_text(v: str) -> str:

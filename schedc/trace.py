@@ -19,8 +19,8 @@ from pathlib import Path
 
 from schedc.errors import SchedcError
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
-from schedc.program import COMPUTE
-from schedc.schedule import Schedule
+from schedc.kinds import BY_NAME
+from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, with_times
 
 FORMAT = "schedc.trace"
@@ -117,8 +117,8 @@ def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline
         raise SchedcError(f"{path}: has {len(ranks)} ranks, the schedule {len(schedule.ranks)}")
     start, end = [], []
     for r, (events, ops) in enumerate(zip(ranks, schedule.ranks)):
-        compute = [e for e in events if e["op"] in COMPUTE]
-        if [(e["op"], e["stage"], e["mb"]) for e in compute] != [tuple(op) for op in ops]:
+        compute = [e for e in events if e["op"] in BY_NAME]  # the compute instructions: the op kinds' names
+        if [Op(e["op"], e["stage"], e["mb"]) for e in compute] != list(ops):
             raise SchedcError(f"{path}: rank {r} ran other compute ops than the schedule {schedule.name!r}")
         start.append([e["start"] for e in compute])
         end.append([e["end"] for e in compute])

@@ -51,7 +51,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from schedc.kinds import Kind, check_supported
 from schedc.problem import Problem
+
+BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW)  # the op kinds the terms below are proven for
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
+    check_supported(problem.cost, "the lower bounds", BOUNDED)
     problem = _relaxed(problem)
     ch = _Chains(problem)
     ranks = [_rank(problem, r) for r in range(problem.ranks)]
@@ -100,8 +104,9 @@ def _relaxed(problem: Problem) -> Problem:
     if not problem.fused_cheaper:
         return problem
     c = problem.cost
-    r = [min(1.0, bw / (b + w)) for b, w, bw in zip(c["B"], c["W"], c["BW"])]
-    costs = {"F": list(c["F"]), "B": [x * k for x, k in zip(c["B"], r)], "W": [x * k for x, k in zip(c["W"], r)]}
+    r = [min(1.0, bw / (b + w)) for b, w, bw in zip(c[Kind.B], c[Kind.W], c[Kind.BW])]
+    costs = {Kind.F.value: list(c[Kind.F]), Kind.B.value: [x * k for x, k in zip(c[Kind.B], r)],
+             Kind.W.value: [x * k for x, k in zip(c[Kind.W], r)]}
     data = problem.model_dump(exclude_none=True)
     data["costs"] = costs
     return Problem.parse(data)
@@ -113,7 +118,7 @@ def _relaxed(problem: Problem) -> Problem:
 class _Chains:
     def __init__(self, problem: Problem):
         n, sr, comm = problem.n_stages, problem.stage_rank, problem.comm
-        F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+        F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
         d = [comm if sr[s] != sr[s + 1] else 0.0 for s in range(n - 1)]  # d[s] = d(s, s+1)
         self.head = [0.0] * n
         for s in range(1, n):
@@ -179,9 +184,9 @@ class _Rank:
 
 
 def _rank(problem: Problem, r: int) -> _Rank:
-    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
-    mF = problem.mem["F"]
-    mW = [-x for x in problem.mem["W"]]
+    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
+    mF = problem.mem[Kind.F]
+    mW = [-x for x in problem.mem[Kind.W]]
     m = problem.microbatches
     stages = problem.rank_stages[r]
     lo, hi = stages[0], stages[-1]
@@ -206,7 +211,7 @@ def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[floa
     """Idle rank k cannot avoid (see ``_rank_bound``): ``(before its last backward, before its
     last forward, the parts in words)``. Span: counted from the rank's own first start, and all
     of it before its last backward ends; makespan: from time 0."""
-    F = problem.cost["F"]
+    F = problem.cost[Kind.F]
     lo, hi = k.lo, k.hi
     first_b = F[hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
     warm = first_b - k.knap_f
@@ -309,7 +314,7 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
     from its last forward back to stage lo on the rank itself). The rank q and cut that give
     the most are reported, one bound per rank r. Cost O(p * v) per r.
     """
-    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
     head, rt, down = ch.head, ch.rt, ch.down
     mine = problem.rank_stages[r]
     lo_r = mine[0]
@@ -367,9 +372,9 @@ def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) ->
     cap = _cap(problem, r)
     if cap == math.inf:
         return None
-    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
-    mF = problem.mem["F"]
-    mW = [-x for x in problem.mem["W"]]
+    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
+    mF = problem.mem[Kind.F]
+    mW = [-x for x in problem.mem[Kind.W]]
     m = problem.microbatches
     stages = problem.rank_stages[r]
     area = m * sum(mF[s] * (F[s] + ch.rt[s] + B[s]) + mW[s] * W[s] for s in stages)
@@ -390,7 +395,7 @@ def _critical_path(problem: Problem, ch: _Chains, objective: str) -> Bound:
     and W(s, i) on the same rank. For s = 0 this is the whole forward-backward path; a stage
     with a large W can bind instead. Span: the rank of s runs from F(s, i)'s start to W(s, i)'s
     end, so the same length without head(s)."""
-    F, B, W = (problem.cost[k] for k in ("F", "B", "W"))
+    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
     best, (_, arg) = _largest(problem, [
         (F[s] + ch.rt[s] + B[s] + W[s] + (ch.head[s] if objective == "makespan" else 0.0), s)
         for s in range(problem.n_stages)

@@ -8,6 +8,7 @@ schedules then defer each weight gradient W a fixed number of backwards behind i
 
 from __future__ import annotations
 
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.solvers.registry import any_placement, loop_placement, one_chunk, register
@@ -37,8 +38,8 @@ def defer_w(ops: list[Op], delay: int) -> list[Op]:
     pending: list[Op] = []
     for op in ops:
         out.append(op)
-        if op.kind == "B":
-            pending.append(Op("W", op.stage, op.mb))
+        if op.kind is Kind.B:
+            pending.append(Op(Kind.W, op.stage, op.mb))
             if len(pending) > delay:
                 out.append(pending.pop(0))
     return out + pending
@@ -71,8 +72,8 @@ def one_f_one_b_schedule(problem: Problem) -> Schedule:
     per_rank = []
     for r in range(problem.ranks):
         s = _single_stage(problem, r)
-        fwd = [Op("F", s, i) for i in _mbs(problem)]
-        bwd = [Op("BW", s, i) for i in _mbs(problem)]
+        fwd = [Op(Kind.F, s, i) for i in _mbs(problem)]
+        bwd = [Op(Kind.BW, s, i) for i in _mbs(problem)]
         per_rank.append(one_f_one_b(fwd, bwd, warmup=problem.n_stages - 1 - s))
     return Schedule.from_lists("1f1b", per_rank)
 
@@ -93,8 +94,8 @@ def interleaved_1f1b(problem: Problem) -> Schedule:
         fwd, bwd = [], []
         for g0 in range(0, m, p):  # groups of p microbatches
             group = range(g0, g0 + p)
-            fwd += [Op("F", stages[c], i) for c in range(v) for i in group]
-            bwd += [Op("BW", stages[c], i) for c in reversed(range(v)) for i in group]
+            fwd += [Op(Kind.F, stages[c], i) for c in range(v) for i in group]
+            bwd += [Op(Kind.BW, stages[c], i) for c in reversed(range(v)) for i in group]
         warmup = 2 * (p - r - 1) + (v - 1) * p  # Megatron-LM's warm-up for interleaving
         per_rank.append(one_f_one_b(fwd, bwd, warmup=warmup))
     return Schedule.from_lists("interleaved-1f1b", per_rank)
@@ -110,8 +111,8 @@ def looped_bfs(problem: Problem) -> Schedule:
     per_rank = []
     for r in range(problem.ranks):
         stages = problem.rank_stages[r]
-        fwd = [Op("F", s, i) for s in stages for i in _mbs(problem)]
-        bwd = [Op("BW", s, i) for s in reversed(stages) for i in _mbs(problem)]
+        fwd = [Op(Kind.F, s, i) for s in stages for i in _mbs(problem)]
+        bwd = [Op(Kind.BW, s, i) for s in reversed(stages) for i in _mbs(problem)]
         per_rank.append(fwd + bwd)
     return Schedule.from_lists("looped-bfs", per_rank)
 
@@ -126,8 +127,8 @@ def _zero_bubble(problem: Problem, name: str, warmup_per_stage: int) -> Schedule
     last = problem.n_stages - 1
     for r in range(problem.ranks):
         s = _single_stage(problem, r)
-        fwd = [Op("F", s, i) for i in _mbs(problem)]
-        bwd = [Op("B", s, i) for i in _mbs(problem)]
+        fwd = [Op(Kind.F, s, i) for i in _mbs(problem)]
+        bwd = [Op(Kind.B, s, i) for i in _mbs(problem)]
         ops = one_f_one_b(fwd, bwd, warmup=warmup_per_stage * (last - s))
         per_rank.append(defer_w(ops, delay=warmup_per_stage * s))
     return Schedule.from_lists(name, per_rank)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.solvers.registry import register
@@ -53,15 +54,15 @@ class _Rank:
         self.done: Counter = Counter()  # (kind, chunk) -> microbatches so far
         self.owed: deque = deque()  # chunks of the B still without their W, oldest first
 
-    def _add(self, kind: str, chunk: int) -> None:
+    def _add(self, kind: Kind, chunk: int) -> None:
         self.ops.append(Op(kind, self.stages[chunk], self.done[kind, chunk]))
         self.done[kind, chunk] += 1
 
     def F(self, chunk: int) -> None:
-        self._add("F", chunk)
+        self._add(Kind.F, chunk)
 
     def B(self, chunk: int) -> None:
-        self._add("B", chunk)
+        self._add(Kind.B, chunk)
         self.owed.append(chunk)
 
     def W(self, chunk: int | None = None) -> None:
@@ -70,9 +71,9 @@ class _Rank:
             chunk = self.owed.popleft()
         else:
             self.owed.remove(chunk)
-        self._add("W", chunk)
+        self._add(Kind.W, chunk)
 
-    def count(self, kind: str, chunk: int) -> int:
+    def count(self, kind: Kind, chunk: int) -> int:
         return self.done[kind, chunk]
 
 
@@ -110,8 +111,8 @@ def zb_v(problem: Problem) -> Schedule:
             rank.B(1)
             rank.W(1)
         # steady: F B W on the first chunk, then on the second, until every forward is in
-        while rank.count("F", 1) < rank.count("F", 0) or rank.count("F", 0) < n:
-            if rank.count("F", 0) < n:
+        while rank.count(Kind.F, 1) < rank.count(Kind.F, 0) or rank.count(Kind.F, 0) < n:
+            if rank.count(Kind.F, 0) < n:
                 rank.F(0)
             rank.B(0)
             rank.W(0)
@@ -124,9 +125,9 @@ def zb_v(problem: Problem) -> Schedule:
         for _ in range(p - r):  # cool-down: each chunk-0 backward followed by an owed W
             rank.B(0)
             rank.W(0)
-        while rank.count("W", 1) < rank.count("B", 1):  # flush: remaining W, second chunk first
+        while rank.count(Kind.W, 1) < rank.count(Kind.B, 1):  # flush: remaining W, second chunk first
             rank.W(1)
-        while rank.count("W", 0) < rank.count("B", 0):
+        while rank.count(Kind.W, 0) < rank.count(Kind.B, 0):
             rank.W(0)
         per_rank.append([op for op in rank.ops if op.mb < m])
     return Schedule.from_lists("zb-v", per_rank)
@@ -135,7 +136,7 @@ def zb_v(problem: Problem) -> Schedule:
 # ---- V-Half and V-Min: building blocks with controllable memory ----
 
 _PERIOD = 6  # slots per microbatch and rank: F and B of two chunks, and two W
-_UNITS = {"F": 1, "B": 0, "W": -1}  # activation as the paper counts it: freed by W
+_UNITS = {Kind.F: 1, Kind.B: 0, Kind.W: -1}  # activation as the paper counts it: freed by W
 
 
 def _v_half_block(p: int, r: int) -> tuple[int, int, int, int]:
@@ -158,13 +159,13 @@ def _ready(op: Op, slot: dict[Op, int], n_stages: int) -> int:
 
 def _fill_w(grid: dict[int, Op]) -> dict[int, Op]:
     """Put every W in the first idle slot after its B, oldest first (any left go at the end)."""
-    passes = {t: op for t, op in grid.items() if op.kind != "W"}
+    passes = {t: op for t, op in grid.items() if op.kind is not Kind.W}
     out, owed, t = dict(passes), deque(), 0
     last = max(passes, default=-1)
     while t <= last or owed:
         if t in passes:
-            if passes[t].kind == "B":
-                owed.append(passes[t]._replace(kind="W"))
+            if passes[t].kind is Kind.B:
+                owed.append(passes[t]._replace(kind=Kind.W))
         elif owed:
             out[t] = owed.popleft()
         t += 1
@@ -182,7 +183,7 @@ def _repeat_block(problem: Problem, block) -> list[dict[int, Op]]:
     grids = []
     for r in range(p):
         first, second = r, n - 1 - r
-        passes = (("F", first), ("F", second), ("B", second), ("B", first))
+        passes = ((Kind.F, first), (Kind.F, second), (Kind.B, second), (Kind.B, first))
         slots = list(zip(passes, block(p, r)))
         grids.append({t + _PERIOD * i: Op(k, s, i) for i in range(m) for (k, s), t in slots})
     return [_fill_w(g) for g in grids]
@@ -212,12 +213,12 @@ def _squeeze_warmup_and_cooldown(problem: Problem, grids: list[dict[int, Op]], s
 
 def _backwards_early(problem: Problem, grids: list[dict[int, Op]]) -> list[dict[int, Op]]:
     """After its last forward, a rank runs each backward as early as it can (W set aside)."""
-    grids = [{t: op for t, op in g.items() if op.kind != "W"} for g in grids]
+    grids = [{t: op for t, op in g.items() if op.kind is not Kind.W} for g in grids]
     slot = {op: t for g in grids for t, op in g.items()}
-    last_forward = [max(t for t, op in g.items() if op.kind == "F") for g in grids]
+    last_forward = [max(t for t, op in g.items() if op.kind is Kind.F) for g in grids]
     for op in sorted(slot, key=lambda op: (slot[op], problem.stage_rank[op.stage])):
         r, t = problem.stage_rank[op.stage], slot[op]
-        if op.kind == "B" and t > last_forward[r]:
+        if op.kind is Kind.B and t > last_forward[r]:
             earliest = max(_ready(op, slot, problem.n_stages), last_forward[r] + 1)
             _move(grids[r], slot, op, next((x for x in range(earliest, t) if x not in grids[r]), t))
     return grids

@@ -32,6 +32,7 @@ from schedc.app.ablate_config import MAX_CELLS, OWN_LIMIT, AblationConfig, Cell,
 from schedc.app.ablate_report import write_report
 from schedc.app.results import ILP, Row, outcome
 from schedc.errors import ProblemError, SchedcError
+from schedc.kinds import Kind
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import CompiledSchedule
 from schedc.simulate import Timeline
@@ -62,12 +63,12 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
     data["name"] = cell.id
     n = data.get("ranks", base.ranks) * data.get("chunks", base.chunks)
     if entry.heavy_first != 1 or entry.heavy_last != 1:
-        for kind in ("F", "B", "W"):
-            costs = data["costs"][kind]
+        for kind in (Kind.F, Kind.B, Kind.W):  # the costs every problem gives (a fused BW's is optional)
+            costs = data["costs"][kind.value]
             costs = list(costs) if isinstance(costs, list) else [costs] * n
             costs[0] *= entry.heavy_first
             costs[-1] *= entry.heavy_last
-            data["costs"][kind] = costs
+            data["costs"][kind.value] = costs
     if factor is not OWN_LIMIT:  # the memory axis replaces the problem's own limit
         data.get("memory", {}).pop("limit", None)
     problem = Problem.parse(data, source=cell.id)
@@ -215,7 +216,7 @@ def _row(cell: Cell, name: str) -> Row:
 
 def _per_microbatch(problem: Problem) -> list[float]:
     """Per rank, the activation one microbatch leaves through all its stages (1F1B holds p of them)."""
-    return [sum(problem.mem["F"][s] for s in stages) for stages in problem.rank_stages]
+    return [sum(problem.mem[Kind.F][s] for s in stages) for stages in problem.rank_stages]
 
 
 def _headline(rows: list[Row]) -> str:

@@ -19,6 +19,7 @@ from schedc.critical import critical_path
 from schedc.errors import SchedcError, ScheduleError
 from schedc.interop import from_torch_csv, write_torch_csv
 from schedc.problem import Problem
+from schedc.program import COMM
 from schedc.schedfile import CompiledSchedule, load
 from schedc.schedfile import schema as file_schema
 from schedc.simulate import Timeline, simulate
@@ -60,7 +61,7 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
     if as_json:
         out = t.summary()
         out["ops"] = [
-            {"rank": r, "kind": op.kind, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
+            {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
             for op, (r, s, e) in t.op_times().items()
         ]
         out["critical_path"] = critical.summary()
@@ -243,7 +244,7 @@ def export(problem: str, memory_limit, objective, name: str | None, fmt: str, ou
     if fmt == "torch-comms-csv":
         program = CompiledSchedule.build(prob, schedule).program
         write_torch_csv(program, output)
-        n_comm = sum(i.op in ("SEND", "RECV") for instrs in program.ranks for i in instrs)
+        n_comm = sum(i.op in COMM for instrs in program.ranks for i in instrs)
         click.echo(f"wrote {output} ({schedule.name}: {len(schedule.ranks)} ranks, {schedule.n_ops} ops,"
                    f" {n_comm} sends and receives)")
         return

@@ -14,10 +14,11 @@ from pathlib import Path
 from schedc.app.results import outcome
 from schedc.critical import CriticalPath
 from schedc.errors import SchedcError
+from schedc.kinds import ROWS, in_order
 from schedc.simulate import Timeline
 
-KIND_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32"}
-KIND_NAMES = {"F": "F (forward)", "B": "B (input grad)", "W": "W (weight grad)", "BW": "BW (full backward)"}
+KIND_COLORS = {k: row.color for k, row in ROWS.items()}  # from the kinds' rows (schedc.kinds)
+KIND_NAMES = {k: row.title for k, row in ROWS.items()}
 CRITICAL_COLOR = "black"
 FORMATS = (".png", ".svg", ".pdf")
 WIDTH_IN = 14.0  # figure width; the time axis gets about WIDTH_IN - 1.4 inches
@@ -111,7 +112,7 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
             ax.set_xlim(0, t_max * 1.02)
         ax_g.set_title(_block_title(tl), fontsize=10, loc="left")
     axes[-1].set_xlabel("time")
-    kinds = [k for k in KIND_COLORS if any(op.kind == k for t in timelines for ops in t.schedule.ranks for op in ops)]
+    kinds = in_order({op.kind for t in timelines for ops in t.schedule.ranks for op in ops})
     handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in kinds]
     if any(t.problem.chunks > 1 for t in timelines):
         handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
