@@ -22,6 +22,7 @@ import torch
 
 import schedc
 from schedc import Problem
+from schedc.kinds import Kind
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local
@@ -65,7 +66,7 @@ def main() -> None:
     print(f"zb-h1, 2 gloo ranks, d_model {args.d_model}, backend {args.backend}: median ms per instruction")
     print("rank  op  uncompiled  compiled")
     for r, times in enumerate(ranks):
-        for op in ("B", "W"):
+        for op in (Kind.B, Kind.W):
             print(f"{r:>4}  {op:>2}  {times['uncompiled'][op]:>10.2f}  {times['compiled'][op]:>8.2f}")
 
 

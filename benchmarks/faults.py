@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 import schedc
-from schedc.runtime import PipelineError, PipelineRuntime
+from schedc.runtime import PipelineRuntime
 from schedc.runtime.faults import FaultPlan, dead, install
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import RankFailed, run_local

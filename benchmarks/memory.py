@@ -41,6 +41,7 @@ import torch
 
 import schedc
 import schedc.solvers as solvers
+from schedc.kinds import BY_NAME
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local
@@ -134,8 +135,8 @@ def transients(instrs: list[tuple[str, float, float]]) -> dict[str, list[float]]
     out: dict[str, list[float]] = {}
     before = 0.0
     for name, after, peak in instrs:
-        kind = name.split("@")[0].rstrip("0123456789")
-        if kind in ("F", "B", "W", "BW"):
+        kind = BY_NAME.get(name.split("@")[0].rstrip("0123456789"))  # None: not a compute op
+        if kind is not None:
             out.setdefault(kind, []).append(peak - max(before, after))
         before = after
     return out
@@ -150,8 +151,8 @@ def at_peak(instrs: list[tuple[str, float, float]], mem: dict[str, list[float]])
         if best is None or peak > best[0]:
             best = (peak, before - simulated, peak - max(before, after))
         head = name.split()[0]
-        kind = head.split("@")[0].rstrip("0123456789")
-        if kind in ("F", "B", "W", "BW"):
+        kind = BY_NAME.get(head.split("@")[0].rstrip("0123456789"))
+        if kind is not None:
             simulated += mem[kind][int(head.split("@s")[1])]
         before = after
     return best[1], best[2]

@@ -69,6 +69,7 @@ from torch import nn
 
 import schedc
 from schedc.interop import to_torch_csv, write_torch_csv
+from schedc.kinds import BACKWARDS, Kind
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local
@@ -389,9 +390,9 @@ def compute_durations(traces: list[list[TraceRow]]) -> dict[tuple[str, int], lis
         for op, s, mb, _tensor, t0, t1 in trace:
             if op not in COMPUTE:
                 continue
-            if op == "F" and s > 0:
+            if op == Kind.F and s > 0:
                 t0 = max(t0, posted.get(("act", s - 1, mb), t0))
-            elif op in ("B", "BW") and s < last:
+            elif op in BACKWARDS and s < last:
                 t0 = max(t0, posted.get(("grad", s + 1, mb), t0))
             out.setdefault((op, s), []).append(1e3 * (t1 - t0))
     return out
@@ -573,7 +574,7 @@ def report(cfg: Config, profiles: list[StageProfile], results: list[dict], comma
                      f" (|diff| {loss_diff:.1e}), gradients' max relative difference {grad_diff:.1e};"
                      f" our interpreter's Python between instructions: {fmt(gaps, 2)} ms per iteration on ranks"
                      f" {' / '.join(map(str, range(RANKS)))}")
-        for kind in ("F", "BW") if ("BW", 0) in costs else ("F", "B", "W"):
+        for kind in (Kind.F, Kind.BW) if (Kind.BW, 0) in costs else (Kind.F, Kind.B, Kind.W):
             prof = getattr(profile, kind)
             run = [costs[(kind, s)] for s in range(RANKS)]
             torch_run = fmt([theirs_costs[(kind, s)] for s in range(RANKS)]) if (kind, 0) in theirs_costs else "-"

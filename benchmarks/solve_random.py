@@ -46,6 +46,7 @@ import traceback
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.errors import SchedcError
+from schedc.kinds import FUSED
 from schedc.runtime.torch_schedules import torch_schedules
 from schedc.solvers.greedy import reference_limit
 from schedc.solvers.registry import unfuse
@@ -118,7 +119,7 @@ def rivals(problem: Problem, torch_candidates) -> list[tuple[str, object]]:
         t = _fits(problem, unfuse(schedule))
         if t is not None:
             out.append((name, t))
-        if any(op.kind == "BW" for ops in schedule.ranks for op in ops):
+        if any(op.kind in FUSED for ops in schedule.ranks for op in ops):
             t = _fits(problem, schedule)
             if t is not None:
                 out.append((f"{name} (fused)", t))
