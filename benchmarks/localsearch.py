@@ -38,7 +38,7 @@ def main() -> int:
     args = parser.parse_args()
 
     problem = load_problem(SETTING)
-    start = simulate(problem, greedy_schedule(problem, problem.memory_limit, Policy(timed_warmup=True), "zb-2p"))
+    start = simulate(problem, greedy_schedule(problem, Policy(timed_warmup=True), "zb-2p"))
     began = time.perf_counter()
     best = improve(problem, start, Budget.seconds(args.seconds, since=began))
     took = time.perf_counter() - began

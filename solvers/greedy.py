@@ -48,14 +48,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import any_placement, register
-from schedc.tolerance import meets
+from schedc.tolerance import Tolerance, meets
+
+# The kinds the list scheduler makes, as module globals: looking a member up on the enum class
+# costs several times a global's lookup, and the scheduler's loop does it per op and per step.
+F_, B_, W_ = Kind.F, Kind.B, Kind.W
 
 
 @dataclass(frozen=True)
@@ -108,220 +113,295 @@ def policies(problem: Problem) -> list[Policy]:
     return out
 
 
-def greedy_schedule(problem: Problem, limit: tuple[float, ...] | None, policy: Policy, name: str) -> Schedule:
-    """One greedy pass under per-rank memory ``limit`` (static memory included; None = no limit)."""
-    p, m, n = problem.ranks, problem.microbatches, problem.n_stages
-    cost, mem, stage_rank = problem.cost, problem.mem, problem.stage_rank
-    comm = problem.comm
-    tol, mtol = problem.time_tol, problem.memory_tol
-    local = [sorted(st, reverse=policy.late_stage_first) for st in problem.rank_stages]
-    first_local = [min(st) for st in problem.rank_stages]
-    # Activation room per rank, and what one microbatch needs through the rank's stages.
-    room = [math.inf] * p if limit is None else list(problem.activation_room_for(limit))
-    need = [problem.min_memory(r) - problem.static_memory[r] - problem.working_memory[r] for r in range(p)]
+def greedy_schedule(problem: Problem, policy: Policy, name: str) -> Schedule:
+    """One greedy pass of ``policy`` under the problem's own memory limit (static memory
+    included; none = no limit). For another limit pass
+    ``problem.with_changes(memory={"limit": ...})``."""
+    return ListScheduler(problem, policy).build(name)
 
-    finish: dict[Op, float] = {}
-    next_f = [0] * n  # per stage, the next microbatch to forward (F and B run in microbatch order)
-    next_b = [0] * n
-    pending_w: list[list[Op]] = [[] for _ in range(p)]
-    level = [0.0] * p  # activation memory held, in schedule order
-    reserved = [0.0] * p  # promised to the later local forwards of started microbatches
-    free = [0.0] * p
-    out: list[list[Op]] = [[] for _ in range(p)]
-    remaining = [len(problem.rank_stages[r]) * m * 3 for r in range(p)]
-    last_fb = [""] * p  # kind of the rank's last F or B ("" before any)
-    started = [0] * p  # microbatches whose first local forward ran
-    depth = [n - first_local[r] for r in range(p)]
-    seen_b = [False] * p
-    last_local = [max(st) for st in problem.rank_stages]
-    # From the end of F(s, i) to the earliest start of B(s, i): up through the later stages and back.
-    round_trip = [0.0] * n
-    for s in range(n - 2, -1, -1):
-        hop = comm if stage_rank[s] != stage_rank[s + 1] else 0.0
-        round_trip[s] = round_trip[s + 1] + cost["F"][s + 1] + cost["B"][s + 1] + 2 * hop
-    # Earliest start of F(s, 0) if the forward chain runs without a wait (the last stage's included).
-    head = [0.0] * n
-    for s in range(1, n):
-        head[s] = head[s - 1] + cost["F"][s - 1] + (comm if stage_rank[s - 1] != stage_rank[s] else 0.0)
 
-    # Staircase warm-up depths, along the stages (one per rank): what memory holds, what ends by
-    # the first B's earliest arrival (timed), and one fewer than the stage before.
-    stair = [m] * p
-    if policy.staircase and problem.chunks == 1:
-        before = m + 1
-        for s in range(n):
-            r = stage_rank[s]
-            cap = m if room[r] == math.inf or need[r] <= 0 else int((room[r] + mtol.eps) // need[r])
+@dataclass
+class RankState:
+    """One rank during a greedy pass: what it holds, what it has done, what it waits to do."""
+
+    stages: list[int]  # its stages, in the order the policy tries them
+    first: int  # its first stage: a microbatch's forward there starts the microbatch on the rank
+    last: int  # its last stage: the forward there precedes the rank's first B of that microbatch
+    room: float  # how high its activation level may go (inf without a limit)
+    need: float  # what one microbatch allocates at most through its stages
+    remaining: int  # ops still to run
+    depth: int  # warm-up depth of the shallow warm-up: the stages from its first to the last
+    stair: int  # warm-up depth of the staircase (the microbatches otherwise)
+    ops: list[Op] = field(default_factory=list)  # what it ran, in order
+    pending_w: list[Op] = field(default_factory=list)  # W whose B ran, in the order they did
+    level: float = 0.0  # activation memory held, in schedule order
+    reserved: float = 0.0  # promised to the later local forwards of started microbatches
+    clock: float = 0.0  # when it next looks for work: its last op's end, or the arrival it waits for
+    last_end: float = 0.0  # when its last op ended
+    idle: float = 0.0  # the time it waited between its ops so far
+    last_fb: Kind | None = None  # the kind of its last F or B (None before any)
+    started: int = 0  # microbatches whose first local forward ran
+    seen_b: bool = False  # its first B ran: the warm-up is over
+
+
+class ListScheduler:
+    """The list scheduler of one policy under the problem's memory limit: all ranks at once, in
+    time order, the earliest free rank advancing first (``build``)."""
+
+    def __init__(self, problem: Problem, policy: Policy) -> None:
+        self.problem, self.policy = problem, policy
+        self.tol, self.mtol = problem.time_tol, problem.memory_tol
+        self.n, self.m = problem.n_stages, problem.microbatches
+        self.comm, self.stage_rank = problem.comm, problem.stage_rank
+        self.cost, self.mem = problem.cost, problem.mem
+        self.f_cost, self.w_cost, self.f_mem = problem.cost[Kind.F], problem.cost[Kind.W], problem.mem[Kind.F]
+        self.round_trip, self.head = _round_trips(problem), _forward_heads(problem)
+        room = problem.activation_room or (math.inf,) * problem.ranks
+        self.ranks = [
+            RankState(
+                stages=sorted(stages, reverse=policy.late_stage_first), first=min(stages), last=max(stages),
+                room=room[r], need=problem.min_memory(r) - problem.static_memory[r] - problem.working_memory[r],
+                remaining=len(stages) * self.m * 3, depth=self.n - min(stages), stair=self.m,
+            )
+            for r, stages in enumerate(problem.rank_stages)
+        ]
+        if policy.staircase and problem.chunks == 1:
+            self._staircase()
+        self.finish: dict[Op, float] = {}  # op -> its end, for every op run so far
+        self.next_f = [0] * self.n  # per stage, the next microbatch to forward (F and B run in microbatch order)
+        self.next_b = [0] * self.n
+        self.heap = [(0.0, r) for r in range(problem.ranks)]  # (clock, rank): always advance the earliest rank
+        self.waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
+
+    def _staircase(self) -> None:
+        """Staircase warm-up depths, along the stages (one per rank): what memory holds, what ends
+        by the first B's earliest arrival (timed), and one fewer than the stage before."""
+        policy, f = self.policy, self.f_cost
+        before = self.m + 1
+        for s in range(self.n):
+            rank = self.ranks[self.stage_rank[s]]
+            if rank.room == math.inf or rank.need <= 0:
+                cap = self.m
+            else:
+                cap = int((rank.room + self.mtol.eps) // rank.need)
             if policy.timed_warmup:
-                window = cost["F"][s] + round_trip[s] + (cost["F"][s] if policy.overrun_warmup else 0.0)
-                cap = min(cap, int((window + tol.eps) // cost["F"][s]))
-            stair[r] = before = max(1, min(cap, before - 1))
+                window = f[s] + self.round_trip[s] + (f[s] if policy.overrun_warmup else 0.0)
+                cap = min(cap, int((window + self.tol.eps) // f[s]))
+            rank.stair = before = max(1, min(cap, before - 1))
 
-    def first_arrivals(r: int) -> list[float]:
-        """When the first microbatch's next pieces of work can reach rank r at the earliest: the
-        forward of each later local stage, and the rank's first B (once its last stage's forward
-        ran), counted from what the rank has done of microbatch 0 so far."""
-        lo, hi = first_local[r], last_local[r]
-        out = []
-        f_lo = finish.get(Op("F", lo, 0))
-        if f_lo is not None:
-            out += [f_lo - cost["F"][lo] + head[s] - head[lo] for s in problem.rank_stages[r]
-                    if s != lo and Op("F", s, 0) not in finish]
-        f_hi = finish.get(Op("F", hi, 0))
-        if f_hi is not None:
-            out.append(f_hi + round_trip[hi])
-        return out
+    def build(self, name: str) -> Schedule:
+        """Run the pass to its end (once): the schedule, or RuntimeError if ranks wait forever (a bug)."""
+        while self.heap:
+            t, r = _pop_earliest(self.heap, self.tol)
+            rank = self.ranks[r]
+            if t != rank.clock or not rank.remaining:
+                continue  # stale entry
+            self.advance(r, t)
+        if any(rank.remaining for rank in self.ranks):
+            stuck = sorted({w for ws in self.waiters.values() for w in ws})
+            raise RuntimeError(f"{name}: greedy scheduler stalled (a bug): ranks {stuck} wait forever")
+        return Schedule.from_lists(name, [rank.ops for rank in self.ranks])
 
-    def arrival(op: Op, r: int) -> float:
+    def advance(self, r: int, t: float) -> None:
+        """Rank r is free at t: run what it may, else wait for the next arrival that can end the wait."""
+        bs, fs = self.candidates(r)
+        choice = self.choose(r, t, bs, fs)
+        if choice is None:
+            self.wait(r, t, self.wakers(r, bs, fs))
+            return
+        self.run(choice, r, t)
+        heapq.heappush(self.heap, (self.ranks[r].clock, r))
+        for w in self.waiters.pop(choice, ()):
+            heapq.heappush(self.heap, (self.ranks[w].clock, w))
+
+    def candidates(self, r: int) -> tuple[list[Op], list[Op]]:
+        """Rank r's next B and next F of each local stage (in the policy's stage order), whether
+        their inputs arrived or not; with the strict switch, no B straight after a B while another
+        op can free memory for the forwards left."""
+        rank, next_f, next_b = self.ranks[r], self.next_f, self.next_b
+        bs = [Op(B_, s, next_b[s]) for s in rank.stages if next_b[s] < next_f[s]]
+        fs = [Op(F_, s, next_f[s]) for s in rank.stages if next_f[s] < self.m]
+        if self.policy.strict and self.problem.chunks == 1 and rank.seen_b and rank.last_fb == B_ and fs:
+            if rank.pending_w or any(self.admits(f, r) for f in fs):  # else only a B can free memory
+                bs = []
+        return bs, fs
+
+    def choose(self, r: int, t: float, bs: list[Op], fs: list[Op]) -> Op | None:
+        """What rank r runs at t (None: nothing now): a ready B or an admitted ready F (B first by
+        default), else a pending W where the policy lets it fill the wait."""
+        tol, policy, rank = self.tol, self.policy, self.ranks[r]
+        ready_b = [op for op in bs if tol.le(self.arrival(op, r), t)]
+        ready_f = [op for op in fs if tol.le(self.arrival(op, r), t)]
+        admitted_f = [op for op in ready_f if self.admits(op, r)]
+        if ready_b and (policy.b_first or not admitted_f):
+            return ready_b[0]
+        if admitted_f:
+            return admitted_f[0]
+        if rank.pending_w and (
+            policy.eager_w or ready_f or self.fits_gap(r, t, rank.pending_w[0], self.wakers(r, bs, fs))
+            or (policy.balance_w and self.gap_exceeds(r, t, self.wakers(r, bs, fs)))
+        ):
+            return rank.pending_w.pop(0)  # (ready_f here means F waits on memory: W frees it)
+        return None
+
+    def wakers(self, r: int, bs: list[Op], fs: list[Op]) -> list[Op]:
+        """The candidates whose arrival can end rank r's wait: a B, or an F that memory admits
+        (memory frees only by B and W here)."""
+        return bs + [f for f in fs if self.admits(f, r)]
+
+    def wait(self, r: int, t: float, wakers: list[Op]) -> None:
+        """Rank r idles from t: until the first of ``wakers`` arrives, or, when each waits on a
+        producer not yet scheduled, until one of those is."""
+        arrivals = (self.arrival(op, r) for op in wakers)
+        upcoming = [a for a in arrivals if self.tol.gt(a, t) and a < math.inf]
+        if upcoming:
+            self.ranks[r].clock = min(upcoming)
+            heapq.heappush(self.heap, (self.ranks[r].clock, r))
+            return
+        for op in wakers:
+            for d in producers(op, self.n):
+                if d not in self.finish:
+                    self.waiters.setdefault(d, []).append(r)
+
+    def arrival(self, op: Op, r: int) -> float:
         """When ``op``'s inputs are all on rank r (inf while a producer is unscheduled)."""
-        t = 0.0
-        for d in producers(op, n):
+        t, finish, comm, stage_rank = 0.0, self.finish, self.comm, self.stage_rank
+        for d in producers(op, self.n):
             done = finish.get(d)
             if done is None:
                 return math.inf
             t = max(t, done + (comm if stage_rank[d.stage] != r else 0.0))
         return t
 
-    def admits(op: Op, r: int) -> bool:
+    def first_arrivals(self, r: int) -> list[float]:
+        """When the first microbatch's next pieces of work can reach rank r at the earliest: the
+        forward of each later local stage, and the rank's first B (once its last stage's forward
+        ran), counted from what the rank has done of microbatch 0 so far."""
+        rank, finish, head = self.ranks[r], self.finish, self.head
+        lo, hi = rank.first, rank.last
+        out = []
+        f_lo = finish.get(Op(F_, lo, 0))
+        if f_lo is not None:
+            out += [f_lo - self.f_cost[lo] + head[s] - head[lo] for s in self.problem.rank_stages[r]
+                    if s != lo and Op(F_, s, 0) not in finish]
+        f_hi = finish.get(Op(F_, hi, 0))
+        if f_hi is not None:
+            out.append(f_hi + self.round_trip[hi])
+        return out
+
+    def admits(self, op: Op, r: int) -> bool:
         """May ``op`` (an F) run on rank r now? Only a microbatch's first forward on the rank is
         gated: its later local forwards were reserved and must stay free to run (or it deadlocks)."""
-        if op.stage != first_local[r]:
-            return not policy.lean or mtol.le(level[r] + mem["F"][op.stage], room[r])
-        if policy.alternate and seen_b[r] and last_fb[r] == "F":
+        policy, rank, mtol = self.policy, self.ranks[r], self.mtol
+        if op.stage != rank.first:
+            return not policy.lean or mtol.le(rank.level + self.f_mem[op.stage], rank.room)
+        if policy.alternate and rank.seen_b and rank.last_fb == F_:
             return False  # steady state: a B between two new microbatches
-        if policy.shallow_warmup and not seen_b[r] and started[r] >= depth[r]:
+        if policy.shallow_warmup and not rank.seen_b and rank.started >= rank.depth:
             return False
-        if policy.staircase and not seen_b[r] and started[r] >= stair[r]:
+        if policy.staircase and not rank.seen_b and rank.started >= rank.stair:
             return False
-        if policy.timed_warmup and not seen_b[r]:
-            end = free[r] + (0.0 if policy.overrun_warmup else cost["F"][op.stage])
-            if any(tol.gt(end, due) for due in first_arrivals(r)):
+        if policy.timed_warmup and not rank.seen_b:
+            end = rank.clock + (0.0 if policy.overrun_warmup else self.f_cost[op.stage])
+            if any(self.tol.gt(end, due) for due in self.first_arrivals(r)):
                 return False
-        held = level[r] if policy.lean else level[r] + reserved[r]
-        return mtol.le(held + need[r], room[r])
+        held = rank.level if policy.lean else rank.level + rank.reserved
+        return mtol.le(held + rank.need, rank.room)
 
-    def run(op: Op, r: int, t: float) -> None:
+    def fits_gap(self, r: int, t: float, w: Op, wakers: list[Op]) -> bool:
+        """True when nothing useful (``wakers``) can arrive on rank r before W would end."""
+        soon = min((self.arrival(op, r) for op in wakers), default=math.inf)
+        return self.tol.ge(soon, t + self.w_cost[w.stage])
+
+    def gap_exceeds(self, r: int, t: float, wakers: list[Op]) -> bool:
+        """True when waiting on rank r for the next of ``wakers`` would make its idle time so far the
+        largest of all ranks (then a W that overruns the arrival is the smaller loss)."""
+        gap = min((self.arrival(op, r) for op in wakers), default=math.inf) - t
+        return gap < math.inf and self.tol.gt(self.ranks[r].idle + gap, max(rank.idle for rank in self.ranks))
+
+    def run(self, op: Op, r: int, t: float) -> None:
+        """Run ``op`` on rank r from t: its end, the rank's memory and reservations, what comes next."""
         kind, s, _ = op
-        end = t + cost[kind][s]
-        if out[r]:
-            idle[r] += max(0.0, t - free_at[r])
-        free_at[r] = end
-        finish[op] = end
-        free[r] = end
-        out[r].append(op)
-        remaining[r] -= 1
-        level[r] += mem[kind][s]
-        if kind != "W":
-            last_fb[r] = kind
-            seen_b[r] = seen_b[r] or kind == "B"
-        if kind == "F":
-            if s == first_local[r]:
-                started[r] += 1
-                reserved[r] += sum(mem["F"][x] for x in problem.rank_stages[r] if x != s)
+        rank, mem = self.ranks[r], self.mem
+        end = t + self.cost[kind][s]
+        if rank.ops:
+            rank.idle += max(0.0, t - rank.last_end)
+        rank.last_end = rank.clock = self.finish[op] = end
+        rank.ops.append(op)
+        rank.remaining -= 1
+        rank.level += mem[kind][s]
+        if kind != W_:
+            rank.last_fb = kind
+            rank.seen_b = rank.seen_b or kind == B_
+        if kind == F_:
+            if s == rank.first:
+                rank.started += 1
+                rank.reserved += sum(self.f_mem[x] for x in self.problem.rank_stages[r] if x != s)
             else:
-                reserved[r] -= mem["F"][s]
-            next_f[s] += 1
-        elif kind == "B":
-            next_b[s] += 1
-            pending_w[r].append(Op("W", s, op.mb))
-
-    def earliest() -> tuple[float, int]:
-        """Pop the next (free time, rank) to advance: the earliest; ranks free at the same time up
-        to float noise go in rank order, as exact ties do."""
-        first = heapq.heappop(heap)
-        if not heap or tol.gt(heap[0][0], first[0]):
-            return first
-        tied = [first]
-        while heap and tol.le(heap[0][0], first[0]):
-            tied.append(heapq.heappop(heap))
-        pick = min(tied, key=lambda entry: entry[1])
-        for entry in tied:
-            if entry is not pick:
-                heapq.heappush(heap, entry)
-        return pick
-
-    idle = [0.0] * p  # per rank, the time it waited between its ops so far
-    free_at = [0.0] * p  # per rank, when its last op ended
-    heap = [(0.0, r) for r in range(p)]  # (free time, rank): always advance the earliest rank
-    waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
-    while heap:
-        t, r = earliest()
-        if t != free[r] or not remaining[r]:
-            continue  # stale entry
-        bs = [Op("B", s, next_b[s]) for s in local[r] if next_b[s] < next_f[s]]
-        fs = [Op("F", s, next_f[s]) for s in local[r] if next_f[s] < m]
-        if policy.strict and problem.chunks == 1 and seen_b[r] and last_fb[r] == "B" and fs:
-            if pending_w[r] or any(admits(f, r) for f in fs):  # else only a B can free memory
-                bs = []
-        ready_b = [op for op in bs if tol.le(arrival(op, r), t)]
-        ready_f = [op for op in fs if tol.le(arrival(op, r), t)]
-        admitted_f = [op for op in ready_f if admits(op, r)]
-        if ready_b and (policy.b_first or not admitted_f):
-            choice = ready_b[0]
-        elif admitted_f:
-            choice = admitted_f[0]
-        elif pending_w[r] and (
-            policy.eager_w or ready_f or _fits_gap(bs, fs, r, t, pending_w[r][0], arrival, admits, cost, tol)
-            or (policy.balance_w and _gap_exceeds(bs, fs, r, t, arrival, admits, idle, tol))
-        ):
-            choice = pending_w[r].pop(0)  # (ready_f here means F waits on memory: W frees it)
-        else:
-            # Only a B, or an F that memory admits, can end the wait (memory frees only by B/W here).
-            arrivals = (arrival(op, r) for op in bs + [f for f in fs if admits(f, r)])
-            upcoming = [a for a in arrivals if tol.gt(a, t) and a < math.inf]
-            if upcoming:
-                free[r] = min(upcoming)
-                heapq.heappush(heap, (free[r], r))
-            else:  # every candidate waits on a producer elsewhere: sleep until one is scheduled
-                for op in bs + [f for f in fs if admits(f, r)]:
-                    for d in producers(op, n):
-                        if d not in finish:
-                            waiters.setdefault(d, []).append(r)
-            continue
-        run(choice, r, t)
-        heapq.heappush(heap, (free[r], r))
-        for w in waiters.pop(choice, ()):
-            heapq.heappush(heap, (free[w], w))
-    if any(remaining):
-        stuck = sorted({w for ws in waiters.values() for w in ws})
-        raise RuntimeError(f"{name}: greedy scheduler stalled (a bug): ranks {stuck} wait forever")
-    return Schedule.from_lists(name, out)
+                rank.reserved -= self.f_mem[s]
+            self.next_f[s] += 1
+        elif kind == B_:
+            self.next_b[s] += 1
+            rank.pending_w.append(Op(W_, s, op.mb))
 
 
-def _fits_gap(bs, fs, r, t, w, arrival, admits, cost, tol) -> bool:
-    """True when nothing useful can arrive on rank r before W would end."""
-    soon = [arrival(op, r) for op in bs] + [arrival(op, r) for op in fs if admits(op, r)]
-    return tol.ge(min(soon, default=math.inf), t + cost["W"][w.stage])
+def _round_trips(problem: Problem) -> list[float]:
+    """Per stage s, from the end of F(s, i) to the earliest start of B(s, i): up through the later
+    stages and back."""
+    f, b, stage_rank = problem.cost[Kind.F], problem.cost[Kind.B], problem.stage_rank
+    round_trip = [0.0] * problem.n_stages
+    for s in range(problem.n_stages - 2, -1, -1):
+        hop = problem.comm if stage_rank[s] != stage_rank[s + 1] else 0.0
+        round_trip[s] = round_trip[s + 1] + f[s + 1] + b[s + 1] + 2 * hop
+    return round_trip
 
 
-def _gap_exceeds(bs, fs, r, t, arrival, admits, idle, tol) -> bool:
-    """True when waiting on rank r for the next arrival would make its idle time so far the
-    largest of all ranks (then a W that overruns the arrival is the smaller loss)."""
-    soon = [arrival(op, r) for op in bs] + [arrival(op, r) for op in fs if admits(op, r)]
-    gap = min(soon, default=math.inf) - t
-    return gap < math.inf and tol.gt(idle[r] + gap, max(idle))
+def _forward_heads(problem: Problem) -> list[float]:
+    """Per stage, the earliest start of F(s, 0) if the forward chain runs without a wait (the last
+    stage's included)."""
+    f, stage_rank = problem.cost[Kind.F], problem.stage_rank
+    head = [0.0] * problem.n_stages
+    for s in range(1, problem.n_stages):
+        head[s] = head[s - 1] + f[s - 1] + (problem.comm if stage_rank[s - 1] != stage_rank[s] else 0.0)
+    return head
+
+
+def _pop_earliest(heap: list[tuple[float, int]], tol: Tolerance) -> tuple[float, int]:
+    """Pop the next (clock, rank) to advance: the earliest; ranks free at the same time up to
+    float noise go in rank order, as exact ties do."""
+    first = heapq.heappop(heap)
+    if not heap or tol.gt(heap[0][0], first[0]):
+        return first
+    tied = [first]
+    while heap and tol.le(heap[0][0], first[0]):
+        tied.append(heapq.heappop(heap))
+    pick = min(tied, key=lambda entry: entry[1])
+    for entry in tied:
+        if entry is not pick:
+            heapq.heappush(heap, entry)
+    return pick
 
 
 NEWER = ("balance_w", "staircase", "strict")  # the switches added for comm-heavy problems
 PAPER_LIKE = Policy(b_first=False, eager_w=False, alternate=True, timed_warmup=True, balance_w=True)
 
 
-def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) -> Schedule:
+def best_greedy(problem: Problem, name: str) -> Schedule:
     """Search the policy switches one at a time (keep a flip when the simulator says it is better,
     until no flip helps), so the cost grows with the number of switches, not 2 ** switches; from
-    two starts, and on its own from a third (coordinate search stops at local optima)."""
-    judged = problem if limit is None else problem.with_changes(memory={"limit": list(limit)})
+    two starts, and on its own from a third (coordinate search stops at local optima). Every
+    variant is built and judged under the problem's own memory limit."""
     seen: dict[Policy, tuple] = {}
     tol = problem.time_tol
 
     def score(policy: Policy) -> tuple:
         if policy not in seen:
             try:
-                schedule = greedy_schedule(problem, limit, policy, name)
+                schedule = greedy_schedule(problem, policy, name)
             except RuntimeError:  # a variant stalled (as lean reservations can): not a candidate
                 seen[policy] = (True, math.inf, math.inf, None)
             else:
-                t = simulate(judged, schedule)
+                t = simulate(problem, schedule)
                 seen[policy] = (not t.fits, t.objective_value(), t.makespan, schedule)
         return seen[policy][:3]
 
@@ -351,7 +431,7 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
         over, objective, _ = score(policy)
         return not over and meets(objective, bound)
 
-    bound = lower_bound(judged).value
+    bound = lower_bound(problem).value
     flags = flags_for(problem)
     best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
     if better(other, best):
@@ -370,7 +450,7 @@ def best_greedy(problem: Problem, limit: tuple[float, ...] | None, name: str) ->
 def reference_limit(problem: Problem, microbatches_per_rank: float) -> tuple[float, ...]:
     """Static and working memory plus ``k`` microbatches through each rank's stages (k = p: 1F1B's
     rank 0)."""
-    f = problem.mem["F"]
+    f = problem.mem[Kind.F]
     return tuple(
         problem.static_memory[r] + problem.working_memory[r]
         + microbatches_per_rank * sum(f[s] for s in problem.rank_stages[r])
@@ -378,13 +458,14 @@ def reference_limit(problem: Problem, microbatches_per_rank: float) -> tuple[flo
     )
 
 
-def _capped(problem: Problem, k: float | None) -> tuple[float, ...] | None:
-    own = problem.memory_limit
-    if k is None:
-        return own
+def _capped(problem: Problem, k: float) -> Problem:
+    """``problem`` with its memory limit capped at k p microbatches through each rank's stages
+    (never below what one microbatch needs)."""
     ref = reference_limit(problem, k * problem.ranks)
     ref = tuple(max(x, problem.min_memory(r)) for r, x in enumerate(ref))
-    return ref if own is None else tuple(min(a, b) for a, b in zip(own, ref))
+    own = problem.memory_limit
+    limit = ref if own is None else tuple(min(a, b) for a, b in zip(own, ref))
+    return problem.with_changes(memory={"limit": list(limit)})
 
 
 @register(
@@ -394,7 +475,7 @@ def _capped(problem: Problem, k: float | None) -> tuple[float, ...] | None:
     requires=any_placement,
 )
 def zb_greedy(problem: Problem) -> Schedule:
-    return best_greedy(problem, _capped(problem, None), "zb-greedy")
+    return best_greedy(problem, "zb-greedy")
 
 
 @register(
@@ -404,7 +485,7 @@ def zb_greedy(problem: Problem) -> Schedule:
     requires=any_placement,
 )
 def zb_1p(problem: Problem) -> Schedule:
-    return best_greedy(problem, _capped(problem, 1), "zb-1p")
+    return best_greedy(_capped(problem, 1), "zb-1p")
 
 
 @register(
@@ -414,4 +495,4 @@ def zb_1p(problem: Problem) -> Schedule:
     requires=any_placement,
 )
 def zb_2p(problem: Problem) -> Schedule:
-    return best_greedy(problem, _capped(problem, 2), "zb-2p")
+    return best_greedy(_capped(problem, 2), "zb-2p")

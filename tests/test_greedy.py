@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
-from schedc.solvers.greedy import NEWER, PAPER_LIKE, flags_for, greedy_schedule, policies, reference_limit
+from schedc.solvers.greedy import (
+    NEWER, PAPER_LIKE, ListScheduler, Policy, flags_for, greedy_schedule, policies, reference_limit,
+)
 from tests.strategies import with_working, working_memory
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
@@ -91,7 +93,7 @@ def test_every_policy_completes_within_any_feasible_limit(problem, data):
     for policy in policies(problem):
         if any(getattr(policy, f) != v for f, v in newer.items()):
             continue
-        t = simulate(problem, greedy_schedule(problem, problem.memory_limit, policy, "g"))
+        t = simulate(problem, greedy_schedule(problem, policy, "g"))
         assert t.fits, (policy, t.violations)
     for name in ("zb-greedy", "zb-1p", "zb-2p"):
         t = simulate(problem, solvers.build(name, problem))
@@ -144,7 +146,28 @@ def test_the_newer_switches_change_the_schedule():
     """Each newer switch makes a difference on a comm-heavy problem (none is dead code)."""
     problem = load_problem(COMM / "zbc-1.5B-m24-c8-l1.25.yaml")
     base = replace(PAPER_LIKE, staircase=True, strict=True)
-    built = greedy_schedule(problem, problem.memory_limit, base, "g")
+    built = greedy_schedule(problem, base, "g")
     for flag in NEWER:
-        other = greedy_schedule(problem, problem.memory_limit, replace(base, **{flag: False}), "g")
+        other = greedy_schedule(problem, replace(base, **{flag: False}), "g")
         assert other.ranks != built.ranks, flag
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, COMM / "zbc-1.5B-m24-c8-l1.25.yaml"], ids=lambda p: p.stem)
+@pytest.mark.parametrize("policy", [PAPER_LIKE, replace(PAPER_LIKE, staircase=True, strict=True), Policy()])
+def test_the_list_schedulers_ranks_end_drained(path, policy):
+    """After a pass, each rank's named state adds up: it ran all its ops and started every
+    microbatch, holds no activation memory, no reservation and no pending W, and its clock is
+    its last op's end and its idle time the gaps between its ops (the simulator's too)."""
+    problem = load_problem(path)
+    scheduler = ListScheduler(problem, policy)
+    schedule = scheduler.build("g")
+    t = simulate(problem, schedule)
+    mtol = problem.memory_tol
+    for r, rank in enumerate(scheduler.ranks):
+        assert rank.ops == list(schedule.ranks[r]) and len(rank.ops) == 3 * problem.microbatches * len(rank.stages)
+        assert rank.remaining == 0 and not rank.pending_w and rank.seen_b
+        assert rank.started == problem.microbatches
+        assert mtol.eq(rank.level, 0.0) and mtol.eq(rank.reserved, 0.0)
+        assert rank.clock == rank.last_end == max(scheduler.finish[op] for op in rank.ops)
+        assert problem.time_tol.eq(rank.last_end, t.end[r][-1])
+        assert problem.time_tol.eq(rank.idle, sum(s - e for s, e in zip(t.start[r][1:], t.end[r])))
