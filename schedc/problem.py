@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import cached_property, reduce
 from operator import add
 from pathlib import Path
@@ -60,10 +61,8 @@ class Boundary(BaseModel):
     _source: ClassVar[str] = "problem"  # what the message starts with when no file is named
 
     def __init__(self, /, **data: Any) -> None:
-        try:
+        with self._one_line_errors():
             super().__init__(**data)
-        except ValidationError as e:
-            raise self._one_line(e, self._source) from None
 
     # pydantic reads this: the __init__ above validates as BaseModel's does, so that validating a
     # model nested in another need not call it (else the outer field's error would be ours, not
@@ -84,43 +83,43 @@ class Boundary(BaseModel):
         if self.model_config.get("frozen"):
             raise self._error(f"{self._source}: {name}: a {type(self).__name__} cannot be changed in place:"
                               " make a changed copy with model_copy(update=...)")
-        try:
+        with self._one_line_errors():
             super().__setattr__(name, value)
-        except ValidationError as e:
-            raise self._one_line(e, self._source) from None
 
     @classmethod
     def _one_line(cls, e: ValidationError, source: str) -> Exception:
         return cls._error(f"{source}: {format_validation_error(e, cls)}")
 
     @classmethod
-    def validated(cls, data: Any, source: str | None = None) -> Any:
-        """``data`` validated; ``source`` (a file name) starts the one-line error message."""
+    @contextmanager
+    def _one_line_errors(cls, source: str | None = None) -> Iterator[None]:
+        """pydantic's ValidationError raised inside becomes ``_error`` with one line, starting
+        with ``source`` (a file name) or the model's own ``_source``."""
         try:
-            return super().model_validate(data)
+            yield
         except ValidationError as e:
             raise cls._one_line(e, source or cls._source) from None
 
     @classmethod
+    def validated(cls, data: Any, source: str | None = None) -> Any:
+        """``data`` validated; ``source`` (a file name) starts the one-line error message."""
+        with cls._one_line_errors(source):
+            return super().model_validate(data)
+
+    @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Any:
-        try:
+        with cls._one_line_errors():
             return super().model_validate(obj, **kwargs)
-        except ValidationError as e:
-            raise cls._one_line(e, cls._source) from None
 
     @classmethod
     def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:
-        try:
+        with cls._one_line_errors():
             return super().model_validate_json(json_data, **kwargs)
-        except ValidationError as e:
-            raise cls._one_line(e, cls._source) from None
 
     @classmethod
     def model_validate_strings(cls, obj: Any, **kwargs: Any) -> Any:
-        try:
+        with cls._one_line_errors():
             return super().model_validate_strings(obj, **kwargs)
-        except ValidationError as e:
-            raise cls._one_line(e, cls._source) from None
 
 
 class _Strict(Boundary):
