@@ -59,7 +59,7 @@ import torch.distributed as dist
 from torch import nn
 
 from schedc.errors import SchedcError
-from schedc.kinds import Kind, check_supported
+from schedc.kinds import ROWS, Kind, check_supported
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
 from schedc.runtime.gpt import cut
@@ -69,6 +69,9 @@ from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
 TIMED = (Kind.F, Kind.B, Kind.W, Kind.BW)  # the op kinds the profiler times, in _StageRunner.times' order
+# The kinds every problem has (their costs are the problem's ``costs``): the profiler must time each.
+# The recompute and offload kinds' costs are the optional sections ``recompute`` and ``offload``.
+EVERY_PROBLEM = tuple(k for k, row in ROWS.items() if row.cost.startswith("costs."))
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ def profile_stages(
     device = torch.device(device) if device is not None else _device_of(stages[0])
     x = inputs[:size].to(device)
     y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
-    check_supported(Kind, "the profiler", TIMED)
+    check_supported(EVERY_PROBLEM, "the profiler", TIMED)
     out: dict[str, list[float]] = {
         k: [] for k in (*(kind.value for kind in TIMED), "activation", "kept_for_w", "static", "sends", "working")
     }
@@ -371,7 +374,7 @@ def make_problem(
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there."""
-    check_supported(Kind, "a profiled problem", TIMED)
+    check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
         raise ValueError(f"the profile has {n} stages but ranks x chunks is {ranks} x {chunks}")

@@ -151,7 +151,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                     feeds[r][k] = arrived[need]
                 for kinds in _SAME_STAGE[op.kind]:
                     if not any(Op(kind, op.stage, op.mb) in done for kind in kinds):
-                        raise ProgramError(f"rank {r}: {op} runs before {Op(kinds[0], op.stage, op.mb)}")
+                        raise ProgramError(f"rank {r}: {op} runs before {Op(kinds[-1], op.stage, op.mb)}")
                 done.add(op)
     expected = {msg for ops in program.compute_order() for op in ops if (msg := produced(op, n)) is not None}
     missing = expected - moved.keys()

@@ -7,6 +7,11 @@ it waits for, what its output carries to another stage, and how it prints. A pas
 handle a kind refuses it by name (``unsupported``), never drops it. A new kind (recompute,
 offload, a gradient reduce, ...) is a new member of ``Kind`` and a new row of ``ROWS``.
 
+Memory for time: each (stage, microbatch) keeps what its forward saved, or recomputes it (R full,
+S selective) on the compute lane before its backward, or offloads it (O) to host memory on the
+rank's copy lane and reloads it (L) before its backward. The op of a policy kind (``KindRow.policy``)
+in a schedule chooses its (stage, microbatch)'s policy; at most one per (stage, microbatch).
+
 ``Kind`` is a ``str`` enum, so ``Kind.F == "F"``, schedule files keep their strings, and
 ``problem.cost[kind]`` finds the kind's costs under its name.
 """
@@ -23,6 +28,10 @@ class Kind(str, Enum):
     B = "B"  # input gradient (the backward's part on the critical path)
     W = "W"  # weight gradient (deferrable)
     BW = "BW"  # the fused backward, B and W in one op
+    R = "R"  # recompute: the stage's forward again, before its backward (its forward kept only its input)
+    S = "S"  # selective recompute: the part of the forward the forward did not keep (Megatron's selective)
+    O = "O"  # offload: the activation copied to host memory (copy lane), freed on the device
+    L = "L"  # reload: the offloaded activation copied back before the backward (copy lane)
 
     __str__ = str.__str__  # prints as its name ("F"), as in files and tables
     __format__ = str.__format__
@@ -33,28 +42,44 @@ class Kind(str, Enum):
 
 
 BACKWARD = "backward"  # in a row's ``needs``: the backward of that stage, B or (fused) BW
+SAVED = "saved"  # in a row's ``needs``: what brings the stage's activation back (R, S or L), else its F
+LANES = ("compute", "copy")  # a rank's lanes: ops on different lanes of a rank overlap in time
 
 
 @dataclass(frozen=True)
 class KindRow:
-    lane: str  # the lane of its rank it runs on: "compute" (copy and comm lanes come with later kinds)
+    lane: str  # the lane of its rank it runs on (one of LANES)
     title: str  # what it is, for legends and messages
-    needs: tuple[tuple[Kind | str, int], ...]  # (kind or BACKWARD, stage offset): the ops whose results it uses
+    needs: tuple[tuple[Kind | str, int], ...]  # (kind, BACKWARD or SAVED, stage offset): the ops whose results it uses
     carries: str | None  # what its output carries to another stage: "act", "grad", or None
     frees: bool  # the last op of its (stage, microbatch): what the forward saved is gone after it
-    split: bool | None  # True: only in split-backward schedules; False: only fused; None: in both
-    torch: str  # torch.distributed.pipelining's action letter
+    split: bool | None  # True: only in split-backward schedules; False: only fused; None: in both;
+    # an optional kind (policy or comes_with set) is in neither form's list of what must be there
+    torch: str | None  # torch.distributed.pipelining's action letter (None: torch has no such action)
     color: str  # its boxes in plots
+    cost: str  # the Problem's field its per-stage cost comes from ("costs.F", "recompute.time", ...)
     fuses: tuple[Kind, ...] = ()  # the kinds it does in one op: its memory delta is theirs summed, and
     # its cost is theirs summed unless the problem gives its own
+    policy: str | None = None  # the memory policy its presence chooses for its (stage, microbatch)
+    comes_with: Kind | None = None  # in a schedule exactly when this kind's op of the same (stage, mb) is
+    lightens: bool = False  # the forward of its (stage, microbatch) keeps only ``keep``; this op brings the rest
 
 
 ROWS: dict[Kind, KindRow] = {
-    Kind.F: KindRow("compute", "F (forward)", ((Kind.F, -1),), "act", False, None, "F", "#3b75af"),
-    Kind.B: KindRow("compute", "B (input grad)", ((Kind.F, 0), (BACKWARD, 1)), "grad", False, True, "I", "#ef8636"),
-    Kind.W: KindRow("compute", "W (weight grad)", ((Kind.B, 0),), None, True, True, "W", "#519e3e"),
-    Kind.BW: KindRow("compute", "BW (full backward)", ((Kind.F, 0), (BACKWARD, 1)), "grad", True, False, "B",
-                     "#c53a32", fuses=(Kind.B, Kind.W)),
+    Kind.F: KindRow("compute", "F (forward)", ((Kind.F, -1),), "act", False, None, "F", "#3b75af", "costs.F"),
+    Kind.B: KindRow("compute", "B (input grad)", ((SAVED, 0), (BACKWARD, 1)), "grad", False, True, "I", "#ef8636",
+                    "costs.B"),
+    Kind.W: KindRow("compute", "W (weight grad)", ((Kind.B, 0),), None, True, True, "W", "#519e3e", "costs.W"),
+    Kind.BW: KindRow("compute", "BW (full backward)", ((SAVED, 0), (BACKWARD, 1)), "grad", True, False, "B",
+                     "#c53a32", "costs.BW", fuses=(Kind.B, Kind.W)),
+    Kind.R: KindRow("compute", "R (recompute)", ((Kind.F, 0),), None, False, None, None, "#8c6bb1",
+                    "recompute.time", policy="recompute", lightens=True),
+    Kind.S: KindRow("compute", "S (selective recompute)", ((Kind.F, 0),), None, False, None, None, "#c994c7",
+                    "recompute.selective.time", policy="selective", lightens=True),
+    Kind.O: KindRow("copy", "O (offload)", ((Kind.F, 0),), None, False, None, None, "#969696", "offload.time",
+                    policy="offload"),
+    Kind.L: KindRow("copy", "L (reload)", ((Kind.O, 0),), None, False, None, None, "#525252", "offload.time",
+                    comes_with=Kind.O),
 }
 
 BACKWARDS = frozenset(k for k, row in ROWS.items() if row.carries == "grad")  # B and BW
@@ -63,7 +88,12 @@ FUSED = frozenset(k for k, row in ROWS.items() if row.split is False)  # BW
 
 
 BY_NAME: dict[str, Kind] = {k.value: k for k in Kind}  # "F" -> Kind.F: parses a file's kinds
-BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items()}  # torch's action letter -> kind
+BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items() if row.torch}  # torch's action letter -> kind
+POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, O: at most one per (stage, microbatch)
+OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, O, L
+# What a need of a row may be met by, the first the schedule holds, and what meets it in a schedule
+# without recompute or offload (split backward): BACKWARD is B or BW (B), SAVED is R, S, L or F (F).
+_MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.L, Kind.F), Kind.F)}
 
 
 def in_order(kinds: Iterable[Kind]) -> tuple[Kind, ...]:
@@ -73,9 +103,15 @@ def in_order(kinds: Iterable[Kind]) -> tuple[Kind, ...]:
 
 
 def candidates(need: Kind | str) -> tuple[Kind, ...]:
-    """The kinds a row's need may be met by, in the table's order: the kind itself, or for
-    BACKWARD the backward kinds (B, then the fused BW)."""
-    return in_order(BACKWARDS) if need == BACKWARD else (Kind(need),)
+    """The kinds a row's need may be met by, the first a schedule holds meeting it: the kind
+    itself; for BACKWARD the backward kinds (B, then the fused BW); for SAVED what brings the
+    activation back (R, S, L), else the forward F."""
+    return _MET_BY[need][0] if need in _MET_BY else (Kind(need),)
+
+
+def plain(need: Kind | str) -> Kind:
+    """The kind that meets ``need`` in a split-backward schedule without recompute or offload."""
+    return _MET_BY[need][1] if need in _MET_BY else Kind(need)
 
 
 def kind_of(value: object) -> Kind:

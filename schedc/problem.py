@@ -40,7 +40,7 @@ from schedc.kinds import ROWS, Kind, unsupported
 from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
-KINDS = tuple(Kind)
+_ABSENT = object()  # Problem._field: a section on the way is not given
 
 
 def _summed(parts) -> tuple[float, ...]:
@@ -208,6 +208,43 @@ class Memory(_Strict):
         return v if v is None else _check_numbers(v, nonnegative=True)
 
 
+class Selective(_Strict):
+    """Selective recompute (Megatron's): the forward keeps ``keep``, the rest is recomputed in ``time``."""
+
+    _source = "recompute.selective"
+
+    time: Number
+    keep: Number
+
+    _time = field_validator("time", mode="before")(lambda v: _check_numbers(v, positive=True))
+    _keep = field_validator("keep", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+
+
+class Recompute(_Strict):
+    """Activation recompute, per stage: a dropped microbatch's forward keeps ``keep`` (its input) and
+    its recompute ``R`` brings the rest back in ``time`` before its backward."""
+
+    _source = "recompute"
+
+    time: Optional[Number] = Field(default=None, description="recomputing one microbatch's forward; default the stage's F")
+    keep: Number = Field(default=0.0, description="what a dropped microbatch holds until its recompute; default 0")
+    selective: Optional[Selective] = None
+
+    _time = field_validator("time", mode="before")(lambda v: v if v is None else _check_numbers(v, positive=True))
+    _keep = field_validator("keep", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+
+
+class Offload(_Strict):
+    """Activation offload, per stage: copying one microbatch's activation to host memory takes
+    ``time``, and the same back; both run on the rank's copy lane, beside compute."""
+
+    _source = "offload"
+
+    time: Number
+
+    _time = field_validator("time", mode="before")(lambda v: _check_numbers(v, positive=True))
+
+
 class Problem(_Strict):
     name: str = Field(default="", max_length=200)
     ranks: int = Field(ge=1, le=4096, strict=True)
@@ -217,6 +254,8 @@ class Problem(_Strict):
     costs: Costs
     comm: float = 0.0
     memory: Memory = Memory()
+    recompute: Optional[Recompute] = Field(default=None, description="lets a schedule recompute activations")
+    offload: Optional[Offload] = Field(default=None, description="lets a schedule offload activations to host memory")
     objective: Literal["makespan", "span"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage, from the partitioner (informational)"
@@ -251,9 +290,7 @@ class Problem(_Strict):
             )
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
-        for kind in KINDS:
-            if getattr(self.costs, kind.value) is not None:
-                self._per_stage(f"costs.{kind}", getattr(self.costs, kind.value))
+        self.cost  # every kind's per-stage costs, each list of the right length
         if self.time_scale < SMALLEST:
             raise ValueError(f"the largest op cost is {self.time_scale:g}, below {SMALLEST:g}: use a smaller unit of time")
         deltas = self.mem_deltas
@@ -271,6 +308,13 @@ class Problem(_Strict):
                     f"memory deltas of stage {s} sum to {f + b + w:g}, not 0 (F {f:g}, B {b:g}, W {w:g}):"
                     f" set memory.W to {-(f + b):g} or leave it out"
                 )
+        for field, keep in self._keeps():
+            for s, (k, a) in enumerate(zip(keep, deltas[0])):
+                if tol.gt(k, a):
+                    raise ValueError(
+                        f"{field} of stage {s} is {k:g}, above the stage's activation memory.F {a:g}: what a"
+                        " dropped microbatch keeps is part of what its forward allocates"
+                    )
         self._per_rank("memory.static", self.memory.static)
         self.stage_working  # read once here so a memory.working of the wrong length is refused now
         if self.stage_blocks is not None and len(self.stage_blocks) != self.n_stages:
@@ -350,16 +394,47 @@ class Problem(_Strict):
         return tuple(tuple(x) for x in out)
 
     @cached_property
+    def kinds(self) -> tuple[Kind, ...]:
+        """The kinds of op a schedule of this problem may hold: F, B, W and BW, plus R with
+        ``recompute``, S with ``recompute.selective`` and O and L with ``offload``."""
+        return tuple(k for k, row in ROWS.items() if self._field(row.cost, default=True) is not _ABSENT)
+
+    @cached_property
     def cost(self) -> dict[Kind, tuple[float, ...]]:
-        """kind -> per-stage duration, for every kind of schedc.kinds: ``costs.<kind>``; a kind
-        that fuses others (BW: B and W) costs their sum unless ``costs`` gives its own."""
+        """kind -> per-stage duration, for every kind of ``kinds``, from the field its row names
+        (``KindRow.cost``); a kind that fuses others (BW: B and W) costs their sum unless the
+        problem gives its own, and a recompute without its own time costs the stage's F."""
         out: dict[Kind, tuple[float, ...]] = {}
-        for kind, row in ROWS.items():  # a fused kind's row comes after the rows of what it fuses
-            given = getattr(self.costs, kind.value)
+        for kind in self.kinds:  # a fused kind's row comes after the rows of what it fuses
+            row = ROWS[kind]
+            given = self._field(row.cost)
             if given is None and row.fuses:
                 out[kind] = _summed(out[k] for k in row.fuses)
+            elif given is None:  # recompute.time: default the forward's
+                out[kind] = out[Kind.F]
             else:
-                out[kind] = self._per_stage(f"costs.{kind}", given)
+                out[kind] = self._per_stage(row.cost, given)
+        return out
+
+    def _field(self, path: str, default: bool = False) -> Any:
+        """The value at dotted ``path`` ("recompute.selective.time"); ``_ABSENT`` where a section
+        on the way is not given (with ``default``, a field left at its default counts as given)."""
+        value: Any = self
+        for name in path.split("."):
+            if value is None:
+                return _ABSENT
+            value = getattr(value, name)
+        return value if value is not None or default else None
+
+    def _keeps(self) -> list[tuple[str, tuple[float, ...]]]:
+        """(field, per stage) of each amount a policy keeps on the device: recompute.keep and
+        recompute.selective.keep, where given."""
+        r = self.recompute
+        if r is None:
+            return []
+        out = [("recompute.keep", self._per_stage("recompute.keep", r.keep))]
+        if r.selective is not None:
+            out.append(("recompute.selective.keep", self._per_stage("recompute.selective.keep", r.selective.keep)))
         return out
 
     @property
@@ -414,15 +489,49 @@ class Problem(_Strict):
 
     @cached_property
     def mem(self) -> dict[Kind, tuple[float, ...]]:
-        """kind -> per-stage activation-memory delta, for every kind of schedc.kinds: F, B and W
-        from ``memory`` (``mem_deltas``), a kind that fuses others (BW) their sum."""
+        """kind -> per-stage activation-memory delta, for every kind of ``kinds``: F, B and W from
+        ``memory`` (``mem_deltas``; F's is the whole activation, what a kept microbatch holds), a
+        kind that fuses others (BW) their sum; a recompute (R, S) brings back what its forward did
+        not keep (F's minus ``keep``), an offload (O) frees the whole activation and its reload (L)
+        allocates it again. The F of a microbatch that recomputes allocates only ``keep``:
+        ``delta`` gives each op's delta under its (stage, microbatch)'s policy."""
         out = dict(zip((Kind.F, Kind.B, Kind.W), self.mem_deltas))
-        for kind, row in ROWS.items():
-            if kind not in out:
-                if not row.fuses:
-                    raise unsupported(kind, "the memory model (Problem.mem)", tuple(out))
+        a = out[Kind.F]
+        keeps = dict(zip((Kind.R, Kind.S), (keep for _, keep in self._keeps())))
+        for kind in self.kinds:
+            row = ROWS[kind]
+            if kind in out:
+                continue
+            if row.fuses:
                 out[kind] = _summed(out[k] for k in row.fuses)
+            elif row.lightens:
+                out[kind] = tuple(x - k for x, k in zip(a, keeps[kind]))
+            elif row.policy == "offload":
+                out[kind] = tuple(-x for x in a)
+            elif row.comes_with is not None and ROWS[row.comes_with].policy == "offload":
+                out[kind] = a
+            else:
+                raise unsupported(kind, "the memory model (Problem.mem)", tuple(out))
         return out
+
+    def delta(self, kind: Kind, stage: int, policy: Kind | None = None) -> float:
+        """The activation-memory delta of the op ``kind`` of ``stage`` for a microbatch whose
+        (stage, microbatch) holds the policy op ``policy`` (R, S, O; None: kept): ``mem``, except
+        that the forward of a recomputed microbatch allocates only what it keeps."""
+        if kind is Kind.F and policy is not None and ROWS[policy].lightens:
+            return self.mem[Kind.F][stage] - self.mem[policy][stage]
+        return self.mem[kind][stage]
+
+    @cached_property
+    def policies(self) -> tuple[Kind, ...]:
+        """The policy kinds (R, S, O) this problem allows, in the table's order."""
+        return tuple(k for k in self.kinds if ROWS[k].policy)
+
+    def least_kept(self, stage: int) -> float:
+        """The least a microbatch of ``stage`` holds between its forward and its backward, over the
+        policies the problem allows (the whole activation without any)."""
+        return min([self.delta(Kind.F, stage, k) if ROWS[k].lightens else 0.0 for k in self.policies]
+                   + [self.mem[Kind.F][stage]])
 
     @cached_property
     def static_memory(self) -> tuple[float, ...]:
@@ -468,15 +577,20 @@ class Problem(_Strict):
         Whatever the order, some microbatch's forwards of all the rank's stages are held at once
         (the backward of its earliest stage needs the later ones done): static memory plus the
         rank's working memory plus one microbatch through the rank's stages, forwards ascending,
-        backward+weight descending.
+        backward+weight descending. Where the problem allows recompute or offload, each stage
+        holds the least any policy keeps between its forward and its backward (``least_kept``),
+        and its whole activation during its forward (an offload frees it after) and from what
+        brings it back (R, S or L) to its weight gradient.
         """
         stages = self.rank_stages[rank]
         f, b, w = self.mem_deltas
         level = peak = 0.0
         for s in stages:
-            level += f[s]
-            peak = max(peak, level)
+            peak = max(peak, level + f[s])
+            level += self.least_kept(s)
         for s in reversed(stages):
+            level += f[s] - self.least_kept(s)
+            peak = max(peak, level)
             level += b[s]
             peak = max(peak, level)
             level += w[s]
@@ -493,6 +607,11 @@ class Problem(_Strict):
         data["costs"] = {kind: times(v, time) for kind, v in data["costs"].items()}
         data["comm"] = data["comm"] * time
         data["memory"] = {key: times(v, memory) for key, v in data["memory"].items()}
+        amounts = {"time": time, "keep": memory}
+        for section in ("recompute", "offload"):
+            if section in data:
+                data[section] = {key: ({k: times(x, amounts[k]) for k, x in v.items()} if key == "selective"
+                                       else times(v, amounts[key])) for key, v in data[section].items()}
         return Problem.parse(data, source=self.name or "problem")
 
     def with_changes(self, **changes: Any) -> "Problem":

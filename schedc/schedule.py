@@ -1,4 +1,5 @@
-"""A Schedule: per rank, the ordered compute ops. Nothing else (times come from simulate())."""
+"""A Schedule: per rank, an order per lane (the compute ops, and the copy ops where a schedule
+offloads). Nothing else (times come from simulate())."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple
 
 from schedc.errors import ScheduleError
-from schedc.kinds import BY_NAME, ROWS, Kind, candidates, in_order
+from schedc.kinds import BY_NAME, OPTIONAL, POLICIES, ROWS, Kind, candidates, plain
 from schedc.problem import Problem
 
 
@@ -21,8 +22,8 @@ _PRINTED = re.compile(r"([A-Z]+)(\d+)@s(\d+)")
 
 
 class Op(_OpFields):
-    """One compute op: ``kind`` is a ``Kind`` (schedc.kinds: F, B input gradient, W weight
-    gradient, BW fused), ``stage`` and microbatch ``mb``. A kind given as its name (``Op("F", 0,
+    """One op: ``kind`` is a ``Kind`` (schedc.kinds: F, B input gradient, W weight gradient, BW
+    fused, R and S recompute, O and L offload and reload), ``stage`` and microbatch ``mb``. A kind given as its name (``Op("F", 0,
     1)``, as files and tests write it) becomes the Kind here; an unknown one is a ScheduleError.
     Prints as ``F1@s0`` (kind, microbatch, stage), which ``Op.parse`` reads back."""
 
@@ -55,60 +56,115 @@ class Op(_OpFields):
         return cls(kind, int(stage), int(mb))
 
     def to_torch(self) -> str:
-        """torch.distributed.pipelining's action: ``{stage}{letter}{mb}`` (``0F1``; B is I, BW is B)."""
-        return f"{self.stage}{ROWS[self.kind].torch}{self.mb}"
+        """torch.distributed.pipelining's action: ``{stage}{letter}{mb}`` (``0F1``; B is I, BW is B).
+        A kind torch's IR has no action for (recompute, offload) is a ScheduleError."""
+        letter = ROWS[self.kind].torch
+        if letter is None:
+            raise ScheduleError(f"{self}: torch.distributed.pipelining has no action for {ROWS[self.kind].title}:"
+                                " a schedule that recomputes or offloads runs on schedc's runtime only")
+        return f"{self.stage}{letter}{self.mb}"
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """Per rank, the order of its compute lane (``ranks``) and of its copy lane (``copy``: the
+    offloads O and reloads L; empty when nothing is offloaded). Ops on different lanes of a rank
+    overlap in time; each lane runs one op at a time, in its order."""
+
     name: str
     ranks: tuple[tuple[Op, ...], ...]
+    copy: tuple[tuple[Op, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.copy and not any(self.copy):  # no copy op: the same schedule as without a copy lane
+            object.__setattr__(self, "copy", ())
 
     @classmethod
-    def from_lists(cls, name: str, per_rank: Iterable[Iterable[Op | tuple[str, int, int]]]) -> "Schedule":
-        return cls(name, tuple(tuple(Op(*op) for op in ops) for ops in per_rank))
+    def from_lists(
+        cls,
+        name: str,
+        per_rank: Iterable[Iterable[Op | tuple[str, int, int]]],
+        copy: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
+    ) -> "Schedule":
+        return cls(name, tuple(tuple(Op(*op) for op in ops) for ops in per_rank),
+                   tuple(tuple(Op(*op) for op in ops) for ops in copy))
 
     def renamed(self, name: str) -> "Schedule":
         return replace(self, name=name)
 
     @property
+    def lanes(self) -> dict[str, tuple[tuple[Op, ...], ...]]:
+        """lane -> per rank, its order: "compute", then "copy" where the schedule has copy ops."""
+        return {"compute": self.ranks, **({"copy": self.copy} if self.copy else {})}
+
+    def ops(self):
+        """Every op, lane by lane, rank by rank, in order."""
+        for per_rank in self.lanes.values():
+            for ops in per_rank:
+                yield from ops
+
+    @property
     def n_ops(self) -> int:
-        return sum(len(ops) for ops in self.ranks)
+        return sum(len(ops) for per_rank in self.lanes.values() for ops in per_rank)
 
     @property
     def split_backward(self) -> bool:
         """Whether its backward is split into B and W (it has ops of the split-only kinds)."""
         return any(ROWS[op.kind].split for ops in self.ranks for op in ops)
 
+    def policies(self) -> dict[tuple[int, int], Kind]:
+        """(stage, microbatch) -> the policy op it holds (R recompute, S selective recompute, O
+        offload); a (stage, microbatch) that keeps its activation is absent."""
+        return {(op.stage, op.mb): op.kind for op in self.ops() if op.kind in _POLICY}
+
+    def policy_counts(self) -> dict[str, int]:
+        """Policy name ("recompute", "selective", "offload") -> how many (stage, microbatch) use it,
+        for every policy (0 where none)."""
+        counts = {ROWS[k].policy: 0 for k in POLICIES}
+        for kind in self.policies().values():
+            counts[ROWS[kind].policy] += 1
+        return counts
+
     def locate(self) -> dict[Op, tuple[int, int]]:
-        """op -> (rank, position). Raises on an op listed twice."""
+        """op -> (rank, position in its lane's order). Raises on an op listed twice."""
         where: dict[Op, tuple[int, int]] = {}
-        for r, ops in enumerate(self.ranks):
-            for i, op in enumerate(ops):
-                if op in where:
-                    raise ScheduleError(
-                        f"{self.name}: {op} is scheduled twice (rank {where[op][0]} and rank {r})"
-                    )
-                where[op] = (r, i)
+        for per_rank in self.lanes.values():
+            for r, ops in enumerate(per_rank):
+                for i, op in enumerate(ops):
+                    if op in where:
+                        raise ScheduleError(
+                            f"{self.name}: {op} is scheduled twice (rank {where[op][0]} and rank {r})"
+                        )
+                    where[op] = (r, i)
         return where
 
     def check_complete(self, problem: Problem) -> dict[Op, tuple[int, int]]:
-        """Every op exactly once, on the rank that holds its stage; returns ``locate()``."""
+        """Every op exactly once, on its lane of the rank that holds its stage, of a kind the
+        problem allows; at most one policy op (R, S, O) per (stage, microbatch) and a reload L
+        exactly where there is an offload O. Returns ``locate()``."""
         if len(self.ranks) != problem.ranks:
             raise ScheduleError(f"{self.name}: has {len(self.ranks)} ranks, the problem has {problem.ranks}")
+        if self.copy and len(self.copy) != problem.ranks:
+            raise ScheduleError(f"{self.name}: has a copy lane for {len(self.copy)} ranks, the problem has {problem.ranks}")
         where = self.locate()
         n, m = problem.n_stages, problem.microbatches
-        for op, (r, _) in where.items():
-            if op.kind not in _ON_COMPUTE:
-                raise ScheduleError(f"{self.name}: {op}: {_off_lane(op.kind)}")
-            if not (0 <= op.stage < n and 0 <= op.mb < m):
-                raise ScheduleError(f"{self.name}: {op} is outside {n} stages x {m} microbatches")
-            if problem.stage_rank[op.stage] != r:
-                raise ScheduleError(
-                    f"{self.name}: {op} is on rank {r} but stage {op.stage} is placed on rank"
-                    f" {problem.stage_rank[op.stage]}"
-                )
+        allowed = set(problem.kinds)
+        for lane, per_rank in self.lanes.items():
+            for r, ops in enumerate(per_rank):
+                for op in ops:
+                    if ROWS[op.kind].lane != lane:
+                        raise ScheduleError(f"{self.name}: {op}: {_off_lane(op.kind, lane)}")
+                    if op.kind not in allowed:
+                        raise ScheduleError(f"{self.name}: {op}: {_not_declared(op.kind)}")
+                    if not (0 <= op.stage < n and 0 <= op.mb < m):
+                        raise ScheduleError(f"{self.name}: {op} is outside {n} stages x {m} microbatches")
+                    if problem.stage_rank[op.stage] != r:
+                        raise ScheduleError(
+                            f"{self.name}: {op} is on rank {r} but stage {op.stage} is placed on rank"
+                            f" {problem.stage_rank[op.stage]}"
+                        )
         missing = []
+        optional = any(op.kind in _OPTIONAL for op in where)
         for s in range(n):
             for i in range(m):
                 missing += [op for k in _ALWAYS if (op := _new(Op, (k, s, i))) not in where]
@@ -122,28 +178,53 @@ class Schedule:
                         f"{self.name}: stage {s} microbatch {i} has both {'/'.join(_FUSED)} and {'/'.join(_SPLIT)}"
                     )
                 missing += [op for k in (_FUSED if fused else _SPLIT) if (op := _new(Op, (k, s, i))) not in where]
+                if optional:
+                    _check_policy(self.name, where, s, i)
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise ScheduleError(f"{self.name}: {len(missing)} ops missing: {shown}")
         return where
 
 
+def _check_policy(name: str, where: dict[Op, tuple[int, int]], s: int, i: int) -> None:
+    """At most one policy op for (s, i), and each op that comes with another there exactly with it."""
+    held = [k for k in _POLICY if _new(Op, (k, s, i)) in where]
+    if len(held) > 1:
+        raise ScheduleError(
+            f"{name}: stage {s} microbatch {i} has {' and '.join(f'{k}{i}@s{s}' for k in held)}: a (stage,"
+            f" microbatch) keeps, recomputes or offloads its activation, one of them"
+        )
+    for k in _OPTIONAL:
+        partner = ROWS[k].comes_with
+        if partner is not None and (_new(Op, (k, s, i)) in where) != (_new(Op, (partner, s, i)) in where):
+            has, lacks = (k, partner) if _new(Op, (k, s, i)) in where else (partner, k)
+            raise ScheduleError(f"{name}: {has}{i}@s{s} has no {lacks}{i}@s{s}: {ROWS[k].title} comes with"
+                                f" {ROWS[partner].title}")
+
+
 # What a complete schedule holds for each (stage, microbatch), from the kinds' rows: the kinds of
 # both forms, then either the fused kinds or the split ones.
-_ALWAYS = tuple(k for k, row in ROWS.items() if row.split is None)  # F
+_OPTIONAL = frozenset(OPTIONAL)  # R, S, O, L: where the schedule chooses a policy
+_POLICY = POLICIES  # R, S, O
+_ALWAYS = tuple(k for k, row in ROWS.items() if row.split is None and k not in _OPTIONAL)  # F
 _SPLIT = tuple(k for k, row in ROWS.items() if row.split)  # B, W
 _FUSED = tuple(k for k, row in ROWS.items() if row.split is False)  # BW
-_ON_COMPUTE = frozenset(k for k, row in ROWS.items() if row.lane == "compute")  # what a Schedule's ranks hold
-# kind -> its needs as (the first kind that may meet it, the others in the table's order, stage offset)
-_NEEDS = {k: tuple((candidates(need)[0], candidates(need)[1:], offset) for need, offset in row.needs)
-          for k, row in ROWS.items()}
+# kind -> its needs as (the kinds that may meet it, the first the schedule holds; the kind meeting
+# it without ``where``; stage offset)
+_NEEDS = {k: tuple((candidates(need), plain(need), offset) for need, offset in row.needs) for k, row in ROWS.items()}
 _new = tuple.__new__  # an Op of a Kind without Op.__new__'s check: producers() runs in every simulation
 
 
-def _off_lane(kind: Kind) -> str:
-    """Why a Schedule cannot hold an op of ``kind``: its ranks are the compute lane's orders."""
-    return (f"op kind {kind.value!r} runs on the {ROWS[kind].lane} lane; a Schedule orders the compute lane"
-            f" (kinds {', '.join(in_order(_ON_COMPUTE))})")
+def _off_lane(kind: Kind, lane: str) -> str:
+    """Why a lane's order cannot hold an op of ``kind``: it runs on another lane."""
+    on = ", ".join(k.value for k, row in ROWS.items() if row.lane == lane)
+    return f"op kind {kind.value!r} runs on the {ROWS[kind].lane} lane, not the {lane} lane (kinds {on})"
+
+
+def _not_declared(kind: Kind) -> str:
+    """Why a problem does not allow an op of ``kind``: the section its cost comes from is missing."""
+    section = ROWS[kind].cost.rsplit(".", 1)[0]
+    return f"op kind {kind.value!r} ({ROWS[kind].title}) needs the problem's '{section}' section, which it does not give"
 
 
 def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = None) -> list[Op]:
@@ -151,22 +232,24 @@ def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = N
     of "which op waits for which" that the simulator, the heuristics, lowering and the checker use.
 
     Read from the kinds' rows (``KindRow.needs``): F(s, i) needs F(s-1, i); B or BW(s, i) needs
-    F(s, i) and the backward of stage s+1 (its B, or its fused BW where ``where``, the schedule's
-    ops, holds no B; without ``where``, its B); W(s, i) needs B(s, i). A need whose stage is
-    outside the pipeline has no producer.
+    what brings the activation of (s, i) back (its R, S or L, else its F) and the backward of stage
+    s+1 (its B, or its fused BW); W(s, i) needs B(s, i); R, S and O(s, i) need F(s, i), L(s, i) its
+    O. Where a need may be met by several kinds, the first that ``where`` (the schedule's ops) holds
+    meets it, else the last; without ``where``, what meets it in a split schedule without recompute
+    or offload (B, F). A need whose stage is outside the pipeline has no producer.
     """
     kind, s, i = op
     deps = []
-    for first, others, offset in _NEEDS[kind]:
+    for kinds, usual, offset in _NEEDS[kind]:
         t = s + offset
         if 0 <= t < n_stages:
-            if others and where is not None:  # the first kind that the schedule holds, else the last
-                for k in (first, *others[:-1]):
+            if len(kinds) > 1 and where is not None:
+                for k in kinds[:-1]:
                     if _new(Op, (k, t, i)) in where:
                         deps.append(_new(Op, (k, t, i)))
                         break
                 else:
-                    deps.append(_new(Op, (others[-1], t, i)))
+                    deps.append(_new(Op, (kinds[-1], t, i)))
             else:
-                deps.append(_new(Op, (first, t, i)))
+                deps.append(_new(Op, (usual, t, i)))
     return deps

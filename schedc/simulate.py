@@ -1,16 +1,21 @@
 """simulate(problem, schedule) -> Timeline: the one judge of every schedule.
 
-Each rank runs its ops in the schedule's order. An op starts when its rank is free and every
-op it consumes has finished, plus ``problem.comm`` when the producer is on another rank (a list
-schedule: as soon as possible, never reordered). Memory follows the order alone: F allocates its
-stage's activation, B and W free it; a rank's memory is static memory plus the running sum plus
-its working memory (``Problem.working_memory``: what an op needs while it runs), over the limit
-when beyond float noise (``Problem.memory_tol``, relative to the problem's memory
-scale, so the verdict does not depend on the unit).
+Each lane of each rank (compute, and copy where the schedule offloads) runs its ops in the
+schedule's order. An op starts when its lane is free and every op it consumes has finished, plus
+``problem.comm`` when the producer is on another rank (a list schedule: as soon as possible, never
+reordered). Memory: F allocates its stage's activation (only what it keeps where its microbatch
+recomputes), a recompute or reload allocates what it brings back, B, W and an offload free;
+an allocation counts from its op's start, a free from its op's end (``Problem.delta``). On one lane
+that is the order alone; with a copy lane, the lanes' events merge by time (a free before an
+allocation at the same instant). A rank's memory is static memory plus the running sum plus its
+working memory (``Problem.working_memory``: what an op needs while it runs), over the limit when
+beyond float noise (``Problem.memory_tol``, relative to the problem's memory scale, so the verdict
+does not depend on the unit).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from schedc.errors import ScheduleError
@@ -40,11 +45,13 @@ class MemoryViolation:
 class Timeline:
     problem: Problem
     schedule: Schedule
-    start: tuple[tuple[float, ...], ...]  # per rank, aligned with schedule.ranks
+    start: tuple[tuple[float, ...], ...]  # per rank, aligned with schedule.ranks (the compute lane)
     end: tuple[tuple[float, ...], ...]
-    memory: tuple[tuple[float, ...], ...]  # per rank: activation memory after each op
+    memory: tuple[tuple[float, ...], ...]  # per rank: activation memory after each compute op
     peak_activation: tuple[float, ...]  # per rank: the highest level plus working memory; static excluded
     violations: tuple[MemoryViolation, ...] = field(default=())
+    copy_start: tuple[tuple[float, ...], ...] = ()  # per rank, aligned with schedule.copy (() without one)
+    copy_end: tuple[tuple[float, ...], ...] = ()
 
     # ---- times ----
     @property
@@ -53,7 +60,7 @@ class Timeline:
 
     @property
     def makespan(self) -> float:
-        return max((es[-1] for es in self.end if es), default=0.0)
+        return max((es[-1] for es in (*self.end, *self.copy_end) if es), default=0.0)
 
     @property
     def rank_span(self) -> tuple[float, ...]:
@@ -88,12 +95,19 @@ class Timeline:
     def fits(self) -> bool:
         return not self.violations
 
+    def lane_times(self) -> dict[str, tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]]:
+        """lane -> (start, end), per rank aligned with ``schedule.lanes[lane]``."""
+        return {"compute": (self.start, self.end), **({"copy": (self.copy_start, self.copy_end)}
+                                                      if self.schedule.copy else {})}
+
     def op_times(self) -> dict[Op, tuple[int, float, float]]:
-        """op -> (rank, start, end)."""
+        """op -> (rank, start, end), every lane's."""
+        lanes = self.schedule.lanes
         return {
             op: (r, s, e)
-            for r, ops in enumerate(self.schedule.ranks)
-            for op, s, e in zip(ops, self.start[r], self.end[r])
+            for lane, (starts, ends) in self.lane_times().items()
+            for r, ops in enumerate(lanes[lane])
+            for op, s, e in zip(ops, starts[r], ends[r])
         }
 
     def summary(self) -> dict:
@@ -124,20 +138,25 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
         raise TypeError(f"simulate(problem, schedule) takes a Problem and a Schedule, got"
                         f" {type(problem).__name__} and {type(schedule).__name__}")
     where = schedule.check_complete(problem)
-    ops = [op for rank_ops in schedule.ranks for op in rank_ops]
+    orders = _orders(schedule)
+    ops = [op for lane_ops in orders for op in lane_ops]
     index = {op: k for k, op in enumerate(ops)}
     start, end, pos = replay(
-        [[index[op] for op in rank_ops] for rank_ops in schedule.ranks],
+        [[index[op] for op in lane_ops] for lane_ops in orders],
         dependencies(problem, ops, index, where),
         [problem.cost[op.kind][op.stage] for op in ops],
     )
-    stuck = [r for r, ops_r in enumerate(schedule.ranks) if pos[r] < len(ops_r)]
+    stuck = [x for x, lane_ops in enumerate(orders) if pos[x] < len(lane_ops)]
     if stuck:
         deps = {op: [(d, 0.0) for d in producers(op, problem.n_stages, where)] for op in ops}
-        raise ScheduleError(
-            f"{schedule.name}: deadlock: {_describe_wait(schedule.ranks, pos, stuck, deps, where)}"
-        )
+        raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(schedule, orders, pos, stuck, deps)}")
     return _timeline(problem, schedule, start, end)
+
+
+def _orders(schedule: Schedule) -> list[tuple[Op, ...]]:
+    """Every lane's order of every rank, each a sequential resource of ``replay``: the compute lanes
+    of ranks 0 .. p-1, then (where the schedule has one) their copy lanes."""
+    return [ops for per_rank in schedule.lanes.values() for ops in per_rank]
 
 
 def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where) -> list[list[tuple[int, float]]]:
@@ -195,38 +214,46 @@ def replay(
 def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float]:
     """When each rank starts step k + 1 as soon as its own step k is done (no barrier between
     steps; the optimizer step takes no time): the time by which every rank has finished step k,
-    for k = 1 .. ``steps``. Steps are copies of ``schedule``: a rank runs its ops of every step in
-    order, each op as ``simulate`` would. The steady-state time per step is the limit of the
-    differences; it lies between the span and the makespan of one step."""
+    for k = 1 .. ``steps``. Steps are copies of ``schedule``: each lane of a rank runs its ops of
+    every step in order, each op as ``simulate`` would. The steady-state time per step is the limit
+    of the differences; it lies between the span and the makespan of one step."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
     where = schedule.check_complete(problem)
-    ops = [op for rank_ops in schedule.ranks for op in rank_ops]
+    lanes = _orders(schedule)
+    ops = [op for lane_ops in lanes for op in lane_ops]
     n = len(ops)
     index = {op: k for k, op in enumerate(ops)}
     one = dependencies(problem, ops, index, where)
     deps = [[(d + j * n, lat) for d, lat in one[k]] for j in range(steps) for k in range(n)]
-    orders = [[index[op] + j * n for j in range(steps) for op in rank_ops] for rank_ops in schedule.ranks]
+    orders = [[index[op] + j * n for j in range(steps) for op in lane_ops] for lane_ops in lanes]
     dur = [problem.cost[op.kind][op.stage] for op in ops] * steps
     start, end, pos = replay(orders, deps, dur)
-    if any(pos[r] < len(ks) for r, ks in enumerate(orders)):
+    if any(pos[x] < len(ks) for x, ks in enumerate(orders)):
         simulate(problem, schedule)  # raises the deadlock, described
-    per = [len(rank_ops) for rank_ops in schedule.ranks]
-    return [max(end[r][(j + 1) * per[r] - 1] for r in range(problem.ranks) if per[r]) for j in range(steps)]
+    per = [len(lane_ops) for lane_ops in lanes]
+    return [max(end[x][(j + 1) * per[x] - 1] for x in range(len(lanes)) if per[x]) for j in range(steps)]
 
 
-def with_times(problem: Problem, schedule: Schedule, start, end) -> Timeline:
+def with_times(problem: Problem, schedule: Schedule, start, end, copy_start=(), copy_end=()) -> Timeline:
     """A Timeline of ``schedule`` with given (e.g. measured) op times, aligned with
-    ``schedule.ranks``; memory follows the order, as in ``simulate``."""
+    ``schedule.ranks`` (and ``schedule.copy``); memory as in ``simulate``."""
     schedule.check_complete(problem)
-    for r, ops in enumerate(schedule.ranks):
-        if len(start[r]) != len(ops) or len(end[r]) != len(ops):
-            raise ScheduleError(f"{schedule.name}: rank {r} has {len(ops)} ops but {len(start[r])} times")
-    return _timeline(problem, schedule, start, end)
+    for lane, (starts, ends) in {"compute": (start, end), "copy": (copy_start, copy_end)}.items():
+        for r, ops in enumerate(schedule.lanes.get(lane, ())):
+            if len(starts[r]) != len(ops) or len(ends[r]) != len(ops):
+                raise ScheduleError(f"{schedule.name}: rank {r} has {len(ops)} {lane} ops but {len(starts[r])} times")
+    return _timeline(problem, schedule, start, end, copy_start, copy_end)
 
 
-def _timeline(problem: Problem, schedule: Schedule, start, end) -> Timeline:
-    memory, peaks, violations = _memory(problem, schedule)
+def _timeline(problem: Problem, schedule: Schedule, start, end, copy_start=None, copy_end=None) -> Timeline:
+    """The Timeline of ``replay``'s per-lane times (compute lanes, then copy lanes), or of the
+    compute and copy lanes' times given apart."""
+    p = problem.ranks
+    if copy_start is None:
+        start, end, copy_start, copy_end = start[:p], end[:p], start[p:], end[p:]
+    copy_start, copy_end = tuple(map(tuple, copy_start)), tuple(map(tuple, copy_end))
+    memory, peaks, violations = _memory(problem, schedule, start, end, copy_start, copy_end)
     return Timeline(
         problem=problem,
         schedule=schedule,
@@ -235,35 +262,59 @@ def _timeline(problem: Problem, schedule: Schedule, start, end) -> Timeline:
         memory=memory,
         peak_activation=peaks,
         violations=violations,
+        copy_start=copy_start,
+        copy_end=copy_end,
     )
 
 
-def _describe_wait(ranks, pos, stuck, deps, where) -> str:
-    """Which rank waits on which op, and on which rank that op sits behind what."""
+def _describe_wait(schedule: Schedule, orders, pos, stuck, deps) -> str:
+    """Which lane waits on which op, and on which lane that op sits behind what."""
+    p = len(schedule.ranks)
+    lane_of = {op: x for x, ops in enumerate(orders) for op in ops}
+    index = {op: k for ops in orders for k, op in enumerate(ops)}
+
+    def name(x: int) -> str:
+        return f"rank {x % p}" + (" (copy lane)" if x >= p else "")
+
     parts = []
-    for r in stuck:
-        op = ranks[r][pos[r]]
-        blocker = next(d for d, _ in deps[op] if where[d][1] >= pos[where[d][0]])
-        br, bi = where[blocker]
-        parts.append(f"rank {r} waits at {op} for {blocker} (rank {br}, behind its {ranks[br][pos[br]]})")
+    for x in stuck:
+        op = orders[x][pos[x]]
+        blocker = next(d for d, _ in deps[op] if index[d] >= pos[lane_of[d]])
+        bx = lane_of[blocker]
+        parts.append(f"{name(x)} waits at {op} for {blocker} ({name(bx)}, behind its {orders[bx][pos[bx]]})")
     return "; ".join(parts)
 
 
-def _memory(problem: Problem, schedule: Schedule):
-    """Per rank: the activation level after each op, the peak activation (the highest level held,
-    plus the rank's working memory) and the first op during which the level passes the rank's
-    ``activation_room``."""
-    mem, static, room, tol = problem.mem, problem.static_memory, problem.activation_room, problem.memory_tol
-    working = problem.working_memory
+def _memory(problem: Problem, schedule: Schedule, start, end, copy_start, copy_end):
+    """Per rank: the activation level after each compute op, the peak activation (the highest
+    level held, plus the rank's working memory) and the first op during which the level passes the
+    rank's ``activation_room``. Each op's delta is ``Problem.delta`` under its (stage, microbatch)'s
+    policy; an allocation counts from the op's start, a free from its end."""
+    static, room, tol = problem.static_memory, problem.activation_room, problem.memory_tol
+    working, mem = problem.working_memory, problem.mem
+    policy = schedule.policies() if problem.policies else {}
+
+    def delta(op: Op) -> float:
+        return problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb))) if policy else mem[op.kind][op.stage]
+
     levels, peaks, violations = [], [], []
     for r, ops in enumerate(schedule.ranks):
+        lanes = [(ops, start[r], end[r])] + ([(schedule.copy[r], copy_start[r], copy_end[r])] if schedule.copy else [])
+        streams = [  # (when it counts, 0 for a free and 1 for an allocation, delta, op, on the compute lane)
+            [(s if d > 0 else e, 1 if d > 0 else 0, d, op, lane == 0)
+             for op, s, e in zip(lane_ops, ss, es) for d in (delta(op),)]
+            for lane, (lane_ops, ss, es) in enumerate(lanes)
+        ]
+        # One lane: its order alone. Several: merged by time, a free before an allocation at one instant.
+        events = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda ev: ev[:2])
         level = peak = 0.0
         after = []
         first_over = None
-        for op in ops:
-            held = max(level, level + mem[op.kind][op.stage])  # frees land at the op's end
-            level += mem[op.kind][op.stage]
-            after.append(level)
+        for _, _, d, op, on_compute in events:
+            held = max(level, level + d)  # an allocation holds from its op's start, a free until its end
+            level += d
+            if on_compute:
+                after.append(level)
             peak = max(peak, held)
             if room is not None and first_over is None and tol.gt(held, room[r]):
                 first_over = op

@@ -45,22 +45,25 @@ def test_op_coerces_a_kind_name_and_refuses_an_unknown_one():
     assert op.kind is Kind.BW and op == Op(Kind.BW, 1, 2) and hash(op) == hash(("BW", 1, 2))
     assert op._replace(kind="W").kind is Kind.W
     assert pickle.loads(pickle.dumps(op)).kind is Kind.BW
-    with pytest.raises(ScheduleError, match=r"unknown op kind 'X' in X2@s1 \(expected F, B, W, BW\)"):
+    with pytest.raises(ScheduleError, match=r"unknown op kind 'X' in X2@s1 \(expected F, B, W, BW, R, S, O, L\)"):
         Op("X", 1, 2)
     with pytest.raises(ScheduleError, match="unknown op kind"):
         Op(Kind.B, 0, 0)._replace(kind="Q")
 
 
 def test_torch_letters_come_from_the_rows():
-    assert [Op(k, 3, 0).to_torch() for k in Kind] == ["3F0", "3I0", "3W0", "3B0"]
-    assert {ROWS[k].torch for k in Kind} == {"F", "I", "W", "B"}
+    assert [Op(k, 3, 0).to_torch() for k in Kind if ROWS[k].torch] == ["3F0", "3I0", "3W0", "3B0"]
+    assert {ROWS[k].torch for k in Kind} == {"F", "I", "W", "B", None}
+    for k in (Kind.R, Kind.S, Kind.O, Kind.L):  # torch's IR has no recompute or offload action
+        with pytest.raises(ScheduleError, match=f"{k}0@s3: torch.distributed.pipelining has no action for {k}"):
+            Op(k, 3, 0).to_torch()
 
 
 def test_instr_coerces_opcode_names_and_refuses_unknown_ones():
     assert Instr("SEND", 0, 0, "act", 1, 1).op is Opcode.SEND
     assert Instr("W", 0, 0).op is Kind.W
     assert Instr("STEP")._replace(op="RECV").op is Opcode.RECV
-    assert [str(o) for o in OPCODES] == ["F", "B", "W", "BW", "SEND", "RECV", "LOCAL", "STEP"]
+    assert [str(o) for o in OPCODES] == ["F", "B", "W", "BW", "R", "S", "O", "L", "SEND", "RECV", "LOCAL", "STEP"]
     with pytest.raises(ProgramError, match="unknown op 'NOP'"):
         Instr("NOP")
 
@@ -98,7 +101,7 @@ def test_the_derived_sets_and_orders():
     assert in_order({Kind.BW, Kind.F}) == (Kind.F, Kind.BW)
     assert TWO.cost[Kind.BW] == (3.0, 3.0) and TWO.cost["BW"] == TWO.cost[Kind.BW]
     assert TWO.mem[Kind.BW] == tuple(b + w for b, w in zip(TWO.mem[Kind.B], TWO.mem[Kind.W]))
-    assert set(TWO.cost) == set(Kind) == set(TWO.mem)
+    assert set(TWO.cost) == {Kind.F, Kind.B, Kind.W, Kind.BW} == set(TWO.mem) == set(TWO.kinds)
 
 
 def test_a_kind_a_pass_cannot_handle_is_refused_by_name(monkeypatch):
