@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from functools import cached_property, reduce
 from operator import add
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
@@ -706,7 +706,9 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     for part in loc:
         field = model.model_fields.get(str(part))
         ann = field.annotation if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        # An optional section (Optional[Offload]) is a union with None: its model is the member.
+        members = [a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not members:
             return None
-        model = ann
+        model = members[0]
     return model
