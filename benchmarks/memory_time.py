@@ -1,0 +1,283 @@
+"""Memory for time: `schedc solve` (order and keep / recompute / offload per stage and microbatch,
+decided together) against the schedules users run today, on the zero-bubble paper's settings,
+at memory limits from a quarter to twice 1F1B's activation memory.
+
+    python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--jobs N]
+    python benchmarks/memory_time.py --problems   # only (re)write examples/problems/memory-time/
+
+Sources and the model (see benchmarks/zb_paper.py for the settings themselves):
+
+- Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024): the 12 settings (Table 3 models,
+  Table 9 profiled T_F, T_B, T_W, T_comm per stage), memory per layer M_B = 34h + 5as (Table 1),
+  W keeps M_W = 32h. Memory is in units of one stage's M_B, as in zb_paper.py.
+- Recompute (Korthikanti et al. 2022): full recompute keeps the stage's input, 2h bytes per token
+  against a stage's (L + 2) / p layers of 34h + 5as (L, the layer count of Table 3: 22, 30, 46, 62;
+  the first and last stage hold the embedding and the output layer in place of a transformer
+  layer), and takes a forward (recompute time = F). Selective recompute keeps 34h per layer and
+  recomputes the attention core: 4bs^2h of the forward's 24bsh^2 + 4bs^2h FLOPs, so it takes
+  F * s / (6h + s).
+- Offload (PipeOffload, ICML 2025): copying a microbatch's activation to host memory, and back,
+  each takes (34h + 5as) bytes per token per layer at 15 GB/s, against the forward's
+  24h^2 + 4sh FLOPs per token per layer at 220 TFLOPS: copy time = F * (34h + 5as) / 15e9 /
+  ((24h^2 + 4sh) / 220e12). At these figures a copy takes 7 to 22 forwards (the settings' h is
+  small against 220 TFLOPS / 15 GB/s), so offload pays only across long idle times; the search
+  finds out where.
+- Limits: 0.25, 0.33, 0.5, 0.75, 1 and 2 x 1F1B's activation memory (p M_B); no static memory.
+  Loop placement (one stage per rank) and V placement (two chunks per rank, each half a stage's
+  costs and memory), objective span, as the paper measures its bubble.
+
+Per cell: every registry schedule through `schedc compare` (the best that fits is "best
+baseline"; 1F1B with full recompute is what Megatron users run below 1F1B's memory), and
+`schedc solve --time-limit S` (the wall time of the whole command), whose file is read back with
+`schedc simulate`: the reported span is the simulated one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from schedc import Problem
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from zb_paper import COSTS, MODELS, SEQ, memory_ratio  # noqa: E402  (the paper's settings, one transcription)
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEM_DIR = ROOT / "examples" / "problems" / "memory-time"
+LAYERS = {"1.5B": 22, "6.2B": 30, "14.6B": 46, "28.3B": 62}  # Table 3
+LIMITS = (0.25, 0.33, 0.5, 0.75, 1.0, 2.0)  # x 1F1B's activation memory, p M_B
+BANDWIDTH, FLOPS = 15e9, 220e12  # host <-> device bytes/s, device FLOP/s (PipeOffload's A100 figures)
+MEGATRON = "1f1b-recompute"  # what Megatron-LM users run below 1F1B's memory
+
+
+def policy_model(model: str) -> dict[str, float]:
+    """Per stage, as fractions of a stage's forward time and of its M_B: what full and selective
+    recompute keep, what selective recompute takes, and what a copy takes."""
+    p, h, a = MODELS[model]
+    layers = (LAYERS[model] + 2) / p
+    per_layer = 34 * h + 5 * a * SEQ  # bytes per token
+    return {
+        "keep": 2 * h / (layers * per_layer),
+        "selective_keep": 34 * h / per_layer,
+        "selective_time": SEQ / (6 * h + SEQ),
+        "copy_time": (per_layer / BANDWIDTH) / ((24 * h * h + 4 * SEQ * h) / FLOPS),
+    }
+
+
+def problem_of(model: str, m: int, limit: float, v_shape: bool) -> Problem:
+    """The setting (model, m) at ``limit`` x p M_B, with recompute (full and selective) and
+    offload declared."""
+    p = MODELS[model][0]
+    f, b, w, comm = COSTS[model, m]
+    r = memory_ratio(model)
+    pol = policy_model(model)
+    scale = 0.5 if v_shape else 1.0
+    data = dict(
+        name=f"mt-{model}-m{m}-{limit:g}x" + ("-v" if v_shape else ""),
+        ranks=p,
+        microbatches=m,
+        chunks=2 if v_shape else 1,
+        placement="v" if v_shape else "loop",
+        costs=dict(F=round(f * scale, 6), B=round(b * scale, 6), W=round(w * scale, 6)),
+        comm=comm,
+        memory=dict(F=scale, B=round(-(1 - r) * scale, 9), W=round(-r * scale, 9), limit=round(limit * p, 9)),
+        recompute=dict(
+            time=round(f * scale, 6),
+            keep=round(pol["keep"] * scale, 9),
+            selective=dict(time=round(f * scale * pol["selective_time"], 6), keep=round(pol["selective_keep"] * scale, 9)),
+        ),
+        offload=dict(time=round(f * scale * pol["copy_time"], 6)),
+        objective="span",
+    )
+    return Problem.parse(data, source=data["name"])
+
+
+def cells() -> list[tuple[str, int, float, bool]]:
+    return [(model, m, limit, v) for v in (False, True) for (model, m) in COSTS for limit in LIMITS]
+
+
+def write_problems(directory: Path = PROBLEM_DIR) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for model, m, limit, v in cells():
+        problem = problem_of(model, m, limit, v)
+        head = [
+            f"# Zero Bubble Pipeline Parallelism (Qi et al., ICLR 2024), model {model}, m = {m}, memory limit"
+            f" {limit:g} x 1F1B's activation memory;",
+            "# recompute and offload from the model in benchmarks/memory_time.py. Written by that script.",
+        ]
+        path = directory / f"{problem.name}.yaml"
+        path.write_text("\n".join(head) + "\n" + yaml.safe_dump(problem.model_dump(exclude_none=True), sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+def run_json(args: list[str], timeout: float) -> tuple[dict | None, float, str]:
+    """A schedc command with --json: (its output or None, wall seconds, the error's last line)."""
+    began = time.perf_counter()
+    try:
+        out = subprocess.run([sys.executable, "-m", "schedc.app.cli", *args, "--json"],
+                             capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, time.perf_counter() - began, f"killed after {timeout:g} s"
+    wall = time.perf_counter() - began
+    if out.returncode != 0:
+        return None, wall, (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+    return json.loads(out.stdout), wall, ""
+
+
+def run_cell(path: Path, time_limit: float, out_dir: Path) -> dict:
+    """The baselines (compare) and solve's answer on one problem file."""
+    compared, _, err = run_json(["compare", str(path)], timeout=1800)
+    if compared is None:
+        return {"error": f"compare: {err}"}
+    baselines = {row["schedule"]: row["span"] for row in compared["results"] if row.get("applies") and row["fits"]}
+    output = out_dir / f"{path.stem}.json"
+    solved, wall, err = run_json(["solve", str(path), "-o", str(output), "--time-limit", str(time_limit), "-q"],
+                                 timeout=10 * time_limit + 120)
+    if solved is None:
+        return {"error": f"solve: {err}", "baselines": baselines, "wall": wall}
+    sim, _, err = run_json(["simulate", str(output)], timeout=600)
+    if sim is None:
+        return {"error": f"simulate: {err}", "baselines": baselines, "wall": wall}
+    if abs(sim["span"] - solved["span"]) > 1e-9 * max(1.0, solved["span"]):
+        raise RuntimeError(f"{output}: solve reported span {solved['span']}, the file simulates to {sim['span']}")
+    return {"baselines": baselines, "span": sim["span"], "fits": sim["fits"], "bound": solved.get("bound"),
+            "gap": solved.get("gap"), "status": solved.get("status"), "policies": solved.get("policies"),
+            "wall": wall}
+
+
+def plot(results: dict, path: Path) -> None:
+    """Span against the memory limit, one panel per setting and placement, a curve per schedule
+    (solve, 1F1B with full recompute, the best baseline that fits)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(COSTS)
+    fig, axes = plt.subplots(4, 6, figsize=(24, 14), squeeze=False)
+    for k, (v, (model, m)) in enumerate((v, s) for v in (False, True) for s in settings):
+        ax = axes[k // 6][k % 6]
+        curves: dict[str, list[tuple[float, float]]] = {}
+        for limit in LIMITS:
+            r = results.get((model, m, limit, v))
+            if not r:
+                continue
+            if "span" in r and r["fits"]:
+                curves.setdefault("solve", []).append((limit, r["span"]))
+            if MEGATRON in r.get("baselines", {}):
+                curves.setdefault(MEGATRON, []).append((limit, r["baselines"][MEGATRON]))
+            if r.get("baselines"):
+                curves.setdefault("best baseline", []).append((limit, min(r["baselines"].values())))
+        for name, points in curves.items():
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xticks(LIMITS, [f"{x:g}" for x in LIMITS])
+        ax.set_title(f"{model} m={m} {'V' if v else 'loop'}", fontsize=9)
+        ax.set_xlabel("memory limit (x 1F1B's)", fontsize=8)
+        ax.set_ylabel("span (ms)", fontsize=8)
+        if k == 0:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main() -> None:
+    from _results import machine, write_section
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md and the figure")
+    parser.add_argument("--problems", action="store_true", help="only (re)write examples/problems/memory-time/")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
+    parser.add_argument("--only", default="", help="run the cells whose problem name contains this")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at once (each solve uses one thread)")
+    parser.add_argument("--out", default="out/memory-time", help="where the solved schedule files go")
+    args = parser.parse_args()
+    paths = write_problems()
+    if args.problems:
+        print(f"wrote {len(paths)} problems to {PROBLEM_DIR.relative_to(ROOT)}")
+        return
+    out_dir = ROOT / args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem]
+    results: dict = {}
+
+    def one(item):
+        cell, path = item
+        r = run_cell(path, args.time_limit, out_dir)
+        print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)
+        return cell, r
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for done, (cell, r) in enumerate(pool.map(one, chosen), 1):
+            results[cell] = r
+            left = (time.perf_counter() - began) / done * (len(chosen) - done)
+            print(f"[{done}/{len(chosen)}] about {left / 60:.0f} min left", flush=True)
+    lines, misses = [], []
+    for (model, m, limit, v), r in results.items():
+        name = f"{model} m={m} {'V' if v else 'loop'} {limit:g}x"
+        base = r.get("baselines", {})
+        best = min(base.items(), key=lambda kv: kv[1]) if base else None
+        megatron = base.get(MEGATRON)
+        if "error" in r:
+            misses.append(f"{name}: {r['error']}")
+            lines.append(f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | error: {r['error']} | | | | | |")
+            continue
+        span = r["span"] if r["fits"] else None
+        if span is None:
+            misses.append(f"{name}: solve's schedule does not fit")
+        elif best and span > best[1] * (1 + 1e-9):
+            misses.append(f"{name}: solve {span:.1f} slower than {best[0]} {best[1]:.1f}")
+        gain = f"{100 * (1 - span / megatron):.1f}%" if span and megatron else "n/a"
+        policies = r.get("policies") or {}
+        lines.append(
+            f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | "
+            + (f"{span:.1f}" if span else "does not fit")
+            + f" | {r.get('bound') or 0:.1f} | {100 * (r.get('gap') or 0):.2f}% | "
+            + (f"{best[0]} {best[1]:.1f}" if best else "none fits")
+            + f" | {'' if megatron is None else f'{megatron:.1f}'} | {gain} | "
+            + ", ".join(f"{k} {n}" for k, n in policies.items() if n) + f" | {r['wall']:.1f} |"
+        )
+    body = [
+        "Command: `python benchmarks/memory_time.py --write"
+        + (f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
+        + (f" --jobs {args.jobs}" if args.jobs != 1 else "") + "`",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "The zero-bubble paper's 12 settings with recompute (full, selective) and offload declared (the",
+        "model is in the script's docstring), limits as multiples of 1F1B's activation memory p M_B,",
+        "objective span (ms). `solve` is `schedc solve --time-limit` read back with `schedc simulate`;",
+        "its bound and gap are the proven ones. Best baseline: the fastest registry schedule that fits",
+        f"(`schedc compare`); vs {MEGATRON}: how much shorter solve's span is than 1F1B with full recompute.",
+        "Figure: benchmarks/memory_time.png.",
+        "",
+        "| model | m | placement | limit | solve span | bound | gap | best baseline that fits |"
+        f" {MEGATRON} | solve vs {MEGATRON} | policies | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *lines,
+        "",
+        "Cells where solve is slower than a baseline that fits, or does not fit: "
+        + ("; ".join(misses) if misses else "none") + ".",
+    ]
+    text = "\n".join(body)
+    print(text)
+    if args.write and not args.only:
+        plot(results, Path(__file__).with_name("memory_time.png"))
+        write_section("memory-time", "## Memory for time: recompute and offload decided by solve\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
