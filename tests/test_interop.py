@@ -230,7 +230,7 @@ def test_cli_mistakes_exit_2(tmp_path, monkeypatch):
 
 
 def _policy_file(tmp_path, chosen) -> tuple[Path, "schedc.CompiledSchedule"]:  # noqa: F821
-    from policy_schedules import with_policies
+    from tests.policy_schedules import with_policies
     from schedc.schedfile import CompiledSchedule
 
     prob = Problem.parse(dict(name="rc", ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), memory=dict(F=2),
