@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from functools import cached_property, reduce
 from operator import add
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
@@ -706,6 +706,8 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     for part in loc:
         field = model.model_fields.get(str(part))
         ann = field.annotation if field else None
+        # An optional section (``Optional[Recompute]``): the model inside it.
+        ann = next((a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return None
         model = ann
