@@ -579,7 +579,8 @@ def _axis_values() -> dict[str, list]:
     from schedc.app.ablate_config import Grid
 
     same = {"ranks": [2, 2], "microbatches": [4, 4], "microbatches_per_rank": [2, 2], "chunks": [1, 1],
-            "placement": ["loop", "loop"], "comm": [0, 0.0], "memory": [1, 1.0], "objective": ["span", "span"]}
+            "placement": ["loop", "loop"], "comm": [0, 0.0], "memory": [1, 1.0], "objective": ["span", "span"],
+            "policies": ["none", "none"]}
     return {axis: same[axis] for axis in Grid.model_fields}
 
 

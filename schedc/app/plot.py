@@ -284,7 +284,7 @@ def _settings(rows) -> dict[tuple, list]:
     """Ablation rows grouped by everything but the memory limit and the schedule."""
     groups: dict[tuple, list] = {}
     for r in rows:
-        key = (r.problem, r.ranks, r.microbatches, r.chunks, r.placement, r.comm, r.objective)
+        key = (r.problem, r.ranks, r.microbatches, r.chunks, r.placement, r.comm, r.objective, r.policies)
         groups.setdefault(key, []).append(r)
     return groups
 
@@ -306,7 +306,7 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
     nrows = (n + cols - 1) // cols
     fig = Figure(figsize=(5.2 * cols, 3.6 * nrows), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False)
-    for ax, ((problem, p, m, v, placement, comm, objective), group) in zip(axes.flat, groups.items()):
+    for ax, ((problem, p, m, v, placement, comm, objective, policies), group) in zip(axes.flat, groups.items()):
         for name in dict.fromkeys(r.schedule for r in group):
             pts = sorted(
                 ((unlimited if r.memory_factor is None else r.memory_factor), 100 * r.bubble)
@@ -316,7 +316,8 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
                 style = (dict(color="black", linewidth=1.6, linestyle="--", zorder=5) if name == "ilp"
                          else dict(color=color[name], linewidth=1.2, alpha=0.85))
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=name, **style)
-        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:.3g}" if comm else ""), fontsize=9)
+        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:.3g}" if comm else "")
+                     + (f" {policies}" if policies else ""), fontsize=9)
         ticks = sorted({(unlimited if r.memory_factor is None else r.memory_factor) for r in group})
         ax.set_xticks(ticks, [("none" if x == unlimited and None in {r.memory_factor for r in group} else f"{x:g}")
                               for x in ticks])
