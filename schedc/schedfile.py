@@ -37,7 +37,7 @@ from pydantic import AfterValidator, Field
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
 from schedc.check import check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
-from schedc.kinds import Kind
+from schedc.kinds import POLICIES, ROWS, Kind
 from schedc.problem import Boundary, Problem, load_problem
 from schedc.program import OPCODES, Header, Instr, Program, lower
 from schedc.schedule import Schedule
@@ -102,6 +102,7 @@ class _Strict(Boundary):
 # and the other opcodes; loading turns them into Kind and Opcode members (Op, Instr).
 KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW, R, S, O, L
 OPCODE_NAMES = tuple(o.value for o in OPCODES)  # the kinds, then SEND, RECV, LOCAL, STEP
+POLICY_NAMES = tuple(ROWS[k].policy for k in POLICIES)  # recompute, selective, offload
 
 
 class InstrModel(_Strict):
@@ -157,6 +158,8 @@ class SolverStats(_Strict):
     seconds: Amount = Field(ge=0)
     binaries: int = Field(ge=0, strict=True)
     not_evaluated: list[PlainText]
+    policies: Optional[dict[Literal[POLICY_NAMES], Annotated[int, Field(ge=0, strict=True)]]] = Field(  # type: ignore[valid-type]
+        default=None, description="where the problem allows recompute or offload: (stage, microbatch)s per policy")
 
 
 class ScheduleFile(_Strict):
@@ -296,7 +299,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
     _same(path, "timeline", model.timeline, summary, keys=summary)
     solver = None
     if model.solver is not None:
-        solver = model.solver.model_dump()
+        solver = model.solver.model_dump(exclude_none=True)  # policies only where the file has them
         _same_solver(path, solver, timeline)
     return CompiledSchedule(problem, schedule, program, timeline, solver, model.provenance.model_dump())
 
@@ -329,6 +332,9 @@ def _same_solver(path, stats: dict, timeline) -> None:
     actual = {"objective": timeline.makespan if problem.objective == "makespan" else timeline.span,
               "makespan": timeline.makespan, "span": timeline.span, "bubble": timeline.bubble_rate(),
               "peak_memory": list(timeline.peak_memory), "fits": timeline.fits}
+    if "policies" in stats:  # the counts the solver reported, for the policies it names
+        counts = timeline.schedule.policy_counts()
+        actual["policies"] = {policy: counts[policy] for policy in stats["policies"]}
     _same(path, "solver", stats, actual, keys=list(actual))
     objective, bound = stats["objective"], stats["bound"]
     tol = problem.time_tol

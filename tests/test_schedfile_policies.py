@@ -120,3 +120,32 @@ def test_any_choice_of_policies_round_trips(tmp_path_factory, data):
         "recompute": sum(k == "R" for k in chosen.values()), "selective": sum(k == "S" for k in chosen.values()),
         "offload": sum(k == "O" for k in chosen.values())}
     assert simulate(problem, loaded.schedule).summary() == compiled.timeline.summary()
+
+
+def _solved(tmp_path, policies) -> Path:
+    """A file of the solved schedule, its solver statistics as ``SolveResult.summary`` writes them
+    (with ``policies`` where the problem allows recompute or offload)."""
+    from schedc.solvers.solve import SolveResult
+
+    compiled = _compiled()
+    t = compiled.timeline
+    result = SolveResult(compiled.schedule, t, "feasible", t.makespan, 1.0, "given", "zb-h1", t.makespan, "cbc", 0.5, 0)
+    stats = {**result.summary(), **({"policies": policies} if policies is not None else {})}
+    CompiledSchedule.build(compiled.problem, compiled.schedule, stats, timeline=t).save(tmp_path / "s.json")
+    return tmp_path / "s.json"
+
+
+def test_the_solvers_policy_counts_are_kept_and_checked(tmp_path):
+    counts = {"recompute": 1, "selective": 1, "offload": 2}
+    loaded = load(_solved(tmp_path, counts))
+    assert loaded.solver["policies"] == counts
+    assert "policies" not in load(_solved(tmp_path, None)).solver  # an older solver's statistics
+    data = json.loads(_solved(tmp_path, counts).read_text())
+    data["solver"]["policies"]["offload"] = 3
+    (tmp_path / "e.json").write_text(json.dumps(data))
+    with pytest.raises(ScheduleFileError, match="solver.policies is .* but the schedule simulates to"):
+        load(tmp_path / "e.json")
+    data["solver"]["policies"] = {"remat": 1}
+    (tmp_path / "e.json").write_text(json.dumps(data))
+    with pytest.raises(ScheduleFileError, match="solver.policies.remat"):
+        load(tmp_path / "e.json")
