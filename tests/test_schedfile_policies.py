@@ -130,7 +130,9 @@ def _solved(tmp_path, policies) -> Path:
     compiled = _compiled()
     t = compiled.timeline
     result = SolveResult(compiled.schedule, t, "feasible", t.makespan, 1.0, "given", "zb-h1", t.makespan, "cbc", 0.5, 0)
-    stats = {**result.summary(), **({"policies": policies} if policies is not None else {})}
+    stats = {k: v for k, v in result.summary().items() if k != "policies"}  # as a solver before them wrote
+    if policies is not None:
+        stats["policies"] = policies
     CompiledSchedule.build(compiled.problem, compiled.schedule, stats, timeline=t).save(tmp_path / "s.json")
     return tmp_path / "s.json"
 
