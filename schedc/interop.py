@@ -56,11 +56,10 @@ def refuse_untorchable(ops: Iterable[Op], name: str) -> None:
     counts = Counter(op.kind for op in ops if ROWS[op.kind].torch is None)
     if not counts:
         return
-    held = ", ".join(f"{n} {k.value}" for k, n in sorted(counts.items(), key=lambda x: list(Kind).index(x[0])))
-    # recompute (R, S) and offload (O, and L that comes with it) as the policies name them
-    what = " or ".join(dict.fromkeys(
-        "offload" if "offload" in (row.policy, ROWS[row.comes_with].policy if row.comes_with else None)
-        else "recompute" for row in map(ROWS.__getitem__, in_order(counts))))
+    kinds = in_order(counts)
+    held = ", ".join(f"{counts[k]} {k.value}" for k in kinds)
+    # what torch lacks, as the policies are named: recompute (R, S: they lighten the forward) or offload (O, L)
+    what = " or ".join(dict.fromkeys("recompute" if ROWS[k].lightens else "offload" for k in kinds))
     raise ScheduleError(f"{name}: torch's IR has no {what} action (the schedule has {held}): export a"
                         " schedule without recompute or offload, or run this one with schedc's runtime")
 
