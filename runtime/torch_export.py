@@ -21,6 +21,9 @@ Where the sends and receives come from (``comms=``):
   ``_add_reduce_grad``, ``_add_send_recv``), what torch does with the compute-only CSV
   (``schedc export --format torch-csv``; ``_load_csv(path)``).
 
+A schedule that recomputes or offloads (ops R, S, O, L) is refused with one line: torch's IR has no
+such action (``schedc.interop.refuse_untorchable``); schedc's own runtime runs it.
+
 Either way torch infers the stage -> rank map from the actions; ``torch_pipeline`` checks that it
 is the problem's. torch's names used here are private (underscored) and may change between
 versions; written against torch 2.13, where a missing one or a schedule torch rejects is a
@@ -38,7 +41,7 @@ from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining import stage as _stage
 
 from schedc.errors import SchedcError
-from schedc.interop import torch_comms_rows
+from schedc.interop import refuse_untorchable, torch_comms_rows
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
 from schedc.schedule import Schedule
@@ -63,11 +66,13 @@ def _compiled(compiled: CompiledSchedule | Problem, schedule: Schedule | None) -
     if isinstance(compiled, Problem):
         if schedule is None:
             raise SchedcError("a Problem needs its Schedule: torch_actions(problem, schedule) or torch_actions(compiled)")
+        refuse_untorchable(schedule.ops(), schedule.name)  # before lowering: one line, whatever lowering says
         return CompiledSchedule.build(compiled, schedule)  # simulated (complete, no deadlock) and lowered
     if schedule is not None:
         raise SchedcError("pass a CompiledSchedule alone, or a Problem and a Schedule")
     if not isinstance(compiled, CompiledSchedule):
         raise SchedcError(f"expected a CompiledSchedule (schedc.load or schedc.compile), got {type(compiled).__name__}")
+    refuse_untorchable(compiled.schedule.ops(), compiled.name)  # torch's IR has no recompute or offload action
     return compiled
 
 

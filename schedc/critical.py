@@ -2,8 +2,8 @@
 
 The ops of a schedule form a DAG: an edge from each producer to its consumer (the data
 dependencies of ``schedc.schedule.producers``, plus ``comm`` when they sit on different ranks:
-``schedc.simulate.dependencies``) and from each op to the next one on its rank (the rank runs its
-ops in order). ``simulate`` starts every op as soon as its predecessors in that DAG allow, so the
+``schedc.simulate.dependencies``) and from each op to the next one on its lane (each lane of a rank,
+the compute lane and the copy lane of its offloads and reloads, runs its ops in order). ``simulate`` starts every op as soon as its predecessors in that DAG allow, so the
 end of an op is the longest path into it, weighted by op durations and latencies, and the
 makespan is the DAG's longest path. ``op_graph`` builds the DAG (networkx), ``critical_path``
 takes its longest path into the op that ends the objective:
@@ -15,8 +15,11 @@ takes its longest path into the op that ends the objective:
   op's start (clipped: the first op listed, or the latency before it, may begin earlier).
 
 Each op on the chain says how it waited for the op before it: ``"data"``, for that op's result
-(``latency``: ``comm`` when it came from another rank), or ``"rank"``, for its rank, busy with the
-op before it (an op whose previous op on its rank is also its producer waited for "data"). Where
+(``latency``: ``comm`` when it came from another rank), or ``"rank"``, for its rank's lane, busy with
+the op before it (an op whose previous op on its lane is also its producer waited for "data"). The
+chain may run through the copy lane: a backward that waited for its reload L, the reload for the
+copy lane busy with other copies. ``compute`` counts the chain's time on compute lanes, ``copy``
+on copy lanes. Where
 both bound at once (the rank got free the moment a producer's result arrived) the longest path
 takes the rank's order (networkx keeps the first of equal predecessors, and the rank's edges are
 added first), so a chain stays on a busy rank rather than hopping between ranks for a tie; float
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from schedc.kinds import ROWS
 from schedc.schedule import Op
 from schedc.simulate import Timeline, dependencies
 
@@ -56,13 +60,21 @@ class CriticalPath:
         """The objective's value the chain explains: the window's length."""
         return self.window[1] - self.window[0]
 
-    def compute(self) -> tuple[float, ...]:
-        """Per rank, the time its ops on the chain run within the window."""
+    def _lane_time(self, lane: str) -> tuple[float, ...]:
         t0, t1 = self.window
         out = [0.0] * self.timeline.problem.ranks
-        for r, s, e in self.times:
-            out[r] += max(0.0, min(e, t1) - max(s, t0))
+        for op, (r, s, e) in zip(self.ops, self.times):
+            if ROWS[op.kind].lane == lane:
+                out[r] += max(0.0, min(e, t1) - max(s, t0))
         return tuple(out)
+
+    def compute(self) -> tuple[float, ...]:
+        """Per rank, the time its compute ops on the chain run within the window."""
+        return self._lane_time("compute")
+
+    def copy(self) -> tuple[float, ...]:
+        """Per rank, the time its copy ops (offload O, reload L) on the chain run within the window."""
+        return self._lane_time("copy")
 
     def comm(self) -> float:
         """The time within the window that the chain spends in transfers between ranks (the
@@ -75,10 +87,11 @@ class CriticalPath:
         )
 
     def runs(self) -> list[tuple[int, list[Op]]]:
-        """The chain cut where it changes rank: (rank, its consecutive ops on the chain)."""
+        """The chain cut where it changes rank or lane: (rank, its consecutive ops on the chain on
+        one lane)."""
         out: list[tuple[int, list[Op]]] = []
         for op, (r, _, _) in zip(self.ops, self.times):
-            if out and out[-1][0] == r:
+            if out and out[-1][0] == r and ROWS[out[-1][1][-1].kind].lane == ROWS[op.kind].lane:
                 out[-1][1].append(op)
             else:
                 out.append((r, [op]))
@@ -95,11 +108,12 @@ class CriticalPath:
         parts = ", ".join(f"rank {r} {pct(compute[r])}" for r in shown)
         what = (f"the makespan {value:.6g}" if self.objective == "makespan" else
                 f"rank {self.rank}'s span {value:.6g} ({self.window[0]:.6g} to {self.window[1]:.6g})")
-        comm = self.comm()
+        comm, copy = self.comm(), sum(self.copy())
         first = (f"critical path: {len(self.ops)} ops set {what}: compute {pct(sum(compute))} ({parts})"
-                 + (f", comm {pct(comm)}" if comm > 0 else ""))
+                 + (f", copy {pct(copy)}" if copy > 0 else "") + (f", comm {pct(comm)}" if comm > 0 else ""))
         runs = [
-            f"rank {r} {ops[0]}" if len(ops) == 1 else f"rank {r} {ops[0]} .. {ops[-1]} ({len(ops)} ops)"
+            f"rank {r}{' copy' if ROWS[ops[0].kind].lane == 'copy' else ''} "
+            + (f"{ops[0]}" if len(ops) == 1 else f"{ops[0]} .. {ops[-1]} ({len(ops)} ops)")
             for r, ops in self.runs()
         ]
         if len(runs) > max_runs:
@@ -110,37 +124,42 @@ class CriticalPath:
 
     def summary(self) -> dict:
         """Plain data for --json: the window, compute time per rank and comm time within it, and
-        every op of the chain with its times and how it waited for the one before."""
+        every op of the chain with its times and how it waited for the one before; where the
+        schedule has a copy lane, also the copy time per rank and each op's lane."""
+        copy = bool(self.timeline.schedule.copy)
         return {
             "objective": self.objective,
             "rank": self.rank,
             "window": list(self.window),
             "compute": list(self.compute()),
+            **({"copy": list(self.copy())} if copy else {}),
             "comm": self.comm(),
             "ops": [
                 {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e,
-                 "wait": None if w is None else w.kind, "latency": 0.0 if w is None else w.latency}
+                 "wait": None if w is None else w.kind, "latency": 0.0 if w is None else w.latency,
+                 **({"lane": ROWS[op.kind].lane} if copy else {})}
                 for op, (r, s, e), w in zip(self.ops, self.times, self.waits)
             ],
         }
 
 
 def op_graph(timeline: Timeline) -> nx.DiGraph:
-    """The DAG of the timeline's ops: an edge from each op to the next on its rank (``wait``
-    "rank") and from each producer to its consumer (``wait`` "data", ``latency`` comm across
-    ranks; an edge that is both is "data"). ``weight`` is the latency plus the consumer's
+    """The DAG of the timeline's ops, every lane's: an edge from each op to the next on its rank's
+    lane (``wait`` "rank") and from each producer to its consumer (``wait`` "data", ``latency`` comm
+    across ranks; an edge that is both is "data"). ``weight`` is the latency plus the consumer's
     duration, so a path's weight plus its first op's duration is the time from that op's start
     to the last op's end when nothing else waits."""
     problem, schedule = timeline.problem, timeline.schedule
     where = schedule.locate()
-    ops = [op for rank_ops in schedule.ranks for op in rank_ops]
+    ops = list(schedule.ops())
     index = {op: k for k, op in enumerate(ops)}
     dur = [problem.cost[op.kind][op.stage] for op in ops]
     graph = nx.DiGraph()
     for k, op in enumerate(ops):
         graph.add_node(op, duration=dur[k])
-    for rank_ops in schedule.ranks:  # first: among equal predecessors the longest path keeps the first
-        for a, b in zip(rank_ops, rank_ops[1:]):
+    lanes = [lane_ops for per_rank in schedule.lanes.values() for lane_ops in per_rank]
+    for lane_ops in lanes:  # first: among equal predecessors the longest path keeps the first
+        for a, b in zip(lane_ops, lane_ops[1:]):
             graph.add_edge(a, b, wait="rank", latency=0.0, weight=dur[index[b]])
     for k, deps in enumerate(dependencies(problem, ops, index, where)):
         for d, latency in deps:
@@ -155,7 +174,9 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
     objective = objective or timeline.problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', not {objective!r}")
-    ends = [es[-1] for es in timeline.end]  # every rank holds a stage, so runs ops
+    # Every rank holds a stage, so runs compute ops; its last compute op ends it, since every copy
+    # op (an offload, its reload) comes before the backward that waits for the reload.
+    ends = [es[-1] for es in timeline.end]
     if objective == "makespan":
         rank = max(range(len(ends)), key=ends.__getitem__)
         window = (0.0, ends[rank])

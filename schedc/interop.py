@@ -7,7 +7,10 @@ the kinds' rows say (``KindRow.torch``, ``Op.to_torch``):
     schedc  F  B (input gradient)  W (weight gradient)  BW (fused backward)
     torch   F  I                   W                    B
 
-An empty cell is an idle step. Reading and writing CSV is our own code and needs no torch;
+An empty cell is an idle step. torch's IR has no action for recompute (R, S) or for an offload
+and its reload (O, L): every writer refuses a schedule with one of them (``refuse_untorchable``),
+with one line naming what the schedule recomputes or offloads; such a schedule runs on schedc's
+own runtime. Reading and writing CSV is our own code and needs no torch;
 torch's own schedules are built in ``schedc.runtime.torch_schedules`` (it imports torch).
 
 ``torch_comms_rows(program)`` writes a lowered Program in torch's other format, "compute_comms":
@@ -25,9 +28,12 @@ import os
 import re
 from pathlib import Path
 
-from schedc.errors import SchedcError
+from collections import Counter
+from collections.abc import Iterable
+
+from schedc.errors import SchedcError, ScheduleError
 from schedc.inputs import read_text
-from schedc.kinds import BY_TORCH, ROWS, Kind
+from schedc.kinds import BY_TORCH, ROWS, Kind, in_order
 from schedc.program import Opcode, Program
 from schedc.schedule import Op, Schedule
 
@@ -43,8 +49,24 @@ _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 # ---- CSV ----
 
 
+def refuse_untorchable(ops: Iterable[Op], name: str) -> None:
+    """Raise a one-line ScheduleError if ``ops`` (a schedule's, or a Program's compute ops) hold a
+    kind torch's IR has no action for (``KindRow.torch`` None: recompute, offload, reload), saying
+    how many of each the schedule ``name`` holds."""
+    counts = Counter(op.kind for op in ops if ROWS[op.kind].torch is None)
+    if not counts:
+        return
+    kinds = in_order(counts)
+    held = ", ".join(f"{counts[k]} {k.value}" for k in kinds)
+    # what torch lacks, as the policies are named: recompute (R, S: they lighten the forward) or offload (O, L)
+    what = " or ".join(dict.fromkeys("recompute" if ROWS[k].lightens else "offload" for k in kinds))
+    raise ScheduleError(f"{name}: torch's IR has no {what} action (the schedule has {held}): export a"
+                        " schedule without recompute or offload, or run this one with schedc's runtime")
+
+
 def to_torch_csv(schedule: Schedule) -> str:
     """One row per rank, the rank's ops in order, no idle cells (order is all a Schedule has)."""
+    refuse_untorchable(schedule.ops(), schedule.name)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for ops in schedule.ranks:
@@ -61,6 +83,8 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     follows it (torch scales, and data-parallel reduces, the gradients there, as its own lowering
     does). Hand-offs between stages on one rank and the optimizer step have no cell: torch's
     runtime hands off inside F and B, and the caller steps."""
+    name = program.header.schedule if program.header is not None else "program"
+    refuse_untorchable((i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)), name)
     rows = []
     for instrs in program.ranks:
         last_backward = {i.stage: k for k, i in enumerate(instrs) if i.op in _LAST_OF_STAGE}

@@ -7,6 +7,15 @@ the runtime needs, never pickled.
      "program": [[{"op": "F", "stage": 0, "mb": 0}, {"op": "SEND", ...}, ...], ...],
      "timeline": {makespan, span, bubble, peak memory, ...}, "solver": {...} or null}
 
+Versions. Version 1 holds the ops F, B, W and BW on one compute lane per rank. Version 2 (issue 25,
+memory for time) adds the recompute ops R and S to the compute lane, the copy lane of the
+offloads O and reloads L (``"schedule": {..., "copy": [[["O", stage, mb], ...], ...]}``, one list
+per rank) and, in ``timeline``, ``"policies"``: how many (stage, microbatch) recompute, recompute
+selectively and offload (``Schedule.policy_counts``). A schedule without any of those ops is
+written as version 1, byte for byte as before, so that a schedc from before version 2 still reads
+it; one with them is written as version 2, which an older schedc refuses with "written by a newer
+schedc". Reading takes both; a version 1 file that holds an op of version 2 is refused.
+
 Reading checks more than the shape: the schedule must be complete for the problem, the program
 must pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
 timeline must be what the schedule simulates to. A file edited into an inconsistent state, a
@@ -28,7 +37,7 @@ from pydantic import AfterValidator, Field
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
 from schedc.check import check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
-from schedc.kinds import Kind
+from schedc.kinds import POLICIES, ROWS, Kind
 from schedc.problem import Boundary, Problem, load_problem
 from schedc.program import OPCODES, Header, Instr, Program, lower
 from schedc.schedule import Schedule
@@ -37,7 +46,8 @@ from schedc.tolerance import meets
 from schedc.version import __version__
 
 FORMAT = "schedc.schedule"
-VERSION = 1
+VERSION = 2  # the newest version this schedc reads and writes (see the module notes)
+V1_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW})  # what a version 1 file may hold
 
 
 @dataclass(frozen=True)
@@ -90,8 +100,9 @@ class _Strict(Boundary):
 
 # The names a file writes: the op kinds of schedc.kinds (a schedule's ops, compute instructions)
 # and the other opcodes; loading turns them into Kind and Opcode members (Op, Instr).
-KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW
+KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW, R, S, O, L
 OPCODE_NAMES = tuple(o.value for o in OPCODES)  # the kinds, then SEND, RECV, LOCAL, STEP
+POLICY_NAMES = tuple(ROWS[k].policy for k in POLICIES)  # recompute, selective, offload
 
 
 class InstrModel(_Strict):
@@ -106,6 +117,8 @@ class InstrModel(_Strict):
 class ScheduleModel(_Strict):
     name: str
     ranks: list[list[tuple[Literal[KIND_NAMES], int, int]]]  # type: ignore[valid-type]
+    copy_lane: list[list[tuple[Literal[KIND_NAMES], int, int]]] = Field(  # type: ignore[valid-type]
+        default_factory=list, alias="copy", description="version 2: per rank, the copy lane's order (offloads O, reloads L)")
 
 
 def _plain_text(v: str) -> str:
@@ -145,13 +158,15 @@ class SolverStats(_Strict):
     seconds: Amount = Field(ge=0)
     binaries: int = Field(ge=0, strict=True)
     not_evaluated: list[PlainText]
+    policies: Optional[dict[Literal[POLICY_NAMES], Annotated[int, Field(ge=0, strict=True)]]] = Field(  # type: ignore[valid-type]
+        default=None, description="where the problem allows recompute or offload: (stage, microbatch)s per policy")
 
 
 class ScheduleFile(_Strict):
     """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
 
     format: Literal["schedc.schedule"]
-    version: Literal[1]
+    version: Literal[1, 2]
     provenance: Provenance
     problem: Problem
     schedule: ScheduleModel
@@ -188,18 +203,34 @@ def dump(compiled) -> str:
         ranks = [f"{indent} [\n" + ",\n".join(f"{indent}  {x}" for x in lines(items)) + f"\n{indent} ]" for items in rows]
         return "[\n" + ",\n".join(ranks) + f"\n{indent}]"
 
-    schedule_ranks = per_rank([[list(op) for op in ops] for ops in compiled.schedule.ranks], "  ")
+    schedule = compiled.schedule
+    version = version_of(schedule)
+    schedule_ranks = per_rank([[list(op) for op in ops] for ops in schedule.ranks], "  ")
+    copy = f', "copy": {per_rank([[list(op) for op in ops] for ops in schedule.copy], "  ")}' if schedule.copy else ""
     fields = [
         plain("format", FORMAT),
-        plain("version", VERSION),
+        plain("version", version),
         plain("provenance", compiled.provenance),
         plain("problem", compiled.problem.model_dump(exclude_none=True)),
-        f' "schedule": {{"name": {json.dumps(compiled.schedule.name)}, "ranks": {schedule_ranks}}}',
+        f' "schedule": {{"name": {json.dumps(schedule.name)}, "ranks": {schedule_ranks}{copy}}}',
         f' "program": {per_rank(compiled.program.to_data(), " ")}',
-        plain("timeline", compiled.timeline.summary()),
+        plain("timeline", timeline_summary(compiled.timeline, version)),
         plain("solver", compiled.solver),
     ]
     return "{\n" + ",\n".join(fields) + "\n}"
+
+
+def version_of(schedule: Schedule) -> int:
+    """The version a file of ``schedule`` is written as: 1 without recompute or offload (readable by
+    every schedc), else 2."""
+    return 1 if not schedule.copy and all(op.kind in V1_KINDS for ops in schedule.ranks for op in ops) else 2
+
+
+def timeline_summary(timeline: Timeline, version: int) -> dict:
+    """The file's ``timeline``: ``Timeline.summary()``, and from version 2 the schedule's policy
+    counts (``Schedule.policy_counts``) under ``"policies"``."""
+    summary = timeline.summary()
+    return summary if version < 2 else {**summary, "policies": timeline.schedule.policy_counts()}
 
 
 def save(compiled, path: str | Path) -> None:
@@ -246,7 +277,17 @@ def from_data(data: Any, path: str | Path = "schedule file"):
     model = ScheduleFile.validated(data, str(path))
 
     problem = model.problem
-    schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks)
+    try:
+        schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks, model.schedule.copy_lane)
+    except ScheduleError as e:
+        raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
+    if version_of(schedule) > version:
+        newer = next((op for op in schedule.ops() if op.kind not in V1_KINDS), None)
+        what = f"op {newer}" if newer is not None else "a copy lane"
+        raise ScheduleFileError(
+            f"{path}: inconsistent: schedule format version {version} cannot hold {what} (recompute and offload"
+            f" need version {version_of(schedule)}): write the file again with this schedc"
+        )
     program = Program.from_lists([[Instr(**i.model_dump()) for i in instrs] for instrs in model.program],
                                  Header.of(problem, schedule))
     try:
@@ -254,11 +295,11 @@ def from_data(data: Any, path: str | Path = "schedule file"):
         check(problem, program, schedule)
     except (ScheduleError, ProgramError) as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
-    summary = timeline.summary()
+    summary = timeline_summary(timeline, version)
     _same(path, "timeline", model.timeline, summary, keys=summary)
     solver = None
     if model.solver is not None:
-        solver = model.solver.model_dump()
+        solver = model.solver.model_dump(exclude_none=True)  # policies only where the file has them
         _same_solver(path, solver, timeline)
     return CompiledSchedule(problem, schedule, program, timeline, solver, model.provenance.model_dump())
 
@@ -291,6 +332,9 @@ def _same_solver(path, stats: dict, timeline) -> None:
     actual = {"objective": timeline.makespan if problem.objective == "makespan" else timeline.span,
               "makespan": timeline.makespan, "span": timeline.span, "bubble": timeline.bubble_rate(),
               "peak_memory": list(timeline.peak_memory), "fits": timeline.fits}
+    if "policies" in stats:  # the counts the solver reported, for the policies it names
+        counts = timeline.schedule.policy_counts()
+        actual["policies"] = {policy: counts[policy] for policy in stats["policies"]}
     _same(path, "solver", stats, actual, keys=list(actual))
     objective, bound = stats["objective"], stats["bound"]
     tol = problem.time_tol
@@ -317,4 +361,6 @@ def _close(a: Any, b: Any) -> bool:
         return a == b
     if isinstance(b, list):
         return isinstance(a, list) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(b, dict):
+        return isinstance(a, dict) and a.keys() == b.keys() and all(_close(a[k], b[k]) for k in b)
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)

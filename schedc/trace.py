@@ -10,6 +10,10 @@ host; ranks on several hosts are only as aligned as their clocks). With
 ``PipelineRuntime(..., measure_memory=True)`` each event also has ``memory`` (MiB after the
 instruction) and ``memory_peak`` (MiB during it): the rank's activation memory relative to the
 start of the step; the Perfetto trace then has a counter per rank ("activation memory rank R").
+
+The instructions of a rank's copy lane (offloads O and reloads L, on a side stream beside compute)
+are a track of their own in the Perfetto trace ("rank R copy", right under the rank's track), and
+``measured_timeline`` reads them as the copy lane's times.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from schedc.errors import SchedcError
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
-from schedc.kinds import BY_NAME
+from schedc.kinds import BY_NAME, ROWS
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, with_times
 
@@ -34,11 +38,18 @@ def write_trace_file(path: str | Path, schedule_name: str, step: int, ranks: lis
         [dict(e, start=1e3 * (e["start"] - t0), end=1e3 * (e["end"] - t0)) for e in events] for events in ranks
     ]
     trace = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{schedule_name} (measured)"}}]
+    p = len(data)
+    copy = any(_on_copy_lane(e) for events in data for e in events)
     for r, events in enumerate(data):
         trace.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
+        if copy:  # each rank's copy lane a track of its own, right under the rank's
+            trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": p + r, "args": {"name": f"rank {r} copy"}},
+                      {"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": r, "args": {"sort_index": 2 * r}},
+                      {"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": p + r, "args": {"sort_index": 2 * r + 1}}]
         trace += [
-            {"name": e["instr"], "cat": e["op"], "ph": "X", "pid": 0, "tid": r, "ts": 1e3 * e["start"],
-             "dur": 1e3 * (e["end"] - e["start"]), "args": {"stage": e["stage"], "microbatch": e["mb"]}}
+            {"name": e["instr"], "cat": e["op"], "ph": "X", "pid": 0, "tid": p + r if _on_copy_lane(e) else r,
+             "ts": 1e3 * e["start"], "dur": 1e3 * (e["end"] - e["start"]),
+             "args": {"stage": e["stage"], "microbatch": e["mb"]}}
             for e in events
         ]
         trace += [
@@ -55,15 +66,22 @@ def write_trace_file(path: str | Path, schedule_name: str, step: int, ranks: lis
     path.write_text(json.dumps(doc))
 
 
+def _on_copy_lane(event: dict) -> bool:
+    """Whether a traced instruction ran on its rank's copy lane (an offload or a reload)."""
+    kind = BY_NAME.get(event["op"])
+    return kind is not None and ROWS[kind].lane == "copy"
+
+
 def _memory_points(events: list[dict]) -> list[tuple[float, float]]:
     """Step points (ms, MiB) of one rank's measured memory: at each instruction's start its
-    peak, at its end the level after it; empty without measurements."""
+    peak, at its end the level after it, in time order (copies overlap compute); empty without
+    measurements."""
     if not events or any("memory" not in e for e in events):
         return []
     points = [(0.0, 0.0)]
     for e in events:
         points += [(e["start"], e["memory_peak"]), (e["end"], e["memory"])]
-    return points
+    return sorted(points, key=lambda x: x[0])  # stable: an instruction's own points stay in order
 
 
 def measured_memory(path: str | Path) -> list[list[tuple[float, float]]] | None:
@@ -107,7 +125,8 @@ def _bad_event(e) -> str:
 
 
 def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline:
-    """The compute ops' measured times from a trace file, as a Timeline of ``schedule`` (which
+    """The ops' measured times from a trace file, every lane's (the compute ops, and the offloads
+    and reloads of the copy lane where the schedule has one), as a Timeline of ``schedule`` (which
     must be the schedule that ran)."""
     data = _read(path)
     if data.get("schedule") != schedule.name:
@@ -115,11 +134,16 @@ def measured_timeline(path: str | Path, problem, schedule: Schedule) -> Timeline
     ranks = data["ranks"]
     if len(ranks) != len(schedule.ranks):
         raise SchedcError(f"{path}: has {len(ranks)} ranks, the schedule {len(schedule.ranks)}")
-    start, end = [], []
-    for r, (events, ops) in enumerate(zip(ranks, schedule.ranks)):
-        compute = [e for e in events if e["op"] in BY_NAME]  # the compute instructions: the op kinds' names
-        if [Op(e["op"], e["stage"], e["mb"]) for e in compute] != list(ops):
-            raise SchedcError(f"{path}: rank {r} ran other compute ops than the schedule {schedule.name!r}")
-        start.append([e["start"] for e in compute])
-        end.append([e["end"] for e in compute])
-    return with_times(problem, schedule.renamed(f"{schedule.name} (measured)"), start, end)
+    times: dict[str, tuple[list, list]] = {lane: ([], []) for lane in schedule.lanes}
+    for r, events in enumerate(ranks):
+        ops = [e for e in events if e["op"] in BY_NAME]  # the op instructions: the op kinds' names
+        for lane, per_rank in schedule.lanes.items():
+            ran = [e for e in ops if ROWS[BY_NAME[e["op"]]].lane == lane]
+            if [Op(e["op"], e["stage"], e["mb"]) for e in ran] != list(per_rank[r]):
+                raise SchedcError(f"{path}: rank {r} ran other {lane} ops than the schedule {schedule.name!r}")
+            times[lane][0].append([e["start"] for e in ran])
+            times[lane][1].append([e["end"] for e in ran])
+        if not schedule.copy and any(_on_copy_lane(e) for e in ops):
+            raise SchedcError(f"{path}: rank {r} ran copy ops, the schedule {schedule.name!r} has none")
+    copy_start, copy_end = times.get("copy", ((), ()))
+    return with_times(problem, schedule.renamed(f"{schedule.name} (measured)"), *times["compute"], copy_start, copy_end)

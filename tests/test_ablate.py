@@ -183,3 +183,127 @@ def test_the_cell_ceiling_is_checked_by_the_api_too(tmp_path):
                                           r" inline-m2, inline-m3, inline-m4$"):
         run(config.model_copy(update={"gantt": ["inline-m5"]}), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# ---- the policies axis (issue 25): which recompute / offload sections each cell declares ----
+
+POLICY_CONFIG = """
+name: policies
+problems:
+  - name: two-chunk
+    problem: {ranks: 2, microbatches: 4, chunks: 2, costs: {F: 1, B: 1, W: 1}, memory: {F: 1}}
+grid:
+  policies: [none, recompute, selective, offload, all]
+  memory: [0.4, 1.0]
+recompute: {keep: 0.1, selective: {time: 0.2, keep: 0.4}}
+offload: {time: 0.5}
+schedules: [interleaved-1f1b, every-policy]
+"""
+
+
+def _every_policy(problem):
+    """interleaved 1F1B with each (stage, microbatch) given the policies the problem allows in turn
+    (microbatch i: the (i mod k)-th of its k policies)."""
+    import schedc.solvers as solvers
+    from tests.policy_schedules import with_policies
+
+    base = solvers.build("interleaved-1f1b", problem)
+    kinds = problem.policies
+    if not kinds:
+        return base.renamed("every-policy")
+    chosen = {(s, i): kinds[i % len(kinds)] for s in range(problem.n_stages) for i in range(problem.microbatches)}
+    return with_policies(problem, base, chosen, name="every-policy")
+
+
+@pytest.fixture
+def every_policy(monkeypatch):
+    import schedc.solvers as solvers
+    from schedc.solvers.registry import ScheduleSpec
+
+    spec = ScheduleSpec("every-policy", _every_policy, "test: interleaved 1F1B, every policy the problem allows",
+                        True, solvers.REGISTRY["interleaved-1f1b"].requires)
+    monkeypatch.setitem(solvers.REGISTRY, "every-policy", spec)
+
+
+def test_the_policies_axis_declares_the_sections_and_counts_them(tmp_path, every_policy):
+    config = tmp_path / "policies.yaml"
+    config.write_text(POLICY_CONFIG)
+    run("ablate", config, "-o", tmp_path / "r", "-q")
+    rows = read_csv(tmp_path / "r" / "results.csv")
+    cells = {r["cell"] for r in rows}
+    # 0.4 x 1F1B's activation memory is below what a rank of two stages needs keeping everything
+    # (its two forwards, 0.5 x): only the cells that declare recompute or offload run there.
+    assert cells == {f"two-chunk-{v}-mem{m}" for v in ("none", "recompute", "selective", "offload", "all")
+                     for m in ("0.4", "1")} - {"two-chunk-none-mem0.4"}
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "- two-chunk-none-mem0.4: two-chunk-none-mem0.4: memory.limit of rank 0 is 1.6, below the 2" in summary
+    n = 4 * 4  # stages x microbatches
+    want = {  # policies value -> (recompute, selective, offload) of every-policy; "" where not declared
+        "none": ("", "", ""), "recompute": (str(n), "", ""), "selective": (str(n // 2), str(n // 2), ""),
+        "offload": ("", "", str(n)), "all": ("8", "4", "4"),  # microbatches 0, 3: R; 1: S; 2: O
+    }
+    for r in rows:
+        assert r["policies"] == r["cell"].split("-")[2]
+        problem = yaml.safe_load((tmp_path / "r" / "problems" / f"{r['cell']}.yaml").read_text())
+        declared = {k for k in ("recompute", "offload") if k in problem}
+        assert declared == {"none": set(), "recompute": {"recompute"}, "selective": {"recompute"},
+                            "offload": {"offload"}, "all": {"recompute", "offload"}}[r["policies"]]
+        assert ("selective" in problem.get("recompute", {})) == (r["policies"] in ("selective", "all"))
+        counts = (r["recompute"], r["selective"], r["offload"])
+        if r["schedule"] == "every-policy":
+            assert counts == want[r["policies"]]
+        else:
+            assert counts == tuple("0" if c else "" for c in want[r["policies"]])
+        # The numbers are the simulator's, on the problem file the study wrote.
+        sim = json.loads(run("simulate", tmp_path / "r" / "problems" / f"{r['cell']}.yaml", "-s", r["schedule"],
+                             "--json"))
+        assert float(r["makespan"]) == pytest.approx(sim["makespan"], rel=1e-12)
+        assert float(r["peak_memory"]) == pytest.approx(max(sim["peak_memory"]), rel=1e-12)
+        assert {k: str(v) for k, v in sim.get("policies", {}).items()} == {
+            k: v for k, v in zip(("recompute", "selective", "offload"), counts) if v != ""}
+    # At 0.4 x only a schedule that recomputes can fit (every-policy recomputing every microbatch peaks
+    # at 1.4 of the 1.6 there; offloading each right after its forward, with the reload right before
+    # its backward, the copy lane falls behind and holds more).
+    fits = {r["cell"] for r in rows if r["status"] == "fits" and r["memory_factor"] == "0.4"}
+    assert fits and all(r["schedule"] == "every-policy" for r in rows if r["cell"] in fits and r["status"] == "fits")
+    assert "two-chunk-recompute-mem0.4" in fits
+
+
+def test_a_study_without_the_policies_axis_has_the_columns_it_always_had(report):
+    out, _ = report
+    with (out / "results.csv").open() as f:
+        header = f.readline().strip().split(",")
+    assert header[-1] == "measured_ms" and "policies" not in header
+
+
+@pytest.mark.parametrize("text, message", [
+    ("problems: [{problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}}]\ngrid: {policies: [offload]}",
+     "problems[0]: the policies axis has offload, but neither the config nor the problem gives an offload section"),
+    ("problems: [{problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}}]\ngrid: {policies: [selective]}",
+     "problems[0]: the policies axis has selective, but neither the config nor the problem gives recompute.selective"),
+    ("problems: [{problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}}]\ngrid: {policies: [keep]}",
+     "grid.policies[0]: Input should be 'none', 'recompute', 'selective', 'offload' or 'all'"),
+    ("problems: [{problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}}]\n"
+     "grid: {policies: [none, none]}", "grid.policies: 'none' is given twice: give each value once"),
+    ("problems: [{problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}}]\noffload: {time: 0}",
+     "offload.time: must be > 0, got 0"),
+    ("problems: [{problem: {ranks: 2, microbatches: 2, costs: {F: 1, B: 1, W: 1}}}]\nrecompute: {kep: 1}",
+     "unknown field 'recompute.kep' (did you mean 'keep'?)"),
+])
+def test_policies_axis_mistakes_are_one_line(tmp_path, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    result = CliRunner().invoke(main, ["ablate", str(config), "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
+
+
+def test_a_problem_file_without_an_offload_section_skips_the_offload_cells(tmp_path):
+    from pathlib import Path
+
+    uniform = Path(__file__).parent.parent / "examples/problems/uniform.yaml"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"problems: [{{file: {uniform}}}]\ngrid: {{policies: [none, offload]}}\nschedules: [1f1b]\n")
+    run("ablate", config, "-o", tmp_path / "r", "-q")
+    assert {r["cell"] for r in read_csv(tmp_path / "r" / "results.csv")} == {"uniform-none"}
+    assert ("uniform-offload: policies 'offload' needs an offload section (time): give offload: in the config or in"
+            " the problem") in (tmp_path / "r" / "summary.md").read_text()

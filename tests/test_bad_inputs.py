@@ -202,6 +202,49 @@ PROBLEMS: dict[str, tuple[str | bytes, str]] = {  # id -> (file text, a word the
     "stage-blocks-zero": (_problem(stage_blocks=[0, 1]), "stage_blocks"),
 }
 
+# Recompute and offload (issue 25): each error is one line naming the field (2 stages here).
+POLICY_PROBLEMS: dict[str, tuple[str, str]] = {
+    "recompute-time-zero": (_problem(recompute={"time": 0}), "recompute.time: must be > 0, got 0"),
+    "recompute-time-negative": (_problem(recompute={"time": [1, -1]}), "recompute.time: must be > 0, got -1 (index 1)"),
+    "recompute-time-nan": (GOOD + "recompute: {time: .nan}\n", "finite"),
+    "recompute-time-bool": (_problem(recompute={"time": True}), "recompute.time: must be a number"),
+    "recompute-time-huge": (_problem(recompute={"time": 1e300}), "recompute.time: 1e+300 is out of range"),
+    "recompute-keep-negative": (_problem(recompute={"keep": -0.1}), "recompute.keep: must be >= 0"),
+    "recompute-keep-above": (_problem(recompute={"keep": 1.5}), "recompute.keep of stage 0 is 1.5, above the stage's"
+                             " activation memory.F 1"),
+    "recompute-keep-above-stage": (_problem(memory={"F": [1, 3]}, recompute={"keep": [0.5, 4]}),
+                                   "recompute.keep of stage 1 is 4, above the stage's activation memory.F 3"),
+    "recompute-keep-length": (_problem(recompute={"keep": [0.1, 0.1, 0.1]}), "recompute.keep has 3 values but there"
+                              " are 2 stages"),
+    "recompute-time-length": (_problem(recompute={"time": [1]}), "recompute.time has 1 values but there are 2 stages"),
+    "recompute-unknown": (_problem(recompute={"time": 1, "kep": 0}), "unknown field 'recompute.kep' (did you mean"
+                          " 'keep'?)"),
+    "recompute-unknown-far": (_problem(recompute={"granularity": "full"}), "unknown field 'recompute.granularity'"
+                              " (known: time, keep, selective)"),
+    "recompute-not-mapping": (_problem(recompute=[1, 2]), "recompute: Input should be a valid dictionary"),
+    "selective-time-zero": (_problem(recompute={"selective": {"time": 0, "keep": 0.5}}),
+                            "recompute.selective.time: must be > 0, got 0"),
+    "selective-keep-above": (_problem(recompute={"selective": {"time": 0.1, "keep": [0.5, 2]}}),
+                             "recompute.selective.keep of stage 1 is 2, above the stage's activation memory.F 1"),
+    "selective-keep-length": (_problem(recompute={"selective": {"time": 0.1, "keep": [0.5] * 5}}),
+                              "recompute.selective.keep has 5 values but there are 2 stages"),
+    "selective-missing-keep": (_problem(recompute={"selective": {"time": 0.1}}), "recompute.selective.keep: Field"
+                               " required"),
+    "selective-unknown": (_problem(recompute={"selective": {"time": 0.1, "keep": 0.5, "tim": 1}}),
+                          "unknown field 'recompute.selective.tim' (did you mean 'time'?)"),
+    "offload-time-zero": (_problem(offload={"time": 0}), "offload.time: must be > 0, got 0"),
+    "offload-time-negative": (_problem(offload={"time": [0.5, -2]}), "offload.time: must be > 0, got -2 (index 1)"),
+    "offload-time-length": (_problem(offload={"time": [0.5, 0.5, 0.5]}), "offload.time has 3 values but there are 2"
+                            " stages"),
+    "offload-missing-time": (_problem(offload={}), "offload.time: Field required"),
+    "offload-unknown": (_problem(offload={"tme": 1}), "unknown field 'offload.tme' (did you mean 'time'?)"),
+    "offload-unknown-far": (_problem(offload={"time": 1, "bandwidth": 15}), "unknown field 'offload.bandwidth'"
+                            " (known: time)"),
+    "offload-scalar": (_problem(offload=0.5), "offload: Input should be a valid dictionary"),
+    "recompute-limit-too-small": (_problem(memory={"F": 1, "limit": 0.2}, recompute={"keep": 0.1}),
+                                  "memory.limit of rank 0 is 0.2, below the 1 that any schedule needs there"),
+}
+
 JSON_PROBLEMS: dict[str, tuple[str | bytes, str]] = {
     "json-syntax": ('{"ranks": 2,', "JSON"),
     "json-nan": ('{"ranks": 2, "microbatches": 4, "costs": {"F": NaN, "B": 1, "W": 1}}', "NaN"),
@@ -245,6 +288,26 @@ def test_problem_file_is_refused(files, key):
 def test_every_command_refuses_a_bad_problem_file(files, command, key):
     args = [a.replace("{f}", str(files / f"{key}.yaml")) for a in command]
     assert_refused(cli(args, files))
+
+
+@pytest.fixture(scope="module")
+def policy_files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("policies")
+    for key, (text, _) in POLICY_PROBLEMS.items():
+        (d / f"{key}.yaml").write_text(text)
+    return d
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate", "{f}", "-s", "1f1b"],
+    ["solve", "{f}", "-o", "out.json", "--time-limit", "5"],
+])
+@pytest.mark.parametrize("key", sorted(POLICY_PROBLEMS))
+def test_a_bad_recompute_or_offload_section_is_one_line_naming_the_field(policy_files, command, key):
+    args = [a.replace("{f}", str(policy_files / f"{key}.yaml")) for a in command]
+    line = assert_refused(cli(args, policy_files), contains=POLICY_PROBLEMS[key][1])
+    assert line.startswith(f"error: {policy_files / key}.yaml: ")
+    assert not (policy_files / "out.json").exists()
 
 
 def test_the_harness_runs_a_good_problem(files):
@@ -516,7 +579,8 @@ def _axis_values() -> dict[str, list]:
     from schedc.app.ablate_config import Grid
 
     same = {"ranks": [2, 2], "microbatches": [4, 4], "microbatches_per_rank": [2, 2], "chunks": [1, 1],
-            "placement": ["loop", "loop"], "comm": [0, 0.0], "memory": [1, 1.0], "objective": ["span", "span"]}
+            "placement": ["loop", "loop"], "comm": [0, 0.0], "memory": [1, 1.0], "objective": ["span", "span"],
+            "policies": ["none", "none"]}
     return {axis: same[axis] for axis in Grid.model_fields}
 
 

@@ -14,6 +14,7 @@ import schedc.solvers as solvers
 from schedc import Op, Problem, Schedule, simulate
 from schedc.app.cli import main
 from schedc.critical import Wait, critical_path
+from schedc.kinds import ROWS
 from schedc.schedule import producers
 from tests.strategies import pipeline_problems
 
@@ -97,8 +98,9 @@ def check_chain(t, c, objective):
         if w.kind == "data":
             assert a in producers(b, p.n_stages, where)
             assert w.latency == (p.comm if ra != rb else 0.0)
-        else:
+        else:  # the next op on the same lane of the same rank
             assert w.kind == "rank" and ra == rb and where[a][1] + 1 == where[b][1]
+            assert ROWS[a.kind].lane == ROWS[b.kind].lane
             assert w.latency == 0.0
         assert tol.eq(times[a][2] + w.latency, times[b][1])  # no slack: b started the moment a allowed
     last = c.ops[-1]
@@ -107,8 +109,8 @@ def check_chain(t, c, objective):
     assert c.times == tuple(times[op] for op in c.ops)
     value = t.objective_value(objective)
     assert c.value == pytest.approx(value, rel=1e-12)
-    # The chain's compute and transfers fill the window exactly.
-    assert sum(c.compute()) + c.comm() == pytest.approx(value, rel=1e-9, abs=1e-9)
+    # The chain's compute, copies and transfers fill the window exactly.
+    assert sum(c.compute()) + sum(c.copy()) + c.comm() == pytest.approx(value, rel=1e-9, abs=1e-9)
     if objective == "makespan":
         first = c.ops[0]
         assert c.waits[0] is None and times[first][1] == 0.0 and where[first][1] == 0
@@ -186,3 +188,45 @@ def test_measured_times_are_refused():
     late = with_times(problem, t.schedule, slower(t.start), slower(t.end))
     with pytest.raises(ValueError, match="needs the times simulate"):
         critical_path(late)
+
+
+# ---- recompute and offload: the chain may run through R, S and the copy lane ----
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), pipeline_problems(max_microbatches=5))
+def test_the_chain_sets_the_objective_with_recompute_and_offload(data, problem):
+    from tests.policy_schedules import with_policies
+
+    copy = data.draw(st.floats(0.05, 20), label="offload.time")
+    problem = problem.with_changes(recompute=dict(time=data.draw(st.floats(0.05, 20), label="recompute.time")),
+                                   offload=dict(time=copy))
+    pairs = st.tuples(st.integers(0, problem.n_stages - 1), st.integers(0, problem.microbatches - 1))
+    chosen = data.draw(st.dictionaries(pairs, st.sampled_from("RO")), label="policies")
+    base = random_schedule(problem, data.draw(st.randoms(use_true_random=False)))
+    t = simulate(problem, with_policies(problem, base, chosen))
+    for objective in ("makespan", "span"):
+        c = critical_path(t, objective)
+        check_chain(t, c, objective)
+        assert ("copy" in c.summary()) == bool(t.schedule.copy)
+
+
+def test_a_slow_reload_is_on_the_chain():
+    # One rank, 1F1B (F0 BW0 F1 BW1), the first microbatch offloaded with a copy as long as 10
+    # forwards, the second recomputed: BW0 waits for its reload L0 (1 + 10 + 10), which waits for
+    # the offload, which waits for F0; then F1, R1 and BW1 on the rank: 21 + 2 + 1 + 0.5 + 2.
+    problem = Problem.parse(dict(ranks=1, microbatches=2, costs=dict(F=1, B=1, W=1), memory=dict(F=1),
+                                 offload=dict(time=10), recompute=dict(time=0.5)))
+    from tests.policy_schedules import with_policies
+
+    t = simulate(problem, with_policies(problem, solvers.build("1f1b", problem), {(0, 0): "O", (0, 1): "R"}))
+    c = critical_path(t)
+    assert [str(op) for op in c.ops] == ["F0@s0", "O0@s0", "L0@s0", "BW0@s0", "F1@s0", "R1@s0", "BW1@s0"]
+    assert c.copy() == (20.0,) and c.compute() == (6.5,) and c.value == t.makespan == 26.5
+    assert c.describe().splitlines() == [
+        "critical path: 7 ops set the makespan 26.5: compute 24.5% (rank 0 24.5%), copy 75.5%",
+        "  rank 0 F0@s0 -> rank 0 copy O0@s0 .. L0@s0 (2 ops) -> rank 0 BW0@s0 .. BW1@s0 (4 ops)",
+    ]
+    summary = c.summary()
+    assert [o["lane"] for o in summary["ops"]] == ["compute", "copy", "copy", *["compute"] * 4]
+    assert summary["copy"] == [20.0]

@@ -224,3 +224,61 @@ def test_cli_mistakes_exit_2(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.pipelining._schedule_visualizer", None)
     result = run("compare", path, "--torch", ok=False)
     assert result.exit_code == 2 and "--torch needs torch installed" in result.output
+
+
+# ---- (d) recompute and offload: torch's IR has no such action, every writer says so in one line ----
+
+
+def _policy_file(tmp_path, chosen) -> tuple[Path, "schedc.CompiledSchedule"]:  # noqa: F821
+    from tests.policy_schedules import with_policies
+    from schedc.schedfile import CompiledSchedule
+
+    prob = Problem.parse(dict(name="rc", ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), memory=dict(F=2),
+                              recompute=dict(keep=0.5, selective=dict(time=0.2, keep=1)), offload=dict(time=0.5)))
+    compiled = CompiledSchedule.build(prob, with_policies(prob, S.build("zb-h1", prob), chosen))
+    compiled.save(tmp_path / "rc.json")
+    return tmp_path / "rc.json", compiled
+
+
+@pytest.mark.parametrize("chosen, words", [
+    ({(0, 1): "R"}, "torch's IR has no recompute action (the schedule has 1 R)"),
+    ({(0, 1): "S", (1, 0): "R"}, "torch's IR has no recompute action (the schedule has 1 R, 1 S)"),
+    ({(0, 1): "O"}, "torch's IR has no offload action (the schedule has 1 O, 1 L)"),
+    ({(0, 1): "O", (1, 3): "S"}, "torch's IR has no recompute or offload action (the schedule has 1 S, 1 O, 1 L)"),
+])
+def test_every_torch_writer_refuses_recompute_and_offload_in_one_line(tmp_path, chosen, words):
+    from schedc.interop import to_torch_comms_csv
+
+    path, compiled = _policy_file(tmp_path, chosen)
+    writers = [lambda: to_torch_csv(compiled.schedule), lambda: write_torch_csv(compiled.schedule, tmp_path / "a.csv")]
+    # A Program's writers see its compute instructions: R and S always; O and L where lowering puts
+    # the copy lane into the Program (the message then names what the Program holds).
+    untorchable = sorted({i.op.value for instrs in compiled.program.ranks for i in instrs if i.op in ("R", "S", "O", "L")})
+    if untorchable:
+        writers += [lambda: to_torch_comms_csv(compiled.program), lambda: write_torch_csv(compiled.program, tmp_path / "b.csv")]
+    assert untorchable or set(chosen.values()) == {"O"}
+    for k, write in enumerate(writers):
+        with pytest.raises(ScheduleError) as e:
+            write()
+        assert "torch's IR has no" in str(e.value) and "\n" not in str(e.value)
+        assert k >= 2 or words in str(e.value)
+    for fmt in ("torch-csv", "torch-comms-csv"):
+        result = run("export", path, "--format", fmt, "-o", tmp_path / "x.csv", ok=False)
+        assert result.exit_code == 2 and result.output == f"error: zb-h1: {words}: export a schedule without recompute" \
+            " or offload, or run this one with schedc's runtime\n"
+        assert not (tmp_path / "x.csv").exists()
+    assert not (tmp_path / "a.csv").exists() and not (tmp_path / "b.csv").exists()
+
+
+def test_torchs_runtime_refuses_recompute_and_offload_in_one_line(tmp_path):
+    pytest.importorskip("torch")
+    from schedc.runtime.torch_export import torch_actions
+
+    _, compiled = _policy_file(tmp_path, {(1, 2): "R", (0, 0): "O"})
+    for call in (lambda: torch_actions(compiled), lambda: torch_actions(compiled, comms="torch"),
+                 lambda: torch_actions(compiled, comms="none"),
+                 lambda: torch_actions(compiled.problem, compiled.schedule)):
+        with pytest.raises(SchedcError, match=r"^zb-h1: torch's IR has no recompute or offload action \(the schedule"
+                                              r" has 1 R, 1 O, 1 L\)") as e:
+            call()
+        assert "\n" not in str(e.value)

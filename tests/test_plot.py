@@ -131,3 +131,114 @@ def test_the_critical_path_is_outlined_with_a_line_for_each_rank_change(objectiv
     path = tmp_path / "critical.png"
     draw_gantt([t], path, critical={0: c})
     assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+# ---- recompute and offload: R and S on the compute lanes, the copy lane a thin row per rank ----
+
+
+def _policy_timeline(**changes):
+    from tests.policy_schedules import with_policies
+
+    data = dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), memory=dict(F=2, static=1),
+                recompute=dict(keep=0.5, selective=dict(time=0.25, keep=1)), offload=dict(time=0.5))
+    problem = Problem.parse({**data, **changes})
+    chosen = {(0, 0): "R", (0, 1): "O", (1, 2): "S", (0, 3): "O", (1, 0): "O"}
+    return simulate(problem, with_policies(problem, S.build("zb-h1", problem), chosen))
+
+
+def test_write_trace_puts_the_copy_lane_on_its_own_track(tmp_path):
+    t = _policy_timeline()
+    write_trace(t, tmp_path / "trace.json")
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {0: "rank 0", 1: "rank 1", 2: "rank 0 copy", 3: "rank 1 copy"}
+    order = {e["tid"]: e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"}
+    assert sorted(order, key=order.get) == [0, 2, 1, 3]
+    ops = {(e["tid"], e["args"]["kind"], e["args"]["stage"], e["args"]["microbatch"]): e
+           for e in events if e["ph"] == "X"}
+    assert len(ops) == t.schedule.n_ops
+    for op, (r, s, e) in t.op_times().items():
+        tid = r if op.kind in ("F", "B", "W", "BW", "R", "S") else 2 + r
+        event = ops[(tid, op.kind, op.stage, op.mb)]
+        assert event["ts"] == pytest.approx(s * 1000) and event["dur"] == pytest.approx((e - s) * 1000)
+
+
+def test_memory_steps_follow_the_simulated_levels_with_recompute_and_offload():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tests.policy_schedules import with_policies
+    from tests.strategies import pipeline_problems
+    from tests.test_critical import random_schedule
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.data(), pipeline_problems(max_microbatches=5))
+    def check(data, problem):
+        f = problem.mem[problem.kinds[0]]
+        keep = [data.draw(st.floats(0, 1)) * a for a in f]
+        problem = problem.with_changes(recompute=dict(keep=keep, selective=dict(time=0.1, keep=[0.5 * a for a in f])),
+                                       offload=dict(time=data.draw(st.floats(0.05, 5))))
+        pairs = st.tuples(st.integers(0, problem.n_stages - 1), st.integers(0, problem.microbatches - 1))
+        chosen = data.draw(st.dictionaries(pairs, st.sampled_from("RSO")))
+        t = simulate(problem, with_policies(problem, random_schedule(problem, data.draw(st.randoms())), chosen))
+        for r, points in enumerate(memory_steps(t)):
+            assert max(level for _, level in points) + problem.working_memory[r] == pytest.approx(t.peak_memory[r])
+            assert points[-1][1] == pytest.approx(problem.static_memory[r])  # everything freed
+            assert [x for x, _ in points] == sorted(x for x, _ in points)
+
+    check()
+
+
+def test_the_gantt_chart_draws_recompute_boxes_and_a_thin_copy_row(tmp_path):
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+
+    from schedc.app import plot
+    from schedc.critical import critical_path
+
+    t = _policy_timeline()
+    ax = Figure().subplots()
+    plot._draw_ops(ax, t, pt_per_unit=50.0, row_pt=40.0)
+    (boxes,) = [x for x in ax.collections if isinstance(x, PolyCollection)]
+    drawn = sorted((round(min(v[:, 0]), 9), round(min(v[:, 1]), 3), round(max(v[:, 1]), 3))
+                   for v in (p.vertices for p in boxes.get_paths()))
+    want = sorted((round(s, 9), round(r + (0.26 if op.kind in ("O", "L") else -0.4), 3),
+                   round(r + (0.44 if op.kind in ("O", "L") else 0.22), 3)) for op, (r, s, e) in t.op_times().items())
+    assert drawn == want
+    colors = {tuple(round(c, 6) for c in rgba[:3]) for rgba in boxes.get_facecolors()}
+    from matplotlib.colors import to_rgb
+
+    for kind in ("R", "S", "O", "L"):
+        assert tuple(round(c, 6) for c in to_rgb(plot.KIND_COLORS[kind])) in colors
+    c = critical_path(t)
+    path = tmp_path / "policies.png"
+    draw_gantt([t], path, critical={0: c})
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+    assert "recomputes 1, selectively recomputes 1, offloads 3 (stage, microbatch)s" in plot._block_title(t)
+    assert "recomputes" not in plot._block_title(_timeline("zb-h1"))
+
+
+def test_a_measured_trace_with_a_copy_lane_reads_back_as_its_timeline(tmp_path):
+    from schedc.trace import measured_timeline, write_trace_file
+
+    t = _policy_timeline()
+    events = [[] for _ in range(t.problem.ranks)]
+    for op, (r, s, e) in sorted(t.op_times().items(), key=lambda x: x[1][1]):
+        events[r].append({"instr": str(op), "op": op.kind.value, "stage": op.stage, "mb": op.mb,
+                          "start": s / 1e3, "end": e / 1e3})  # seconds; the file keeps ms
+    write_trace_file(tmp_path / "run.json", t.schedule.name, 0, events)
+    run = measured_timeline(tmp_path / "run.json", t.problem, t.schedule)
+    for field in ("start", "end", "copy_start", "copy_end"):
+        assert len(getattr(run, field)) == len(getattr(t, field)) == 2
+        for a, b in zip(getattr(run, field), getattr(t, field)):
+            assert a == pytest.approx(b)
+    assert run.peak_memory == pytest.approx(t.peak_memory)
+    trace = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
+    assert {e["args"]["name"] for e in trace if e["name"] == "thread_name"} == {
+        "rank 0", "rank 1", "rank 0 copy", "rank 1 copy"}
+    assert {e["tid"] for e in trace if e["ph"] == "X" and e["cat"] in ("O", "L")} == {2, 3}
+    # A trace of the plain schedule is not a run of this one: its copy ops are missing.
+    plain = [[e for e in rank if e["op"] not in ("O", "L")] for rank in events]
+    write_trace_file(tmp_path / "plain.json", t.schedule.name, 0, plain)
+    with pytest.raises(SchedcError, match="rank 0 ran other copy ops than the schedule"):
+        measured_timeline(tmp_path / "plain.json", t.problem, t.schedule)

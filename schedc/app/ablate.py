@@ -16,7 +16,14 @@ runtime. Every cell is simulated; profiled cells can also be run. The report fol
 
 Memory limits are given as multiples of 1F1B's activation memory: ``x`` means every rank may
 hold its static and working memory plus x times p microbatches of its own activations (what 1F1B's first
-rank holds), so 1.0 is 1F1B's budget and ``null`` is no limit.
+rank holds), so 1.0 is 1F1B's budget and ``null`` is no limit. A limit below 1 is taken wherever the
+cell's problem can meet it (``Problem.min_memory``: with recompute or offload declared, far below
+1F1B's budget); a cell whose problem cannot is skipped, with the reason in the summary.
+
+The ``policies`` axis chooses which memory-for-time sections each cell's problem declares (none,
+recompute, selective, offload, all; see ``ablate_config.POLICY_VALUES``), from the config's
+``recompute:`` and ``offload:`` or else the problem's own; the rows then count how many (stage,
+microbatch) each schedule recomputes, recomputes selectively and offloads.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from schedc.app.ablate_config import MAX_CELLS, OWN_LIMIT, AblationConfig, Cell,
 from schedc.app.ablate_report import write_report
 from schedc.app.results import ILP, Row, outcome
 from schedc.errors import ProblemError, SchedcError
-from schedc.kinds import Kind
+from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import CompiledSchedule
 from schedc.simulate import Timeline
@@ -52,6 +59,7 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
             raise SchedcError("microbatches_per_rank needs the ranks axis")
         v["microbatches"] = v.pop("microbatches_per_rank") * ranks
     factor = v.pop("memory")
+    policies = v.pop("policies", None)
     if entry.profile:
         if profiler is None:
             raise SchedcError(f"{cell.id}: profiled problems need a profiler")
@@ -71,11 +79,36 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
             data["costs"][kind.value] = costs
     if factor is not OWN_LIMIT:  # the memory axis replaces the problem's own limit
         data.get("memory", {}).pop("limit", None)
+    if policies is not None:  # before the limit: what the cell declares decides the least memory it needs
+        _declare(data, policies, cell.sections, cell.id)
     problem = Problem.parse(data, source=cell.id)
     if factor is not None and factor is not OWN_LIMIT:
         limit = reference_limit(problem, factor * problem.ranks)  # static + working + factor x 1F1B's activations
         problem = problem.with_changes(memory={"limit": list(limit)})
     return problem
+
+
+def _declare(data: dict, policies: str, sections: dict, cell_id: str) -> None:
+    """Set the problem data's recompute / offload sections for the policies axis value ``policies``:
+    each from the config (``sections``) or else the problem's own; a recompute section defaults to
+    ``{}`` (time = F, keep = 0). A value that needs a section neither gives is a ProblemError."""
+    recompute = sections.get("recompute") or data.get("recompute")
+    offload = sections.get("offload") or data.get("offload")
+    data.pop("recompute", None)
+    data.pop("offload", None)
+    if policies in ("recompute", "selective", "all"):
+        recompute = dict(recompute or {})
+        if policies == "recompute":
+            recompute.pop("selective", None)
+        elif policies == "selective" and recompute.get("selective") is None:
+            raise ProblemError(f"{cell_id}: policies 'selective' needs recompute.selective (time, keep): give it in"
+                               " the config's recompute: or in the problem")
+        data["recompute"] = recompute
+    if policies in ("offload", "all"):
+        if offload is None:
+            raise ProblemError(f"{cell_id}: policies {policies!r} needs an offload section (time): give offload:"
+                               " in the config or in the problem")
+        data["offload"] = offload
 
 
 def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None,
@@ -182,6 +215,10 @@ def run_cell(cell: Cell, config: AblationConfig) -> tuple[list[Row], dict[str, T
             row.extra["schedule"] = e.schedule
         row.makespan, row.span, row.objective_value = t.makespan, t.span, t.objective_value()
         row.bubble, row.peak_memory = t.bubble_rate(), max(t.peak_memory)
+        allowed = {ROWS[k].policy for k in prob.policies}  # a policy the problem does not allow stays empty
+        for policy, n in t.schedule.policy_counts().items():
+            if policy in allowed:
+                setattr(row, policy, n)
         if t.fits:
             named[name] = t
         rows.append(row)
@@ -211,7 +248,7 @@ def _row(cell: Cell, name: str) -> Row:
         )
     return Row(cell.id, cell.entry.label, p.ranks, p.microbatches, p.chunks,
                p.placement if isinstance(p.placement, str) else "explicit", p.comm, p.objective,
-               factor, limit, name, "")
+               factor, limit, name, "", policies=cell.values.get("policies"))
 
 
 def _per_microbatch(problem: Problem) -> list[float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -19,10 +19,14 @@ from pydantic import AfterValidator, Field, StrictInt, field_validator, model_va
 import schedc.solvers as solvers
 from schedc.errors import ConfigError
 from schedc.inputs import read_data, refuse_unsafe_name, safe_filename, shorten
-from schedc.problem import LARGEST, Boundary, Problem
+from schedc.problem import LARGEST, Boundary, Offload, Problem, Recompute
 from schedc.solvers.common import BACKENDS
 
 OWN_LIMIT = "own"  # memory-axis value of a grid without one: each problem keeps its own limit
+# The policies axis (issue 25, memory for time): which of the problem's recompute / offload sections
+# a cell declares. none: neither; recompute: full recompute (R) only; selective: recompute with its
+# selective part (R and S); offload: offload only (O, L); all: every section there is.
+POLICY_VALUES = ("none", "recompute", "selective", "offload", "all")
 # The most cells a study runs unless asked for more (``schedc ablate --max-cells``, ``run(max_cells=)``):
 # each cell simulates every schedule and, with ``ilp``, solves for up to the time limit.
 MAX_CELLS = 1000
@@ -88,6 +92,11 @@ class Grid(_Strict):
         description="x 1F1B's activation memory; null: no limit (without this axis: each problem's own limit)",
     )
     objective: _axis(Literal["makespan", "span"]) = None
+    policies: _axis(Literal[POLICY_VALUES]) = Field(  # type: ignore[valid-type]
+        default=None,
+        description="which recompute / offload sections each cell declares: none, recompute (full), selective"
+        " (full and selective), offload, all (the config's recompute: and offload:, else the problem's own)",
+    )
 
     @model_validator(mode="after")
     def _one_m(self) -> "Grid":
@@ -103,6 +112,7 @@ class Grid(_Strict):
             ("ranks", self.ranks), ("microbatches", self.microbatches),
             ("microbatches_per_rank", self.microbatches_per_rank), ("chunks", self.chunks),
             ("placement", self.placement), ("comm", self.comm), ("objective", self.objective),
+            ("policies", self.policies),
         ) if v is not None}
         axes["memory"] = self.memory if self.memory is not None else [OWN_LIMIT]
         return axes
@@ -176,6 +186,12 @@ class AblationConfig(_Strict):
     execute: Optional[Execute] = Field(default=None, description="run the profiled cells (needs a profile: entry)")
     gantt: Optional[Annotated[list[str], AfterValidator(_each_once_or_none)]] = Field(
         default=None, description="cell ids to draw, each once; [] draws none (default: the largest speed-up)")
+    recompute: Optional[Recompute] = Field(
+        default=None, description="the recompute section (as in a problem file) the policies axis declares;"
+        " default the problem's own, else time = F and keep = 0")
+    offload: Optional[Offload] = Field(
+        default=None, description="the offload section (as in a problem file) the policies axis declares;"
+        " default the problem's own")
 
     @model_validator(mode="after")
     def _references(self) -> "AblationConfig":
@@ -187,7 +203,25 @@ class AblationConfig(_Strict):
         if self.execute is not None and not any(e.profile for e in self.problems):
             raise ValueError("execute: no problem has a profile: entry, and only profiled cells are run:"
                              " add one, or remove execute")
+        for i, entry in enumerate(self.problems):  # what an inline problem lacks is known now
+            values = (entry.grid or self.grid).policies or []
+            own = entry.problem or {}
+            if entry.problem is None:
+                continue
+            if {"offload", "all"} & set(values) and self.offload is None and own.get("offload") is None:
+                raise ValueError(f"problems[{i}]: the policies axis has offload, but neither the config nor the"
+                                 " problem gives an offload section: add offload: {time: ...} to the config")
+            recompute = self.sections().get("recompute") or own.get("recompute") or {}
+            if "selective" in values and not (isinstance(recompute, dict) and recompute.get("selective") is not None):
+                raise ValueError(f"problems[{i}]: the policies axis has selective, but neither the config nor the"
+                                 " problem gives recompute.selective: add recompute: {selective: {time: ..., keep:"
+                                 " ...}} to the config")
         return self
+
+    def sections(self) -> dict[str, dict]:
+        """The config's recompute / offload sections as problem-file data (those it gives)."""
+        return {name: section.model_dump(exclude_none=True) for name in ("recompute", "offload")
+                if (section := getattr(self, name)) is not None}
 
 
 def load_config(path: str | Path, max_cells: int = MAX_CELLS) -> AblationConfig:
@@ -228,6 +262,7 @@ class Cell:
     values: dict[str, Any]  # the grid values of this cell
     problem: Problem | None = None  # None: skipped (see reason)
     reason: str = ""
+    sections: dict[str, dict] = field(default_factory=dict)  # the config's recompute / offload, for the policies axis
 
 
 def count_cells(config: AblationConfig) -> int:
@@ -276,14 +311,14 @@ def expand(config: AblationConfig) -> list[Cell]:
         axes = (entry.grid or config.grid).axes()
         for combo in itertools.product(*axes.values()):
             values = dict(zip(axes, combo))
-            cells.append(Cell(_cell_id(entry.label, values), entry, values))
+            cells.append(Cell(_cell_id(entry.label, values), entry, values, sections=config.sections()))
     return cells
 
 
 def _cell_id(label: str, v: dict) -> str:
     parts = [label]
     for key, short in (("ranks", "p"), ("microbatches", "m"), ("microbatches_per_rank", "mr"), ("chunks", "v"),
-                       ("placement", ""), ("comm", "comm"), ("objective", "")):
+                       ("placement", ""), ("comm", "comm"), ("objective", ""), ("policies", "")):
         if key in v:
             parts.append(f"{short}{v[key]}")
     if v["memory"] is not OWN_LIMIT:

@@ -14,14 +14,22 @@ from schedc.app.ablate_config import AblationConfig, Cell
 COLUMNS = ["cell", "problem", "ranks", "microbatches", "chunks", "placement", "comm", "objective", "memory_factor",
            "memory_limit", "schedule", "status", "makespan", "span", "objective_value", "bubble", "peak_memory",
            "bound", "gap", "seconds", "measured_ms"]
+# A study with a policies axis, or of problems that allow recompute or offload, has these columns too.
+POLICY_COLUMNS = ["policies", "recompute", "selective", "offload"]
+
+
+def columns(rows: list[Row]) -> list[str]:
+    """results.csv's (and --json's) columns: COLUMNS, and POLICY_COLUMNS where a row has a value there."""
+    return COLUMNS + (POLICY_COLUMNS if any(getattr(r, c) is not None for r in rows for c in POLICY_COLUMNS) else [])
 
 
 def write_report(config: AblationConfig, cells: list[Cell], rows: list[Row], timelines: dict, out: Path) -> None:
     with (out / "results.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(COLUMNS)
+        names = columns(rows)
+        w.writerow(names)
         for r in rows:
-            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in COLUMNS])
+            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in names])
     by_cell = {c.id: [r for r in rows if r.cell == c.id] for c in cells if c.problem is not None}
     (out / "summary.md").write_text(summary_markdown(config, cells, by_cell))
     if rows:

@@ -10,7 +10,7 @@ import click
 
 from schedc.app.ablate import run
 from schedc.app.ablate_config import MAX_CELLS, load_config
-from schedc.app.ablate_report import COLUMNS, headline_table
+from schedc.app.ablate_report import columns, headline_table
 from schedc.app.cli_base import main
 
 
@@ -39,7 +39,8 @@ def ablate(config: str, output: str | None, as_json: bool, quiet: bool, max_cell
     echo = lambda msg: click.echo(msg, err=True)  # noqa: E731
     rows = run(cfg, out, progress=None if quiet else echo, pulse=echo if quiet else None, max_cells=max_cells)
     if as_json:
-        click.echo(json.dumps([{c: asdict(r)[c] for c in COLUMNS} for r in rows], indent=1))
+        names = columns(rows)
+        click.echo(json.dumps([{c: asdict(r)[c] for c in names} for r in rows], indent=1))
         return
     by_cell: dict[str, list] = {}
     for r in rows:

@@ -12,6 +12,7 @@ import click
 import schedc.solvers as solvers
 from schedc.errors import SchedcError
 from schedc.inputs import one_line, shorten
+from schedc.kinds import ROWS
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import load_any
 from schedc.schedule import Schedule
@@ -183,11 +184,39 @@ def fits_text(t: Timeline) -> str:
     return f"no (rank {worst.rank} +{fmt(worst.over)})"
 
 
+def policy_names(prob: Problem) -> list[str]:
+    """The policies (``KindRow.policy``: recompute, selective, offload) the problem allows, in the
+    kinds' order; none for a problem without ``recompute`` or ``offload``."""
+    return [ROWS[k].policy for k in prob.policies]
+
+
+def policy_report(prob: Problem, schedule: Schedule) -> dict[str, dict[str, int]]:
+    """For --json: ``{"policies": {policy: (stage, microbatch)s that use it}}`` where the problem
+    allows recompute or offload (every policy it allows, 0 where unused); ``{}`` otherwise, so that
+    a problem without them reports what it always did."""
+    names = policy_names(prob)
+    counts = schedule.policy_counts()
+    return {"policies": {n: counts[n] for n in names}} if names else {}
+
+
+def policies_line(prob: Problem, schedule: Schedule) -> str:
+    """How many (stage, microbatch) of ``schedule`` use each policy the problem allows, of how many:
+    "2 recompute, 0 selective, 1 offload of 8 (stage, microbatch)s" (`simulate`, `show`, `solve`)."""
+    counts = policy_report(prob, schedule)["policies"]
+    return (", ".join(f"{n} {policy}" for policy, n in counts.items())
+            + f" of {prob.n_stages * prob.microbatches} (stage, microbatch)s")
+
+
 def timeline_table(prob: Problem, named: list[tuple[str, Timeline]]) -> None:
-    """The comparison table of `compare` and `solve`: one row per schedule."""
+    """The comparison table of `compare` and `solve`: one row per schedule; where the problem
+    allows recompute or offload, a column per policy it allows: how many (stage, microbatch) of
+    the schedule use it."""
+    policies = policy_names(prob)
     rows = [
-        [name, fmt(t.makespan), fmt(t.span), f"{100 * t.bubble_rate():.2f}", peaks(t.peak_memory), fits_text(t)]
+        [name, fmt(t.makespan), fmt(t.span), f"{100 * t.bubble_rate():.2f}", peaks(t.peak_memory), fits_text(t),
+         *(str(t.schedule.policy_counts()[n]) for n in policies)]
         for name, t in named
     ]
-    print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits"], rows)
+    print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits",
+                 *policies], rows)
 

@@ -11,13 +11,14 @@ import click
 import schedc.solvers as solvers
 from schedc.analytic import bubble_table
 from schedc.app.cli_base import (
-    Finite, NameList, fmt, input_options, main, print_table, problem_options, read_problem, schedule_input, timeline_table,
+    Finite, NameList, fmt, input_options, main, policies_line, policy_report, print_table, problem_options,
+    read_problem, schedule_input, timeline_table,
 )
 from schedc.app.plot import draw_gantt, write_trace
 from schedc.check import check as check_program
 from schedc.critical import critical_path
 from schedc.errors import SchedcError, ScheduleError
-from schedc.interop import from_torch_csv, write_torch_csv
+from schedc.interop import from_torch_csv, refuse_untorchable, write_torch_csv
 from schedc.problem import Problem
 from schedc.program import COMM
 from schedc.schedfile import CompiledSchedule, load
@@ -59,7 +60,7 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
     prob = t.problem
     critical = critical_path(t)
     if as_json:
-        out = t.summary()
+        out = {**t.summary(), **policy_report(prob, t.schedule)}
         out["ops"] = [
             {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
             for op, (r, s, e) in t.op_times().items()
@@ -88,6 +89,8 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
         for r in range(prob.ranks)
     ]
     print_table(["rank", "busy", "idle", "span", "peak mem", "limit"], rows)
+    if prob.policies:
+        click.echo(f"{t.schedule.name}: {policies_line(prob, t.schedule)}")
     click.echo(critical.describe())
     for v in t.violations:
         click.echo(f"memory limit exceeded: {v}")
@@ -126,7 +129,8 @@ def compare(
         draw_gantt(timelines, plot, title=f"{prob.name}: p={prob.ranks} m={prob.microbatches} v={prob.chunks}")
     if as_json:
         results = [
-            {"schedule": name, "applies": False, "reason": reason} if t is None else {"applies": True, **t.summary()}
+            {"schedule": name, "applies": False, "reason": reason} if t is None
+            else {"applies": True, **t.summary(), **policy_report(prob, t.schedule)}
             for name, reason, t in entries
         ]
         click.echo(json.dumps({"problem": prob.name, "objective": prob.objective, "results": results}, indent=2))
@@ -220,6 +224,8 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
                 + " ".join(f"{m / s:.3f}" if s else "-" for m, s in zip(peaks, t.peak_activation))
             )
     draw_gantt(timelines, output, measured_memory=memory, critical={0: critical_path(t)})
+    if prob.policies:
+        click.echo(f"{schedule.name}: {policies_line(prob, schedule)}")
     click.echo(f"wrote {output}")
     if trace:
         write_trace(t, trace)
@@ -241,6 +247,7 @@ def export(problem: str, memory_limit, objective, name: str | None, fmt: str, ou
     """
 
     prob, schedule = schedule_input(problem, name, memory_limit, objective)
+    refuse_untorchable(schedule.ops(), schedule.name)  # before lowering: torch has no recompute/offload action
     if fmt == "torch-comms-csv":
         program = CompiledSchedule.build(prob, schedule).program
         write_torch_csv(program, output)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import click
 
-from schedc.app.cli_base import Finite, Registered, fmt, main, problem_options, read_problem, timeline_table
+from schedc.app.cli_base import (
+    Finite, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem, timeline_table,
+)
 from schedc.schedfile import CompiledSchedule
 from schedc.solvers.common import BACKENDS
 from schedc.solvers.deadline import Budget
@@ -92,7 +94,8 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
                        progress=show_progress, candidates=candidates)
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
-        click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary()}, indent=2))
+        click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary(),
+                               **policy_report(prob, result.schedule)}, indent=2))
         return
     click.echo(
         f"{result.status}: {prob.objective} {fmt(result.objective)}, bound {fmt(result.bound)}"
@@ -100,6 +103,8 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         f" {result.seconds:.1f} s; started from {result.warm_start} ({fmt(result.warm_objective)})"
     )
     click.echo(f"bound: {result.bound_reason}")
+    if prob.policies:
+        click.echo(f"policies: {policies_line(prob, result.schedule)}")
     if result.not_evaluated:
         click.echo(f"not evaluated (time limit): {', '.join(result.not_evaluated)}")
     timeline_table(prob, [("ilp", result.timeline), *result.registry])

@@ -26,21 +26,32 @@ MAX_HEIGHT_IN = 60.0
 
 
 def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
-    """Per rank, the memory level (static included) as step points ``(time, level)``.
+    """Per rank, the memory level (static included) as step points ``(time, level)``: the levels
+    ``simulate`` counts.
 
-    An allocating op (positive delta, e.g. F) counts from its start, a freeing one (B, W, BW) from
-    its end; changes at one instant are merged. The first point is at time 0 (static memory unless
-    an allocation starts then); the last level is static plus the final activation.
+    Each op's delta is ``Problem.delta`` under its (stage, microbatch)'s policy (the forward of a
+    recomputed microbatch allocates only what it keeps; R, S and a reload L allocate, an offload O
+    frees). An allocating op counts from its start, a freeing one from its end; the ops of the
+    compute and copy lanes merge by time, a free before an allocation at one instant, and changes
+    at one instant are merged. The first point is at time 0 (static memory unless an allocation
+    starts then); the last level is static plus the final activation.
     """
     p = timeline.problem
+    schedule = timeline.schedule
+    policy = schedule.policies()
+    times = timeline.lane_times()
     steps = []
-    for r, ops in enumerate(timeline.schedule.ranks):
+    for r in range(p.ranks):
+        events = sorted(
+            (s if d > 0 else e, 1 if d > 0 else 0, d)
+            for lane, per_rank in schedule.lanes.items()
+            for op, s, e in zip(per_rank[r], times[lane][0][r], times[lane][1][r])
+            for d in (p.delta(op.kind, op.stage, policy.get((op.stage, op.mb))),)
+        )
         level = p.static_memory[r]
         points = [(0.0, level)]
-        for op, s, e in zip(ops, timeline.start[r], timeline.end[r]):
-            delta = p.mem[op.kind][op.stage]
+        for t, _, delta in events:
             level += delta
-            t = s if delta > 0 else e
             if t == points[-1][0]:  # a free and an allocation at one instant: keep the level after both
                 points.pop()
             points.append((t, level))
@@ -49,17 +60,29 @@ def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
 
 
 def write_trace(timeline: Timeline, path: str | Path) -> None:
-    """Write a Chrome / Perfetto trace (one cost unit shown as one millisecond)."""
+    """Write a Chrome / Perfetto trace (one cost unit shown as one millisecond): a track per rank
+    (``tid`` r) and, where the schedule offloads, a track per rank for its copy lane (``tid`` p + r,
+    "rank r copy", sorted under its rank's track), and a memory counter per rank."""
     name = timeline.schedule.name
+    p = timeline.problem.ranks
+    copy = bool(timeline.schedule.copy)
     events: list[dict] = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
-    for r, ops in enumerate(timeline.schedule.ranks):
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
-        for op, s, e in zip(ops, timeline.start[r], timeline.end[r]):
-            events.append({
-                "name": f"{op.kind}{op.mb}", "cat": op.kind, "ph": "X", "pid": 0, "tid": r,
-                "ts": s * 1000, "dur": (e - s) * 1000,
-                "args": {"stage": op.stage, "microbatch": op.mb, "kind": op.kind},
-            })
+    times = timeline.lane_times()
+    for lane, per_rank in timeline.schedule.lanes.items():
+        starts, ends = times[lane]
+        for r, ops in enumerate(per_rank):
+            tid = r if lane == "compute" else p + r
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+                           "args": {"name": f"rank {r}" if lane == "compute" else f"rank {r} {lane}"}})
+            if copy:  # the copy track right under its rank's
+                events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid,
+                               "args": {"sort_index": 2 * r + (lane != "compute")}})
+            for op, s, e in zip(ops, starts[r], ends[r]):
+                events.append({
+                    "name": f"{op.kind}{op.mb}", "cat": op.kind, "ph": "X", "pid": 0, "tid": tid,
+                    "ts": s * 1000, "dur": (e - s) * 1000,
+                    "args": {"stage": op.stage, "microbatch": op.mb, "kind": op.kind},
+                })
     for r, points in enumerate(memory_steps(timeline)):
         events += [
             {"name": f"memory rank {r}", "ph": "C", "pid": 0, "ts": t * 1000, "args": {"memory": level}}
@@ -112,7 +135,7 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
             ax.set_xlim(0, t_max * 1.02)
         ax_g.set_title(_block_title(tl), fontsize=10, loc="left")
     axes[-1].set_xlabel("time")
-    kinds = in_order({op.kind for t in timelines for ops in t.schedule.ranks for op in ops})
+    kinds = in_order({op.kind for t in timelines for op in t.schedule.ops()})
     handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in kinds]
     if any(t.problem.chunks > 1 for t in timelines):
         handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
@@ -125,11 +148,30 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
 
 def _block_title(tl: Timeline) -> str:
     fits = "" if tl.fits else ", OVER the memory limit"
+    policies = policy_text(tl.schedule.policy_counts()) if tl.schedule.policies() else ""
     return (
         f"{tl.schedule.name}: makespan {tl.makespan:g}, span {tl.span:g},"
         f" bubble {tl.bubble_rate():.1%} ({tl.problem.objective}),"
-        f" peak memory {max(tl.peak_memory):g}{fits}"
+        f" peak memory {max(tl.peak_memory):g}{fits}" + (f"; {policies}" if policies else "")
     )
+
+
+def policy_text(counts: dict[str, int]) -> str:
+    """``Schedule.policy_counts`` in words: "recomputes 3, selectively 2, offloads 4 (stage,
+    microbatch)s", the policies with none left out ("" for none)."""
+    words = {"recompute": "recomputes", "selective": "selectively recomputes", "offload": "offloads"}
+    parts = [f"{words.get(policy, policy)} {n}" for policy, n in counts.items() if n]
+    return ", ".join(parts) + " (stage, microbatch)s" if parts else ""
+
+
+# The rows of a rank in a Gantt chart, as (bottom, top) around the rank's y: the compute lane's
+# boxes fill it; where the schedule has a copy lane, that lane is a thin row under the compute boxes.
+_ROWS_ALONE = {"compute": (-0.4, 0.4)}
+_ROWS_WITH_COPY = {"compute": (-0.4, 0.22), "copy": (0.26, 0.44)}
+
+
+def _lane_rows(tl: Timeline) -> dict[str, tuple[float, float]]:
+    return _ROWS_WITH_COPY if tl.schedule.copy else _ROWS_ALONE
 
 
 def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
@@ -137,12 +179,18 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
     from matplotlib.collections import PolyCollection  # heavy: loaded only to draw
 
     p = tl.problem
+    rows = _lane_rows(tl)
+    times = tl.lane_times()
     boxes, colors, labels = [], [], []
-    for r, ops in enumerate(tl.schedule.ranks):
-        for op, s, e in zip(ops, tl.start[r], tl.end[r]):
-            boxes.append([(s, r - 0.4), (e, r - 0.4), (e, r + 0.4), (s, r + 0.4)])
-            colors.append(_shade(KIND_COLORS[op.kind], op.stage // p.ranks, p.chunks))
-            labels.append((s, e, r, str(op.mb), colors[-1]))
+    for lane, per_rank in tl.schedule.lanes.items():
+        lo, hi = rows[lane]
+        starts, ends = times[lane]
+        for r, ops in enumerate(per_rank):
+            for op, s, e in zip(ops, starts[r], ends[r]):
+                boxes.append([(s, r + lo), (e, r + lo), (e, r + hi), (s, r + hi)])
+                colors.append(_shade(KIND_COLORS[op.kind], op.stage // p.ranks, p.chunks))
+                if lane == "compute":  # the copy row is too thin for text
+                    labels.append((s, e, r, str(op.mb), colors[-1]))
     widths = sorted(e - s for s, e, *_ in labels)
     median_pt = widths[len(widths) // 2] * pt_per_unit if widths else 0.0
     edge = 0.4 if median_pt > 4 else 0.0  # white gaps would wash out very narrow boxes
@@ -151,7 +199,8 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
     if size >= 5.0:  # smaller text is not legible at the saved resolution
         for s, e, r, text, color in labels:
             if (e - s) * pt_per_unit >= 0.62 * size * len(text) + 2:
-                ax.text((s + e) / 2, r, text, ha="center", va="center", fontsize=size, color=_ink(color))
+                ax.text((s + e) / 2, r + sum(rows["compute"]) / 2, text, ha="center", va="center", fontsize=size,
+                        color=_ink(color))
     ax.set_ylim(p.ranks - 0.5, -0.5)
     ax.set_yticks(range(p.ranks), [f"rank {r}" for r in range(p.ranks)], fontsize=min(9.0, 0.8 * row_pt))
     ax.tick_params(axis="y", length=0)
@@ -165,12 +214,16 @@ def _draw_critical(ax, path: CriticalPath) -> None:
     from matplotlib.collections import LineCollection, PolyCollection  # heavy: loaded only to draw
 
     t0, t1 = path.window
-    boxes = [[(max(s, t0), r - 0.4), (e, r - 0.4), (e, r + 0.4), (max(s, t0), r + 0.4)] for r, s, e in path.times]
+    rows = _lane_rows(path.timeline)
+    span = [rows[ROWS[op.kind].lane] for op in path.ops]  # per op, its lane's row
+    boxes = [[(max(s, t0), r + lo), (e, r + lo), (e, r + hi), (max(s, t0), r + hi)]
+             for (r, s, e), (lo, hi) in zip(path.times, span)]
     ax.add_collection(PolyCollection(boxes, facecolors="none", edgecolors=CRITICAL_COLOR, linewidths=1.5, zorder=3))
-    hops = [
-        [(max(e, t0), ra), (s, rb)]
-        for (ra, _, e), (rb, s, _) in zip(path.times, path.times[1:])
-        if ra != rb
+    middle = [r + (lo + hi) / 2 for (r, _, _), (lo, hi) in zip(path.times, span)]
+    hops = [  # a line where the chain moves to another rank, or between a rank's lanes
+        [(max(e, t0), ya), (s, yb)]
+        for (_, _, e), (_, s, _), ya, yb in zip(path.times, path.times[1:], middle, middle[1:])
+        if ya != yb
     ]
     ax.add_collection(LineCollection(hops, colors=CRITICAL_COLOR, linewidths=1.2, zorder=3))
     if path.objective == "span":
@@ -231,7 +284,7 @@ def _settings(rows) -> dict[tuple, list]:
     """Ablation rows grouped by everything but the memory limit and the schedule."""
     groups: dict[tuple, list] = {}
     for r in rows:
-        key = (r.problem, r.ranks, r.microbatches, r.chunks, r.placement, r.comm, r.objective)
+        key = (r.problem, r.ranks, r.microbatches, r.chunks, r.placement, r.comm, r.objective, r.policies)
         groups.setdefault(key, []).append(r)
     return groups
 
@@ -253,7 +306,7 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
     nrows = (n + cols - 1) // cols
     fig = Figure(figsize=(5.2 * cols, 3.6 * nrows), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False)
-    for ax, ((problem, p, m, v, placement, comm, objective), group) in zip(axes.flat, groups.items()):
+    for ax, ((problem, p, m, v, placement, comm, objective, policies), group) in zip(axes.flat, groups.items()):
         for name in dict.fromkeys(r.schedule for r in group):
             pts = sorted(
                 ((unlimited if r.memory_factor is None else r.memory_factor), 100 * r.bubble)
@@ -263,7 +316,8 @@ def draw_frontier(rows, path: str | Path, *, title: str | None = None) -> None:
                 style = (dict(color="black", linewidth=1.6, linestyle="--", zorder=5) if name == "ilp"
                          else dict(color=color[name], linewidth=1.2, alpha=0.85))
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=name, **style)
-        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:.3g}" if comm else ""), fontsize=9)
+        ax.set_title(f"{problem}: p={p} m={m} v={v} {placement}" + (f" comm={comm:.3g}" if comm else "")
+                     + (f" {policies}" if policies else ""), fontsize=9)
         ticks = sorted({(unlimited if r.memory_factor is None else r.memory_factor) for r in group})
         ax.set_xticks(ticks, [("none" if x == unlimited and None in {r.memory_factor for r in group} else f"{x:g}")
                               for x in ticks])

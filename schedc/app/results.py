@@ -33,6 +33,10 @@ class Row:
     gap: Optional[float] = None
     seconds: Optional[float] = None
     measured_ms: Optional[float] = None
+    policies: Optional[str] = None  # the cell's value of the policies axis (None: no such axis)
+    recompute: Optional[int] = None  # (stage, microbatch)s the schedule recomputes, where the problem allows it
+    selective: Optional[int] = None  # ... recomputes selectively
+    offload: Optional[int] = None  # ... offloads
     extra: dict = field(default_factory=dict)
 
     @property
