@@ -1,6 +1,7 @@
 """Lowering (Schedule -> Program), the independent check of a Program, and the schedule file."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -384,14 +385,20 @@ def test_lowering_places_recomputes_and_copies():
     assert [str(i) for i in program.ranks[1]].count("S1@s1") == 1
 
 
+def _move(instrs, what, after=None, before=None):
+    """Move ``what`` right after ``after`` (or right before ``before``) in the list ``instrs``."""
+    instrs.remove(what)
+    k = instrs.index(after) + 1 if after is not None else instrs.index(before)
+    instrs.insert(k, what)
+
+
 @pytest.mark.parametrize("edit, message", [
     # the B of a recomputed microbatch after its F but before its R: the program holds R, so B needs it
-    (lambda r: r.insert(r.index(Instr("BW", 0, 0)) + 1, r.pop(r.index(Instr("R", 0, 0)))), "BW0@s0 runs before R0@s0"),
-    (lambda r: r.insert(0, r.pop(r.index(Instr("R", 0, 0)))), "R0@s0 runs before F0@s0"),
-    (lambda r: r.insert(r.index(Instr("BW", 0, 1)) + 1, r.pop(r.index(Instr("L", 0, 1)))), "BW0@s1 runs before L1@s0|"
-     "BW1@s0 runs before L1@s0"),
-    (lambda r: r.insert(r.index(Instr("O", 0, 1)), r.pop(r.index(Instr("L", 0, 1)))), "L1@s0 runs before O1@s0"),
-    (lambda r: r.insert(0, r.pop(r.index(Instr("O", 0, 1)))), "O1@s0 runs before F1@s0"),
+    (lambda r: _move(r, Instr("R", 0, 0), after=Instr("BW", 0, 0)), "BW0@s0 runs before R0@s0"),
+    (lambda r: _move(r, Instr("R", 0, 0), before=Instr("F", 0, 0)), "R0@s0 runs before F0@s0"),
+    (lambda r: _move(r, Instr("L", 0, 1), after=Instr("BW", 0, 1)), "BW1@s0 runs before L1@s0"),
+    (lambda r: _move(r, Instr("L", 0, 1), before=Instr("O", 0, 1)), "L1@s0 runs before O1@s0"),
+    (lambda r: _move(r, Instr("O", 0, 1), before=Instr("F", 0, 0)), "O1@s0 runs before F1@s0"),
     (lambda r: r.__setitem__(r.index(Instr("O", 0, 1)), Instr("O", 1, 1)), "stage 1 is placed on rank 1, not 0"),
     (lambda r: r.remove(Instr("L", 0, 1)), "O1@s0 has no L1@s0"),
 ])
@@ -405,8 +412,7 @@ def test_the_checker_holds_recompute_and_offload_to_their_rules(edit, message):
 
 
 def test_the_checker_refuses_a_kind_it_does_not_know_by_name(monkeypatch):
-    import schedc.check as checker
-
+    checker = sys.modules["schedc.check"]  # the module (schedc.check is also the function's name)
     problem, schedule, program = _recompute_program()
     monkeypatch.setattr(checker, "CHECKED", frozenset({"F", "B", "W", "BW", "R", "O", "L"}))
     with pytest.raises(ProgramError, match="the checker cannot handle op kind 'S'"):
