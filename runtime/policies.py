@@ -96,8 +96,23 @@ class Region:
             raise RuntimeError("a selective region recomputed twice, or after its backward")
         leaves = tuple(t.detach().requires_grad_(w) if t.is_floating_point() else t.detach()
                        for t, w in zip(self.inputs, self.wants))
-        with torch.enable_grad(), replaying_rng(self.rng, self.device):
+        saved: set[int] = set()
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.add(t.untyped_storage().data_ptr())
+            return t
+
+        with torch.enable_grad(), replaying_rng(self.rng, self.device), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.run(*leaves)
+        # The backward needs of the leaves only their identity (to be given gradients) and of the
+        # output only its node: where the recomputed graph saved neither's storage, drop their
+        # values, so that S brings back what the part saves and no more (its inputs, views of a
+        # larger tensor here, and its output are not held twice).
+        for t in (*leaves, out):
+            if (t.is_floating_point() and t.requires_grad and t._base is None and t.numel() > 1
+                    and t.untyped_storage().data_ptr() not in saved):
+                t.data = torch.empty(1, dtype=t.dtype, device=t.device).expand(t.shape)
         self.graph, self.inputs = (out, leaves), None
 
 
@@ -187,7 +202,7 @@ class Offloaded:
         """``leave``: storage addresses to leave alone (parameters, the caller's input).
         ``stream``: the side CUDA stream of the copies (None on CPU)."""
         self.device, self.leave, self.stream = device, leave, stream
-        self.tensors: list[torch.Tensor] | None = []  # on the device: what unpack returns
+        self.tensors: list[torch.Tensor | None] | None = []  # on the device: what unpack hands over (once)
         self.host: list[torch.Tensor] = []  # while offloaded: one buffer per storage
         self.layout: list[tuple[int, int, torch.Size, tuple[int, ...], torch.dtype]] = []
         self.event = None  # CUDA: the last copy's completion
@@ -205,7 +220,12 @@ class Offloaded:
             return handle
         if self.tensors is None:
             raise RuntimeError("a backward needs an offloaded activation that was not reloaded (an L before its B)")
-        return self.tensors[handle]
+        # Handed over, not kept: autograd frees a saved tensor once the node that used it has run,
+        # and the box must not hold it past that (B's memory would not fall as it runs).
+        t, self.tensors[handle] = self.tensors[handle], None
+        if t is None:
+            raise RuntimeError("an offloaded activation unpacked twice (a backward through the graph a second time)")
+        return t
 
     def storages(self) -> set[int]:
         """The addresses of the device storages it holds (before ``offload``)."""
