@@ -588,10 +588,12 @@ def profile_model(
     device: torch.device | str | None = None,
     load: int | None = None,
     progress: Callable[[str], None] | None = None,
+    policies: bool = False,
 ) -> tuple[Problem, StageProfile]:
     """Partition, profile and time the transfer: the Problem ``schedc solve`` takes. ``comm``
     None measures it between two local processes (gloo, CPU). ``load`` None: ranks - 1 copies
-    run beside each timed stage on CPU (the ranks share the machine), none on GPU."""
+    run beside each timed stage on CPU (the ranks share the machine), none on GPU. ``policies``:
+    the problem also gets the ``recompute:`` and ``offload:`` sections (``make_problem``)."""
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -626,7 +628,8 @@ def profile_model(
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
     problem = make_problem(prof, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
-                           comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes)
+                           comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes,
+                           policies=policies)
     return problem, prof
 
 
