@@ -17,10 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import schedc
 import schedc.solvers as solvers
 from schedc import Problem
-from schedc.runtime import PipelineError, PipelineRuntime
+from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import RankFailed, run_local
 from schedc.schedfile import CompiledSchedule
@@ -90,6 +89,41 @@ def test_recompute_and_offload_give_the_gradients_of_the_plain_schedule(order):
     ranks_other = run_local(grads, 2, compiled[:1], {"dropout": 0.2}, timeout=300)
     k = next(iter(ranks[0][base.name]["grads"]))
     assert not torch.allclose(ranks_other[0][base.name]["grads"][k], ranks[0][base.name]["grads"][k])
+
+
+def test_a_v_placement_with_local_hand_offs_gives_the_same_gradients():
+    """Four stages on two ranks (V: stages 0 and 3 on rank 0, 1 and 2 on rank 1, handed off by
+    LOCAL), split backward, each policy somewhere: the stage input of an offloaded microbatch
+    keeps only its identity after O, and a recomputed stage's input came by hand-off."""
+    plain = problem(2, 2, "v", 4)
+    base = solvers.build("zb-v", plain)
+    policy = {(0, 0): "R", (1, 0): "O", (2, 0): "S", (3, 0): "R", (1, 1): "R", (2, 1): "O", (3, 1): "S",
+              (0, 2): "O", (1, 2): "S", (2, 2): "R", (3, 3): "O", (0, 3): "S"}
+    compiled = [CompiledSchedule.build(plain, base),
+                CompiledSchedule.build(sections(plain), with_policies(base, policy).renamed("zb-v+mixed"))]
+    assert any(i.op == "LOCAL" for i in compiled[1].program.for_rank(1))
+    ranks = run_local(grads, 2, compiled, {"n_layers": 6}, timeout=600)
+    for r, got in enumerate(ranks):
+        for k, g in got[base.name]["grads"].items():
+            h = got["zb-v+mixed"]["grads"][k]
+            assert (h - g).norm() <= 1e-6 * g.norm() + 1e-12, (r, k, float((h - g).norm() / g.norm()))
+
+
+def construct(rank, world, compiled, n_layers):
+    prob = compiled.problem
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages, n_layers=n_layers)) if s in prob.rank_stages[rank]}
+    PipelineRuntime(compiled, mine, lm_loss, timeout=60)
+
+
+def test_selective_recompute_of_a_stage_that_marks_no_part_is_refused_by_name():
+    plain = problem(2, 2, "v", 2)
+    schedule = with_policies(solvers.build("zb-v", plain), {(3, 0): "S"})
+    compiled = CompiledSchedule.build(sections(plain), schedule)
+    with pytest.raises(RankFailed) as e:  # stage 3 is the head alone (2 blocks over 4 stages)
+        run_local(construct, 2, compiled, 2, timeout=300)
+    msg = e.value.errors[0].strip().splitlines()[-1]
+    assert msg.startswith("schedc.runtime.interpreter.PipelineError:") and "stage 3 selectively" in msg
+    assert "schedc_selective = True" in msg
 
 
 # ---- measured activation memory against the simulator's peak ----
