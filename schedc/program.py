@@ -26,6 +26,8 @@ a compute ``(its start, 2)``, a send or hand-off ``(its producer's end, 1)``, a 
 key. A send then never waits for a receive with a larger key, and a compute never waits for a
 send with a larger key (the consumer starts after its producer ends), so every wait points to a
 smaller key: the wait-for relation has no cycle, whatever the real durations turn out to be.
+Copies (O, L) change nothing in it: a copy waits only for ops listed before it on its own rank (its
+F, the copy before it), and the B that waits for an L comes after it.
 ``check`` (schedc/check.py) verifies this independently of the argument.
 
 Receives are posted early so that transfers overlap compute: at the latest one compute op before

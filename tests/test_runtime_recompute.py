@@ -78,6 +78,7 @@ def test_recompute_and_offload_give_the_gradients_of_the_plain_schedule(order):
         compiled.append(CompiledSchedule.build(sections(plain), schedule))
     ranks = run_local(grads, 2, compiled, {}, timeout=600)
     for c in compiled[1:]:
+        worst = 0.0
         for r, got in enumerate(ranks):
             want = got[base.name]
             if want["loss"] is not None:
@@ -85,6 +86,8 @@ def test_recompute_and_offload_give_the_gradients_of_the_plain_schedule(order):
             for k, g in want["grads"].items():
                 h = got[c.name]["grads"][k]
                 assert (h - g).norm() <= 1e-6 * g.norm() + 1e-12, (c.name, r, k, float((h - g).norm() / g.norm()))
+                worst = max(worst, float((h - g).norm() / g.norm()))
+        print(f"{c.name}: largest relative gradient difference {worst:.2e}")
     # dropout is on: a different random state gives other gradients (the comparison can fail)
     ranks_other = run_local(grads, 2, compiled[:1], {"dropout": 0.2}, timeout=300)
     k = next(iter(ranks[0][base.name]["grads"]))
