@@ -365,8 +365,8 @@ def test_lowering_with_recompute_and_offload_gives_a_checked_program(problem, rn
                     # listed before the first compute op that starts at or after the copy (or its user)
                     later = [o for o in ops[k + 1:] if o.kind in COMPUTE]
                     assert later and times[later[0]][1] >= times[op][1] - 1e-9
-        # without the policies, the program is the one of the plain schedule
-        assert lower(problem, base) == lower(problem, schedc.Schedule.from_lists(base.name, base.ranks, ()))
+        # a schedule without policies lowers as it did before the problem allowed them
+        assert lower(problem, base).ranks == lower(plain, base).ranks
 
 
 def _recompute_program():
