@@ -1,6 +1,10 @@
 """A small GPT-style language model given as an ordered list of blocks, for tests, benchmarks
 and examples/train_gpt.py: token + position embedding first, transformer blocks, then the head.
 
+``dropout`` (default 0: none) adds dropout as GPT-2 has it: on the embedding's output, on the
+attention weights (inside ``AttentionCore``, the part a selective recompute drops) and on each
+residual branch.
+
 ``cut(blocks, sizes)`` groups the list into contiguous ``nn.Sequential`` stages (``sizes`` from
 ``schedc.partition``); ``stages(blocks, n)`` is the uniform cut.
 """
@@ -14,36 +18,60 @@ from torch import nn
 from schedc.partition import uniform
 
 
+def _dropout(p: float) -> nn.Module:
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class Embedding(nn.Module):
-    def __init__(self, vocab: int, d_model: int, seq_len: int):
+    def __init__(self, vocab: int, d_model: int, seq_len: int, dropout: float = 0.0):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
+        self.drop = _dropout(dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[-1], device=tokens.device))
+        return self.drop(self.tok(tokens) + self.pos(torch.arange(tokens.shape[-1], device=tokens.device)))
+
+
+class AttentionCore(nn.Module):
+    """Causal softmax(q k^T / sqrt(d)) v over heads, with dropout on the attention weights: the
+    part whose activations grow with the square of the sequence, which Megatron-LM's selective
+    recompute drops. ``schedc_selective`` marks it for the runtime's selective recompute (S,
+    ``schedc.runtime.policies``)."""
+
+    schedc_selective = True
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
 
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention and an MLP, each with a residual."""
 
-    def __init__(self, d_model: int, n_heads: int):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__()
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.core = AttentionCore(dropout)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
         self.up = nn.Linear(d_model, 4 * d_model)
         self.down = nn.Linear(4 * d_model, d_model)
+        self.drop1, self.drop2 = _dropout(dropout), _dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         heads = lambda z: z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)  # noqa: E731
-        att = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
+        att = self.core(heads(q), heads(k), heads(v))
+        x = x + self.drop1(self.proj(att.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop2(self.down(F.gelu(self.up(self.ln2(x)))))
 
 
 class Head(nn.Module):
@@ -57,10 +85,11 @@ class Head(nn.Module):
 
 
 def gpt_blocks(vocab: int = 64, d_model: int = 32, n_layers: int = 4, n_heads: int = 2, seq_len: int = 16,
-               seed: int = 0) -> list[nn.Module]:
+               seed: int = 0, dropout: float = 0.0) -> list[nn.Module]:
     """[Embedding, Block x n_layers, Head], initialised from ``seed`` (the same on every rank)."""
     torch.manual_seed(seed)
-    return [Embedding(vocab, d_model, seq_len), *(Block(d_model, n_heads) for _ in range(n_layers)), Head(d_model, vocab)]
+    return [Embedding(vocab, d_model, seq_len, dropout), *(Block(d_model, n_heads, dropout) for _ in range(n_layers)),
+            Head(d_model, vocab)]
 
 
 def cut(blocks: list[nn.Module], sizes: list[int]) -> list[nn.Sequential]:

@@ -15,6 +15,13 @@ Each rank walks its instruction list in order:
   is waited on only where it is consumed. A send's buffer is dropped as soon as the transfer
   has completed (checked after every instruction); ``STEP`` waits for those still in flight.
 - ``LOCAL``: hands the tensor to the other stage on this rank.
+- ``R`` (full recompute): the F of a recomputed (stage, microbatch) ran without autograd and kept
+  only the stage input and the RNG state; R runs the stage again with autograd from that input,
+  the RNG replayed (the same dropout masks), and B backpropagates through R's graph (split B/W as
+  usual). ``S`` (selective): the F ran the stage's marked parts without keeping their activations;
+  S recomputes those parts' graphs. ``O`` / ``L`` (offload / reload): the F handed what autograd
+  saves to a box; O moves it to host memory, L brings it back, and the B waits for its L. See
+  ``schedc.runtime.policies`` for each (and for what "host memory" is on CPU).
 - ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
   one was given (otherwise the caller runs it after ``step``). With ``clip_grad_norm``, it
   clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
@@ -65,6 +72,8 @@ from schedc.program import Instr, Message, Opcode
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport, describe
 from schedc.runtime.memory import MemoryMeter
+from schedc.runtime.policies import (Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng,
+                                     without_storage)
 from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
 
@@ -93,6 +102,9 @@ class _StepState:
     outbox: dict = field(default_factory=dict)  # Message -> computed, to be sent or handed off
     inbox: dict = field(default_factory=dict)  # Message -> (work or None, tensor)
     losses: list = field(default_factory=list)
+    dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state): F ran without autograd, R due
+    regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
+    boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
 
 
 class PipelineRuntime:
@@ -158,9 +170,13 @@ class PipelineRuntime:
         self.program: tuple[Instr, ...] = compiled.program.for_rank(self.rank)
         self._ops: dict[Kind | Opcode, Callable[[_StepState, Instr, int], None]] = {  # opcode -> its method
             Kind.F: self._forward, Kind.B: self._backward_input, Kind.BW: self._backward_full, Kind.W: self._weight,
+            Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.O: self._offload,
+            Kind.L: self._reload,
             Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
             Opcode.STEP: self._optimizer_step,
         }
+        # (stage, mb) -> the policy op the program holds for it (R, S, O); absent: kept
+        self.policy = {(i.stage, i.mb): i.op for i in self.program if i.op in (Kind.R, Kind.S, Kind.O)}
         for instr in self.program:  # a kind without a method here is refused before anything is set up
             if instr.op not in self._ops:
                 runs = in_order(k for k in self._ops if isinstance(k, Kind))
@@ -183,6 +199,15 @@ class PipelineRuntime:
                                   " computed at B and its W does not do them: compile it without fullgraph=True"
                                   " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
+        self.selective: dict[int, list[nn.Module]] = {}  # stage -> its parts marked for selective recompute
+        for s in sorted({s for (s, _), kind in self.policy.items() if kind is Kind.S}):
+            self.selective[s] = enable_selective(self.stages[s])
+            if not self.selective[s]:
+                raise PipelineError(
+                    f"the schedule {head.schedule!r} recomputes stage {s} selectively (S), but the stage's module"
+                    " marks no part to drop: set the class attribute schedc_selective = True on the modules to"
+                    " recompute (as schedc.runtime.gpt.AttentionCore does), or use a schedule without S")
+        self._copy_stream = None  # CUDA: the copy lane's side stream, made at the first offload
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # stage s -> its output activation
         self._meta_key: tuple | None = None
         self._key = f"schedc/runtime{next(_RUNTIMES)}"
@@ -297,18 +322,82 @@ class PipelineRuntime:
     def _forward(self, state: _StepState, instr: Instr, k: int) -> None:
         s, mb = instr.stage, instr.mb
         x = state.xs[mb].to(self.device) if s == 0 else self._take(state.inbox, Message("act", mb, s - 1, s), instr, k)
+        policy = self.policy.get((s, mb))
+        if policy is Kind.R:  # keep only the input and the random state; R runs it again with autograd
+            rng = capture_rng(self.device)
+            with torch.no_grad():
+                self._output(state, s, mb, self._call_stage(s, x))
+            state.dropped[(s, mb)] = (x, rng)
+            return
         if s > 0 and x.is_floating_point():
             x = x.detach().requires_grad_(True)
-        y = self._call_stage(s, x)
+        if policy is Kind.O:
+            box = Offloaded(self.device, self._not_ours(s, x if s == 0 else None), self._copy_lane())
+            with torch.autograd.graph.saved_tensors_hooks(box.pack, box.unpack):
+                out = self._output(state, s, mb, self._call_stage(s, x))
+            state.boxes[(s, mb)] = (box, x if s > 0 else None)
+        elif policy is Kind.S:
+            regions: list[Region] = []
+            with dropping(self.selective[s], regions):
+                out = self._output(state, s, mb, self._call_stage(s, x))
+            state.regions[(s, mb)] = regions
+        else:
+            out = self._output(state, s, mb, self._call_stage(s, x))
+        state.saved[(s, mb)] = (x if s > 0 else None, _without_data(out))
+
+    def _output(self, state: _StepState, s: int, mb: int, y):
+        """What a forward of stage ``s`` leaves for its backward: the last stage's loss (scaled by
+        1/m; recorded), else the output ``y``, whose values go to the outbox for the next stage."""
         if s == self.last:
             loss = self.loss_fn(y, state.ys[mb])
             state.losses.append(loss.detach())
-            state.saved[(s, mb)] = (x if s > 0 else None, loss / self.m)
-            return
+            return loss / self.m
         if not isinstance(y, torch.Tensor):
             raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
         state.outbox[Message("act", mb, s, s + 1)] = y.detach()
-        state.saved[(s, mb)] = (x if s > 0 else None, _without_data(y))
+        return y
+
+    def _recompute(self, state: _StepState, instr: Instr, k: int) -> None:
+        """R: the forward again, with autograd, from the kept input and with the first run's random
+        numbers; what it saves is held for the B (and, split, the W) as an ordinary F's is."""
+        s, mb = instr.stage, instr.mb
+        x, rng = state.dropped.pop((s, mb))
+        if s > 0 and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+        with replaying_rng(rng, self.device):
+            y = self._call_stage(s, x)
+            out = self.loss_fn(y, state.ys[mb]) / self.m if s == self.last else y
+        del y
+        state.saved[(s, mb)] = (x if s > 0 else None, _without_data(out))
+
+    def _recompute_selective(self, state: _StepState, instr: Instr, k: int) -> None:
+        """S: the marked parts of the stage again, with autograd, from their kept inputs."""
+        for region in state.regions.pop((instr.stage, instr.mb)):
+            region.recompute()
+
+    def _offload(self, state: _StepState, instr: Instr, k: int) -> None:
+        """O: what the forward saved to host memory; the stage input leaf keeps only its identity."""
+        box, x = state.boxes[(instr.stage, instr.mb)]
+        ours = box.storages()
+        box.offload()
+        if x is not None and x.untyped_storage().data_ptr() in ours:
+            without_storage(x)
+
+    def _reload(self, state: _StepState, instr: Instr, k: int) -> None:
+        state.boxes[(instr.stage, instr.mb)][0].reload()
+
+    def _not_ours(self, s: int, x) -> set[int]:
+        """Storages an offload leaves where they are: the stage's parameters, the caller's input."""
+        held = {p.untyped_storage().data_ptr() for p in self.stages[s].parameters()}
+        return held | ({x.untyped_storage().data_ptr()} if x is not None else set())
+
+    def _copy_lane(self):
+        """The side stream offloads and reloads run on (CUDA), None on CPU (copies run at once)."""
+        if self.device.type != "cuda":
+            return None
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        return self._copy_stream
 
     def _call_stage(self, s: int, x):
         try:
@@ -334,6 +423,10 @@ class PipelineRuntime:
     def _backward(self, state: _StepState, instr: Instr, k: int, split: bool) -> None:
         s, mb = instr.stage, instr.mb
         x, out = state.saved.pop((s, mb))
+        if (s, mb) in state.boxes:  # offloaded: its reload must have completed
+            box, _ = state.boxes.pop((s, mb))
+            box.ready()
+            del box
         grad = None if s == self.last else self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
         inputs = [x] if x is not None and x.requires_grad else []
         if split:
@@ -360,6 +453,12 @@ class PipelineRuntime:
 
     def _optimizer_step(self, state: _StepState, instr: Instr, k: int) -> None:
         self._io.flush((k, instr, self.steps))
+        left = [f"{what} {sorted(held)}" for what, held in (("forwards without their R", state.dropped),
+                                                             ("selective forwards without their S", state.regions),
+                                                             ("offloaded activations without their B", state.boxes))
+                if held]
+        if left:
+            raise PipelineError(f"rank {self.rank}: the program ended with " + "; ".join(left))
         self._finish_step(state.saved, state.outbox, state.inbox, (k, instr, self.steps))
 
     def _finish_step(self, saved, outbox, inbox, where) -> None:

@@ -20,6 +20,23 @@ stage, and measures, per stage:
   measured with the runtime's ``MemoryMeter`` (CUDA allocator; on CPU, torch.profiler's memory
   events).
 
+For recompute and offload (issue 25; ``make_problem(..., policies=True)`` writes them as the
+problem's ``recompute:`` and ``offload:`` sections):
+
+- recompute time, ms: the stage's forward with autograd from its kept input, with the RNG state
+  replayed, exactly as the runtime's R runs it (``schedc.runtime.policies``); the last stage's
+  includes the loss.
+- what a recomputed microbatch keeps, MiB: its input, the tensor received from the stage before
+  (stage 0's input is the caller's batch, allocated before the step and not activation memory:
+  0); at most the activation.
+- selective recompute (where the stage has parts marked ``schedc_selective``): the time of
+  recomputing those parts (the runtime's S) and what a selective forward keeps (the tensors
+  autograd saves plus the marked parts' inputs, measured as the activation is).
+- copy time, ms: the stage's activation over the host<->device bandwidth measured by
+  ``copy_bandwidth`` (CUDA: pinned host memory to and from the device, the mean of both ways; CPU:
+  there is no device, so the bandwidth of the memcpy the runtime's offload and reload do, into a
+  buffer outside torch's allocator and back).
+
 ``make_problem`` writes each stage's ``memory.working``: that working memory plus the largest
 tensor the stage receives (its input from the stage before, the gradient of its output from the
 stage after): the runtime posts receives ahead of the ops that consume them, so received tensors
@@ -65,6 +82,7 @@ from schedc.problem import Problem
 from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
 from schedc.runtime.memory import MemoryMeter
+from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -90,6 +108,15 @@ class StageProfile:
     # MiB an op of the stage needs while it runs, above the level the simulator holds then (the
     # largest over F, B, W and BW); empty in profiles from before it was measured
     working: list[float] = field(default_factory=list)
+    # recompute and offload (empty in profiles from before they were measured): per stage, the
+    # recompute's ms and what a recomputed microbatch keeps (MiB); the selective recompute's ms and
+    # keep (0 ms where the stage marks no part); the copy's ms each way; the bandwidth, MiB per ms
+    recompute: list[float] = field(default_factory=list)
+    keep: list[float] = field(default_factory=list)
+    selective: list[float] = field(default_factory=list)
+    selective_keep: list[float] = field(default_factory=list)
+    offload: list[float] = field(default_factory=list)
+    copy_bandwidth: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,7 +147,8 @@ def profile_stages(
     y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
     check_supported(EVERY_PROBLEM, "the profiler", TIMED)
     out: dict[str, list[float]] = {
-        k: [] for k in (*(kind.value for kind in TIMED), "activation", "kept_for_w", "static", "sends", "working")
+        k: [] for k in (*(kind.value for kind in TIMED), "activation", "kept_for_w", "static", "sends", "working",
+                        "recompute", "keep", "selective", "selective_keep")
     }
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
@@ -129,8 +157,10 @@ def profile_stages(
         with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
                           for _ in range(load)]):
             times = dict(zip(TIMED, run.times(warmup, repeats)))
+            recompute, selective = run.recompute_times(warmup, repeats)
         held, kept = run.memory()
         working = run.working()
+        selective_held = run.memory(selective=True)[0] if selective > 0 else held
         params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
         for kind, ms in times.items():
             out[kind.value].append(ms)
@@ -138,12 +168,45 @@ def profile_stages(
         out["kept_for_w"].append(min(kept, held) / MiB)
         out["static"].append(params * (2 + optimizer_state) / MiB)
         out["working"].append(working / MiB)
+        out["recompute"].append(recompute)
+        out["keep"].append(min(run.input_bytes(), held) / MiB)
+        out["selective"].append(selective)
+        out["selective_keep"].append(min(selective_held, held) / MiB)
         x = run.output()
         out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
         if progress:
             progress(f"stage {s}: " + "  ".join(f"{kind} {ms:.3f} ms" for kind, ms in times.items())
                      + f"  activation {held / MiB:.2f} MiB  working {working / MiB:.2f} MiB")
-    return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads())
+    bandwidth = copy_bandwidth(device, max(max(out["activation"]), 1.0))
+    out["offload"] = [a / bandwidth for a in out["activation"]]
+    if progress:
+        progress(f"host<->device copy: {bandwidth:.1f} MiB/ms" + (" (CPU: a memcpy)" if device.type == "cpu" else ""))
+    return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads(),
+                        copy_bandwidth=bandwidth)
+
+
+def copy_bandwidth(device: torch.device, mib: float, repeats: int = 5) -> float:
+    """MiB per ms of the copies an offload and its reload do on ``device``, the mean time of the two
+    ways (median of ``repeats``): on CUDA pinned host memory from and to the device; on CPU (no
+    device memory: the memcpy the runtime does) into a buffer outside torch's allocator and back,
+    as ``schedc.runtime.policies.Offloaded`` does."""
+    device = torch.device(device)
+    src = torch.ones(max(1, int(mib * MiB)), dtype=torch.uint8, device=device)
+    ways = []
+    for _ in range(repeats + 1):
+        box = Offloaded(device, set(), torch.cuda.Stream(device) if device.type == "cuda" else None)
+        box.tensors.append(src)
+        with _Timer(device) as out:
+            box.offload()
+            if box.event is not None:
+                box.event.synchronize()
+        with _Timer(device) as back:
+            box.reload()
+            if box.event is not None:
+                box.event.synchronize()
+        box.ready()
+        ways.append((out.ms + back.ms) / 2)
+    return src.numel() / MiB / statistics.median(ways[1:])
 
 
 def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
@@ -178,6 +241,36 @@ class _StageRunner:
         inputs = [x] if x.requires_grad else []
         self.store.backward_input("profile", out, grad, inputs, self.params)
 
+    def recompute_times(self, warmup: int, repeats: int) -> tuple[float, float]:
+        """Median ms of the runtime's R (the forward with autograd from the kept input, the RNG
+        replayed) and of its S (the marked parts recomputed; 0 where the stage marks none)."""
+        parts = enable_selective(self.module)
+        r, sel = [], []
+        for i in range(warmup + repeats):
+            rng = capture_rng(self.device)
+            with _Timer(self.device) as tr, replaying_rng(rng, self.device):
+                x, out = self.forward()
+            del x, out
+            regions: list[Region] = []
+            with dropping(parts, regions):
+                x, out = self.forward()
+            with _Timer(self.device) as ts:
+                for region in regions:
+                    region.recompute()
+            self.backward_input(x, out)
+            self.store.backward_weight("profile")
+            del x, out, regions
+            if i >= warmup:
+                r.append(tr.ms)
+                sel.append(ts.ms if parts else 0.0)
+        self.module.zero_grad(set_to_none=True)
+        return statistics.median(r), statistics.median(sel)
+
+    def input_bytes(self) -> int:
+        """What a recomputed microbatch keeps: its input, unless it is the caller's batch (stage 0,
+        an integer tensor of token ids here: allocated before the step, not activation memory)."""
+        return self.x.numel() * self.x.element_size() if self.x.is_floating_point() else 0
+
     def times(self, warmup: int, repeats: int) -> tuple[float, float, float, float]:
         """Median F, B, W and fused BW in ms."""
         f, b, w, bw = [], [], [], []
@@ -200,10 +293,11 @@ class _StageRunner:
         self.module.zero_grad(set_to_none=True)
         return tuple(statistics.median(x) for x in (f, b, w, bw))
 
-    def memory(self) -> tuple[float, float]:
-        """(bytes F holds for backward, bytes B keeps for W)."""
+    def memory(self, selective: bool = False) -> tuple[float, float]:
+        """(bytes F holds for backward, bytes B keeps for W); ``selective``: of a forward that drops
+        the stage's marked parts (their inputs counted as held)."""
         if self.device.type == "cuda":
-            return self._cuda_memory()
+            return self._cuda_memory(selective)
         param_storages = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
         saved: dict[int, int] = {}
 
@@ -219,12 +313,17 @@ class _StageRunner:
                                                                        + out.numel() * out.element_size()))
             for m in self.module.modules() if isinstance(m, SplitLinear)
         ]
+        regions: list[Region] = []
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                    dropping(enable_selective(self.module) if selective else [], regions):
                 self.forward()
         finally:
             for h in hooks:
                 h.remove()
+        for region in regions:  # a dropped part keeps its inputs (outside autograd's saved tensors)
+            for t in region.inputs or ():
+                pack(t)
         return float(sum(saved.values())), float(sum(kept))
 
     def working(self, repeats: int = 2) -> float:
@@ -266,10 +365,12 @@ class _StageRunner:
         above += [rows[k][1] - levels[k] for k in (1, 2, 5)]  # B, W, BW
         return float(max(0, *above))
 
-    def _cuda_memory(self) -> tuple[float, float]:
+    def _cuda_memory(self, selective: bool = False) -> tuple[float, float]:
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
-        x, out = self.forward()
+        regions: list[Region] = []
+        with dropping(enable_selective(self.module) if selective else [], regions):
+            x, out = self.forward()
         torch.cuda.synchronize(self.device)
         held = torch.cuda.memory_allocated(self.device) - base
         self.backward_input(x, out)
@@ -371,9 +472,12 @@ def make_problem(
     objective: str = "makespan",
     name: str = "profiled",
     stage_blocks: list[int] | None = None,
+    policies: bool = False,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
-    in MiB). Static memory per rank is the sum over the stages the placement puts there."""
+    in MiB). Static memory per rank is the sum over the stages the placement puts there.
+    ``policies``: also the ``recompute:`` section (time, keep, and ``selective:`` where every stage
+    marks a part to drop) and the ``offload:`` section (copy time), from a profile that has them."""
     check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
@@ -393,9 +497,25 @@ def make_problem(
         dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
              costs={kind.value: getattr(profile, kind.value) for kind in TIMED}, comm=comm, memory=memory,
              objective=objective,
-             stage_blocks=stage_blocks),
+             stage_blocks=stage_blocks, **(policy_sections(profile) if policies else {})),
         source=name,
     )
+
+
+def policy_sections(profile: StageProfile) -> dict[str, Any]:
+    """The problem's ``recompute:`` and ``offload:`` sections from ``profile`` (none it lacks).
+    ``recompute.selective`` only where every stage marks a part to drop (its time is positive):
+    a stage without one has no selective recompute to offer."""
+    out: dict[str, Any] = {}
+    act = profile.activation
+    if profile.recompute:
+        out["recompute"] = dict(time=profile.recompute, keep=[min(k, a) for k, a in zip(profile.keep, act)])
+        if profile.selective and min(profile.selective) > 0:
+            out["recompute"]["selective"] = dict(time=profile.selective,
+                                                 keep=[min(k, a) for k, a in zip(profile.selective_keep, act)])
+    if profile.offload and min(profile.offload) > 0:
+        out["offload"] = dict(time=profile.offload)
+    return out
 
 
 def working_memory(profile: StageProfile) -> list[float]:
@@ -468,10 +588,12 @@ def profile_model(
     device: torch.device | str | None = None,
     load: int | None = None,
     progress: Callable[[str], None] | None = None,
+    policies: bool = False,
 ) -> tuple[Problem, StageProfile]:
     """Partition, profile and time the transfer: the Problem ``schedc solve`` takes. ``comm``
     None measures it between two local processes (gloo, CPU). ``load`` None: ranks - 1 copies
-    run beside each timed stage on CPU (the ranks share the machine), none on GPU."""
+    run beside each timed stage on CPU (the ranks share the machine), none on GPU. ``policies``:
+    the problem also gets the ``recompute:`` and ``offload:`` sections (``make_problem``)."""
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -506,7 +628,8 @@ def profile_model(
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
     problem = make_problem(prof, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
-                           comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes)
+                           comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes,
+                           policies=policies)
     return problem, prof
 
 

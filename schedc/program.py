@@ -2,7 +2,14 @@
 
 Instructions:
 
-- ``F``, ``B``, ``W``, ``BW`` on (stage, microbatch): compute, as in the Schedule.
+- ``F``, ``B``, ``W``, ``BW``, and the recomputes ``R`` (full) and ``S`` (selective) on (stage,
+  microbatch): compute, in the Schedule's compute-lane order.
+- ``O`` (offload) and ``L`` (reload) on (stage, microbatch): the copy lane's ops, in its order. The
+  runtime *issues* a copy where the Program lists it and does not wait; the copy lane runs one copy
+  at a time in issue order, and the B (or BW) of a reloaded (stage, microbatch) waits for its ``L``
+  to complete. A copy is listed before the first compute op whose simulated start is at or after
+  the copy's simulated start (so that it overlaps the compute the simulator overlaps it with), and
+  never before the op it needs (an ``O`` after its ``F``, in the copy lane's order).
 - ``SEND`` / ``RECV`` of a stage's forward activation (``act``, stage s to s+1) or of the gradient
   of it (``grad``, stage s+1 to s) between two ranks. ``RECV`` *posts* a receive and does not
   wait; the compute that uses the tensor waits for it. ``SEND`` may block until the peer has
@@ -19,6 +26,8 @@ a compute ``(its start, 2)``, a send or hand-off ``(its producer's end, 1)``, a 
 key. A send then never waits for a receive with a larger key, and a compute never waits for a
 send with a larger key (the consumer starts after its producer ends), so every wait points to a
 smaller key: the wait-for relation has no cycle, whatever the real durations turn out to be.
+Copies (O, L) change nothing in it: a copy waits only for ops listed before it on its own rank (its
+F, the copy before it), and the B that waits for an L comes after it.
 ``check`` (schedc/check.py) verifies this independently of the argument.
 
 Receives are posted early so that transfers overlap compute: at the latest one compute op before
@@ -28,6 +37,7 @@ timeline holds.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -52,13 +62,14 @@ class Opcode(str, Enum):
     __format__ = str.__format__
 
 
-COMPUTE = tuple(Kind)  # the compute instructions: one per op kind
+COMPUTE = tuple(k for k, row in ROWS.items() if row.lane == "compute")  # F, B, W, BW, R, S
+COPY = tuple(k for k, row in ROWS.items() if row.lane == "copy")  # O, L: issued, completed on the copy lane
 COMM = (Opcode.SEND, Opcode.RECV)
-OPCODES = (*COMPUTE, *Opcode)  # F, B, W, BW, SEND, RECV, LOCAL, STEP
+OPCODES = (*Kind, *Opcode)  # F, B, W, BW, R, S, O, L, SEND, RECV, LOCAL, STEP
 _OPCODE_OF: dict[str, Kind | Opcode] = {**BY_NAME, **{o.value: o for o in Opcode}}
 TENSORS = ("act", "grad")  # what a row's ``carries`` names
 DIRECTION = {"act": 1, "grad": -1}  # a tensor goes from stage s to s + its direction
-LOWERED = frozenset(k for k, row in ROWS.items() if row.lane == "compute")  # the kinds lower() handles
+LOWERED = frozenset(k for k, row in ROWS.items() if row.lane in ("compute", "copy"))  # the kinds lower() handles
 
 
 def _consumers() -> dict[tuple[str, int], tuple[Kind, ...]]:
@@ -212,8 +223,17 @@ class Program:
         return sum(len(instrs) for instrs in self.ranks)
 
     def compute_order(self) -> tuple[tuple[Op, ...], ...]:
-        """Per rank, the compute ops in program order (a lowered Program's equals its Schedule)."""
-        return tuple(tuple(i.compute for i in instrs if isinstance(i.op, Kind)) for instrs in self.ranks)
+        """Per rank, the compute-lane ops in program order (a lowered Program's equals its
+        Schedule's ``ranks``)."""
+        return tuple(tuple(i.compute for i in instrs if isinstance(i.op, Kind) and ROWS[i.op].lane == "compute")
+                     for instrs in self.ranks)
+
+    def copy_order(self) -> tuple[tuple[Op, ...], ...]:
+        """Per rank, the copy-lane ops (offload O, reload L) in program order (a lowered Program's
+        equals its Schedule's ``copy``); () when the program has none."""
+        out = tuple(tuple(i.compute for i in instrs if isinstance(i.op, Kind) and ROWS[i.op].lane == "copy")
+                    for instrs in self.ranks)
+        return out if any(out) else ()
 
     def listing(self, rank: int | None = None) -> str:
         """The program as text, one instruction per line."""
@@ -235,9 +255,10 @@ class Program:
 
 def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a
-    LOCAL hand-off) right after each producing op, each RECV posted early (see the module notes),
-    then the optimizer step. ``timeline`` is ``simulate(problem, schedule)``, computed if omitted."""
-    check_supported({op.kind for ops in schedule.ranks for op in ops}, "lowering", LOWERED)
+    LOCAL hand-off) right after each producing op, each RECV posted early, the copy lane's
+    offloads and reloads where the simulated times put them (see the module notes), then the
+    optimizer step. ``timeline`` is ``simulate(problem, schedule)``, computed if omitted."""
+    check_supported({op.kind for op in schedule.ops()}, "lowering", LOWERED)
     timeline = timeline or simulate(problem, schedule)
     n_stages, stage_rank = problem.n_stages, problem.stage_rank
     times = timeline.op_times()
@@ -275,10 +296,46 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
             keyed[dst_rank].append(((latest, 0, src_rank, seq), recv))
 
     ranks = []
-    for items in keyed:
+    for r, items in enumerate(keyed):
         items.sort(key=lambda x: x[0])
-        ranks.append(tuple(instr for _, instr in items) + (Instr(Opcode.STEP),))
+        instrs = [instr for _, instr in items]
+        if schedule.copy and schedule.copy[r]:
+            instrs = _with_copies(schedule.name, r, instrs, schedule.copy[r], timeline.start[r], times, where, n_stages)
+        ranks.append((*instrs, Instr(Opcode.STEP)))
     return Program(tuple(ranks), Header.of(problem, schedule))
+
+
+def _with_copies(name: str, r: int, instrs: list[Instr], copies: tuple[Op, ...], starts: tuple[float, ...],
+                 times: dict[Op, tuple[int, float, float]], where: dict[Op, tuple[int, int]],
+                 n_stages: int) -> list[Instr]:
+    """Rank ``r``'s instructions with its copy lane's ops ``copies`` (in the lane's order) placed:
+    each before the first compute op whose simulated start (``starts``, the rank's compute lane)
+    is at or after the copy's, after the compute op it needs (an O after its F) and after the copy
+    before it. Raises ProgramError where a compute op that waits for a copy (a B for its L) would
+    come before it (possible only with ops of zero duration, whose simulated order is a tie)."""
+    at = {instr.compute: c for c, instr in enumerate(i for i in instrs if isinstance(i.op, Kind))}
+    placed: dict[int, list[Op]] = {}  # compute position -> the copies listed right before it
+    low = 0
+    for op in copies:
+        for dep in producers(op, n_stages, where):
+            if dep in at:  # a compute op of this rank (O's F): the copy is issued after it has run
+                low = max(low, at[dep] + 1)
+        low = bisect.bisect_left(starts, times[op][1], lo=low)
+        placed.setdefault(low, []).append(op)
+    issued: dict[Op, int] = {op: c for c, ops in placed.items() for op in ops}
+    out: list[Instr] = []
+    c = 0
+    for instr in instrs:
+        if isinstance(instr.op, Kind):
+            out += [Instr(op.kind, op.stage, op.mb) for op in placed.get(c, ())]
+            for dep in producers(instr.compute, n_stages, where):
+                if ROWS[dep.kind].lane == "copy" and issued.get(dep, c + 1) > c:
+                    raise ProgramError(f"{name}: rank {r}: {instr.compute} waits for {dep}, which the copy lane"
+                                       " issues only after it: give the ops durations that order them")
+            c += 1
+        out.append(instr)
+    out += [Instr(op.kind, op.stage, op.mb) for op in placed.get(c, ())]
+    return out
 
 
 def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from schedc.kinds import Kind
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import run_local
 from schedc.runtime.profile import MiB, StageProfile, make_problem, measure_comm, profile_stages
@@ -21,7 +22,7 @@ def profiled():
 
 def test_times_memory_and_sizes(profiled):
     parts, prof, lines = profiled
-    assert len(lines) == 4 and lines[0].startswith("stage 0: F ")
+    assert len(lines) == 5 and lines[0].startswith("stage 0: F ") and lines[4].startswith("host<->device copy: ")
     assert all(t > 0 for t in prof.F + prof.B + prof.W)
     assert all(0 <= k <= a and a > 0 for a, k in zip(prof.activation, prof.kept_for_w))
     assert prof.kept_for_w[0] == 0 and all(k > 0 for k in prof.kept_for_w[1:])  # stage 0: an Embedding, no Linear
@@ -64,3 +65,71 @@ def _comm(rank, world):
 def test_measure_comm_between_two_ranks():
     times = run_local(_comm, 2, timeout=120)
     assert all(math.isfinite(t) and t > 0 for t in times)
+
+
+# ---- recompute and offload (issue 25) ----
+
+
+@pytest.fixture(scope="module")
+def profiled_dropout():
+    parts = stages(gpt_blocks(d_model=32, n_layers=2, seq_len=32, dropout=0.1), 2)
+    (x, y), = token_batches(1, 8, seq_len=32)
+    return parts, profile_stages(parts, x, y, lm_loss, microbatches=2, warmup=1, repeats=3)
+
+
+def test_recompute_selective_and_copy_are_measured(profiled_dropout):
+    parts, prof = profiled_dropout
+    assert all(t > 0 for t in prof.recompute + prof.selective + prof.offload) and prof.copy_bandwidth > 0
+    # a recomputed microbatch keeps its input: stage 1's is stage 0's output; stage 0's is the
+    # caller's token batch (not activation memory)
+    assert prof.keep == [0.0, prof.sends[0]]
+    # a selective forward drops the attention core (each stage holds a Block): it keeps less,
+    # and more than a full recompute keeps
+    assert all(k < s < a for k, s, a in zip(prof.keep, prof.selective_keep, prof.activation))
+    # the copy time is the activation over the measured bandwidth
+    assert prof.offload == pytest.approx([a / prof.copy_bandwidth for a in prof.activation])
+    # the user's modules are left as they were (the profiler switches classes on its copies only)
+    assert not any(type(m).__name__.startswith("Selective") for part in parts for m in part.modules())
+
+
+def test_make_problem_writes_the_recompute_and_offload_sections(profiled_dropout):
+    _, prof = profiled_dropout
+    plain = make_problem(prof, ranks=2, microbatches=4)
+    assert plain.recompute is None and plain.offload is None
+    prob = make_problem(prof, ranks=2, microbatches=4, policies=True)
+    assert prob.cost["R"] == pytest.approx(tuple(prof.recompute))
+    assert prob.cost["S"] == pytest.approx(tuple(prof.selective))
+    assert prob.cost["O"] == prob.cost["L"] == pytest.approx(tuple(prof.offload))
+    assert prob.delta(Kind.F, 1, Kind.R) == pytest.approx(prof.keep[1])
+    assert prob.delta(Kind.F, 0, Kind.S) == pytest.approx(prof.selective_keep[0])
+    # a stage that marks no part to drop (stage 0 here: the embedding alone) has no selective
+    # recompute to offer: the problem gets none
+    alone = stages(gpt_blocks(d_model=32, n_layers=2, seq_len=32, dropout=0.1), 4)
+    (x, y), = token_batches(1, 4, seq_len=32)
+    four = profile_stages(alone, x, y, lm_loss, warmup=0, repeats=1)
+    assert four.selective[0] == 0 and four.selective_keep[0] == pytest.approx(four.activation[0])
+    prob = make_problem(four, ranks=4, microbatches=4, policies=True)
+    assert prob.recompute is not None and prob.recompute.selective is None and prob.offload is not None
+    older = {k: v for k, v in prof.to_dict().items() if k not in ("recompute", "keep", "selective", "selective_keep",
+                                                                   "offload", "copy_bandwidth")}
+    assert make_problem(StageProfile(**older), ranks=2, microbatches=4, policies=True).recompute is None
+
+
+def test_schedc_profile_writes_the_sections_with_policies(tmp_path):
+    from pathlib import Path
+
+    import yaml
+    from click.testing import CliRunner
+
+    from schedc.app.cli import main
+
+    example = Path(__file__).parent.parent / "examples" / "train_gpt.py"
+    out = tmp_path / "gpt.yaml"
+    result = CliRunner().invoke(main, ["profile", f"{example}:gpt", "-p", "2", "-m", "2", "--partition", "uniform",
+                                       "--comm", "0.1", "--repeats", "1", "--policies", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "copy bandwidth" in result.output and "CPU: a memcpy" in result.output
+    data = yaml.safe_load(out.read_text())
+    # stage 0 is the embedding and blocks, stage 1 blocks and the head: both mark attention cores
+    assert set(data["recompute"]) == {"time", "keep", "selective"} and len(data["offload"]["time"]) == 2
+    assert data["recompute"]["keep"][0] == 0 and data["recompute"]["keep"][1] > 0

@@ -1,11 +1,13 @@
 """Lowering (Schedule -> Program), the independent check of a Program, and the schedule file."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import schedc
 import schedc.solvers as solvers
@@ -301,3 +303,117 @@ def test_check_names_the_cycle_of_a_hand_made_program_file(tmp_path):
     result = CliRunner().invoke(main, ["check", str(tmp_path / "s.json")])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "inconsistent: deadlock: rank 0 at instruction 3 (SEND act1 s0->s1 to rank 1) waits for rank 1" in result.output
+
+
+# ---- recompute and offload (issue 25): R and S on the compute lane, O and L on the copy lane ----
+
+
+def with_policies(schedule, policy, prefetch=1):
+    """``schedule`` with ``policy`` ((stage, mb) -> "R", "S" or "O") applied: R or S right before
+    the B (or BW) of its (stage, microbatch); O on the copy lane right after its F's turn, L when
+    the walk of the compute lane is ``prefetch`` ops before the B (so the reload can overlap), and
+    never before its O."""
+    ranks, copy = [], []
+    for ops in schedule.ranks:
+        out, lane = [], []
+        for k, op in enumerate(ops):
+            if op.kind == "F" and policy.get((op.stage, op.mb)) == "O":
+                lane.append(schedc.Op("O", op.stage, op.mb))
+            for o in ops[k:k + prefetch + 1]:
+                reload = schedc.Op("L", o.stage, o.mb)
+                if o.kind in ("B", "BW") and schedc.Op("O", o.stage, o.mb) in lane and reload not in lane:
+                    lane.append(reload)
+            if op.kind in ("B", "BW") and policy.get((op.stage, op.mb)) in ("R", "S"):
+                out.append(schedc.Op(policy[op.stage, op.mb], op.stage, op.mb))
+            out.append(op)
+        ranks.append(out)
+        copy.append(lane)
+    return schedc.Schedule.from_lists(f"{schedule.name}+policies", ranks, copy)
+
+
+def with_sections(problem, keep=0.25, selective=0.5, copy_time=0.5):
+    """``problem`` with recompute (full and selective) and offload sections."""
+    f = problem.mem_deltas[0]
+    return problem.with_changes(recompute=dict(keep=[keep * a for a in f],
+                                               selective=dict(time=0.3, keep=[selective * a for a in f])),
+                                offload=dict(time=copy_time))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipeline_problems(max_microbatches=8), st.randoms(use_true_random=False))
+def test_lowering_with_recompute_and_offload_gives_a_checked_program(problem, rnd):
+    plain = problem
+    problem = with_sections(problem)
+    for name in applicable(plain)[:4]:
+        base = solvers.build(name, plain)  # the registry's order, then the policies inserted
+        policy = {(s, i): rnd.choice("RSO-") for s in range(problem.n_stages) for i in range(problem.microbatches)}
+        schedule = with_policies(base, {k: v for k, v in policy.items() if v != "-"}, prefetch=rnd.randint(0, 2))
+        timeline = simulate(problem, schedule)
+        program = lower(problem, schedule, timeline)
+        check(problem, program, schedule)
+        assert program.compute_order() == schedule.ranks and program.copy_order() == schedule.copy
+        times = timeline.op_times()
+        for r, instrs in enumerate(program.ranks):
+            ops = [i.compute for i in instrs if i.op in schedc.kinds.Kind]
+            pos = {op: k for k, op in enumerate(ops)}
+            for op, k in pos.items():
+                if op.kind == "O":
+                    assert pos[schedc.Op("F", op.stage, op.mb)] < k < pos[schedc.Op("L", op.stage, op.mb)]
+                if op.kind == "L":
+                    user = next(o for o in ops if o.kind in ("B", "BW") and (o.stage, o.mb) == (op.stage, op.mb))
+                    assert k < pos[user]
+                    # listed before the first compute op that starts at or after the copy (or its user)
+                    later = [o for o in ops[k + 1:] if o.kind in COMPUTE]
+                    assert later and times[later[0]][1] >= times[op][1] - 1e-9
+        # a schedule without policies lowers as it did before the problem allowed them
+        assert lower(problem, base).ranks == lower(plain, base).ranks
+
+
+def _recompute_program():
+    plain = TWO.with_changes(memory=dict(F=2, B=-1))
+    problem = with_sections(plain)
+    schedule = with_policies(solvers.build("1f1b", plain), {(0, 0): "R", (1, 1): "S", (0, 1): "O"}, prefetch=0)
+    return problem, schedule, lower(problem, schedule)
+
+
+def test_lowering_places_recomputes_and_copies():
+    problem, schedule, program = _recompute_program()
+    listing = [str(i) for i in program.ranks[0]]
+    assert listing.index("F1@s0") < listing.index("O1@s0") < listing.index("L1@s0") < listing.index("BW1@s0")
+    between = listing[listing.index("R0@s0") + 1:listing.index("BW0@s0")]
+    assert not [x for x in between if x.split("@")[0].rstrip("0123456789") in ("F", "B", "W", "BW", "R", "S")], between  # the R right before its BW
+    assert [str(i) for i in program.ranks[1]].count("S1@s1") == 1
+
+
+def _move(instrs, what, after=None, before=None):
+    """Move ``what`` right after ``after`` (or right before ``before``) in the list ``instrs``."""
+    instrs.remove(what)
+    k = instrs.index(after) + 1 if after is not None else instrs.index(before)
+    instrs.insert(k, what)
+
+
+@pytest.mark.parametrize("edit, message", [
+    # the B of a recomputed microbatch after its F but before its R: the program holds R, so B needs it
+    (lambda r: _move(r, Instr("R", 0, 0), after=Instr("BW", 0, 0)), "BW0@s0 runs before R0@s0"),
+    (lambda r: _move(r, Instr("R", 0, 0), before=Instr("F", 0, 0)), "R0@s0 runs before F0@s0"),
+    (lambda r: _move(r, Instr("L", 0, 1), after=Instr("BW", 0, 1)), "BW1@s0 runs before L1@s0"),
+    (lambda r: _move(r, Instr("L", 0, 1), before=Instr("O", 0, 1)), "L1@s0 runs before O1@s0"),
+    (lambda r: _move(r, Instr("O", 0, 1), before=Instr("F", 0, 0)), "O1@s0 runs before F1@s0"),
+    (lambda r: r.__setitem__(r.index(Instr("O", 0, 1)), Instr("O", 1, 1)), "stage 1 is placed on rank 1, not 0"),
+    (lambda r: r.remove(Instr("L", 0, 1)), "O1@s0 has no L1@s0"),
+])
+def test_the_checker_holds_recompute_and_offload_to_their_rules(edit, message):
+    problem, schedule, program = _recompute_program()
+    check(problem, program, schedule)
+    r0 = list(program.ranks[0])
+    edit(r0)
+    with pytest.raises(ProgramError, match=message):
+        check(problem, Program((tuple(r0), program.ranks[1]), program.header))
+
+
+def test_the_checker_refuses_a_kind_it_does_not_know_by_name(monkeypatch):
+    checker = sys.modules["schedc.check"]  # the module (schedc.check is also the function's name)
+    problem, schedule, program = _recompute_program()
+    monkeypatch.setattr(checker, "CHECKED", frozenset({"F", "B", "W", "BW", "R", "O", "L"}))
+    with pytest.raises(ProgramError, match="the checker cannot handle op kind 'S'"):
+        check(problem, program)

@@ -29,18 +29,23 @@ from schedc.errors import SchedcError
               help="torch threads while profiling on CPU (default: the cores each of the ranks will get).")
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True, help="Timed runs per op (median).")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu).")
+@click.option("--policies/--no-policies", default=False, show_default=True,
+              help="Also write the recompute: and offload: sections (recompute time and what a recomputed"
+                   " microbatch keeps, selective recompute where every stage marks a part, copy time from the"
+                   " measured host<->device bandwidth; on CPU a memcpy's).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Problem file to write (.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: str, partition: str,
             comm: float | None, memory_limit: float | None, objective: str, threads: int | None, repeats: int,
-            device: str | None, output: str, as_json: bool) -> None:
+            device: str | None, policies: bool, output: str, as_json: bool) -> None:
     """Profile a model on this machine and write the Problem for `schedc solve`.
 
     MODEL is FILE.py:FUNCTION or MODULE:FUNCTION returning a schedc.runtime.profile.ModelSpec
     (blocks in pipeline order, one batch, the loss), e.g. examples/train_gpt.py:gpt. The blocks
     are cut into ranks x chunks stages, each stage's F, B and W are timed (median after warm-up),
     its activation and static memory measured, and the transfer between two ranks timed. Times
-    are in ms, memory in MiB; the partition is kept in the problem's stage_blocks.
+    are in ms, memory in MiB; the partition is kept in the problem's stage_blocks. With
+    --policies, also what activation recompute and offload cost and keep per stage.
     """
     from schedc.runtime.device import choose_device  # torch: loaded only by commands that run a model
     from schedc.runtime.profile import load_model_spec, profile_model  # torch, likewise
@@ -54,7 +59,7 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     try:
         prob, prof = profile_model(spec, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                                    partition=partition, comm=comm, memory_limit=memory_limit, objective=objective,
-                                   name=name, repeats=repeats, device=dev, progress=say)
+                                   name=name, repeats=repeats, device=dev, progress=say, policies=policies)
     except ValueError as e:
         raise SchedcError(str(e)) from None
     data = prob.model_dump(exclude_none=True)
@@ -73,6 +78,16 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
         [[str(s), str(prob.stage_blocks[s]), fmt(prof.F[s]), fmt(prof.B[s]), fmt(prof.W[s]), fmt(prof.BW[s]),
           fmt(prof.activation[s]), fmt(prof.kept_for_w[s]), fmt(prof.static[s])] for s in range(prob.n_stages)],
     )
+    if policies and prof.recompute:
+        print_table(
+            ["stage", "recompute ms", "keeps MiB", "selective ms", "selective keeps MiB", "copy ms"],
+            [[str(s), fmt(prof.recompute[s]), fmt(prof.keep[s]), fmt(prof.selective[s]), fmt(prof.selective_keep[s]),
+              fmt(prof.offload[s])] for s in range(prob.n_stages)],
+        )
+        click.echo(f"copy bandwidth {fmt(prof.copy_bandwidth)} MiB/ms"
+                   + (" (CPU: a memcpy, no device memory to copy to)" if prof.device == "cpu" else ""))
+        if prob.recompute is not None and prob.recompute.selective is None:
+            click.echo("no recompute.selective: a stage marks no part for it (schedc_selective)")
     click.echo(f"comm {fmt(prob.comm)} ms; wrote {output}")
 
 
