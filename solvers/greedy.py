@@ -431,7 +431,10 @@ def best_greedy(problem: Problem, name: str) -> Schedule:
         over, objective, _ = score(policy)
         return not over and meets(objective, bound)
 
-    bound = lower_bound(problem).value
+    try:
+        bound = lower_bound(problem).value
+    except ValueError:  # the bounds refuse a kind (recompute, offload): no bound, so no early stop
+        bound = -math.inf
     flags = flags_for(problem)
     best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
     if better(other, best):
