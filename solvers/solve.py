@@ -58,6 +58,11 @@ class SolveResult:
     def gap(self) -> float:
         return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
 
+    @property
+    def policies(self) -> dict[str, int]:
+        """Policy name -> how many (stage, microbatch) of the schedule use it."""
+        return self.schedule.policy_counts()
+
     def summary(self) -> dict:
         t = self.timeline
         return {
@@ -78,6 +83,7 @@ class SolveResult:
             "seconds": self.seconds,
             "binaries": self.binaries,
             "not_evaluated": list(self.not_evaluated),
+            **({"policies": self.policies} if self.timeline.problem.policies else {}),
         }
 
 
@@ -278,7 +284,12 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         clock.say("search: time limit, no time left to search")
         return out
     clock.say(f"search: {call.solver}, {left:.1f} s left")
-    out.found = BACKENDS[call.solver](problem, out.best, settings)
+    start = out.best
+    if start.schedule.copy:  # the exact searches do not model the copy lane: the best that does not offload
+        plain = [t for t in (polished, *(t for _, t in run.fitting)) if t.fits and not t.schedule.copy]
+        if plain:
+            start = min(plain, key=lambda t: t.objective_value())
+    out.found = BACKENDS[call.solver](problem, start, settings)
     if out.found.schedule is not None:
         t = simulate(problem, out.found.schedule.renamed("ilp"))
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
