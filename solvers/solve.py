@@ -26,9 +26,10 @@ from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
-from schedc.solvers.common import BACKENDS, WINDOW_MIN_SECONDS, Found, Progress, Settings
+from schedc.solvers.common import BACKENDS, RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import Budget, in_child
 from schedc.solvers.localsearch import improve
+from schedc.solvers.memtime import fit_recompute
 from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
 from schedc.tolerance import Tolerance, meets
 
@@ -101,6 +102,7 @@ class RegistryRun:
     fused: list[tuple[str, Timeline]]
     not_evaluated: list[str]
     simulate_seconds: float
+    built: list[tuple[str, Schedule]] = field(default_factory=list)  # every one built (backward split), fitting or not
 
 
 def evaluate_registry(
@@ -114,7 +116,36 @@ def evaluate_registry(
         fused=[(e.name, e.as_built) for e in judged if e.as_built is not None],
         not_evaluated=[e.name for e in judged if e.reason == NOT_EVALUATED],
         simulate_seconds=max((e.simulate_seconds for e in judged), default=0.0),
+        built=[(e.name, e.schedule) for e in judged if e.schedule is not None],
     )
+
+
+def recomputed_candidates(
+    problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]
+) -> list[tuple[str, Timeline]]:
+    """Where the problem allows recompute: each registry schedule built without policies, with per
+    rank the fewest microbatches recomputed that bring it within the limit (``memtime.
+    fit_recompute``, for each recompute policy the problem allows), judged; those that fit, until
+    ``budget`` runs out once one does. So a limit only recompute can meet starts from the best
+    order any registry schedule gives, not only from those the registry recomputes itself."""
+    kinds = [k for k in RECOMPUTES if k in problem.policies]
+    if not kinds or problem.activation_room is None:
+        return []
+    out: list[tuple[str, Timeline]] = []
+    for name, schedule in run.built:
+        if schedule.policies() or schedule.copy:
+            continue
+        for kind in kinds:
+            if out and budget.expired():
+                return out
+            try:
+                t = simulate(problem, fit_recompute(problem, schedule, kind, f"{name}+fit-{kind.value}"))
+            except SchedcError:
+                continue
+            if t.fits:
+                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
+                out.append((t.schedule.name, t))
+    return out
 
 
 def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
@@ -245,6 +276,7 @@ def solve(
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
     run = evaluate_registry(problem, budget.share(warm_share), clock.say)
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
+    run.fitting.extend(recomputed_candidates(problem, run, budget.share(warm_share), clock.say))
     warm = best_registry_schedule(problem, run.fitting)
     if warm is None:
         raise SchedcError(

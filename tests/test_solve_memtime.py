@@ -1,0 +1,97 @@
+"""solve() where recompute or offload may buy memory with time: below the memory plain schedules
+need it returns a schedule that fits, no slower than any registry baseline that fits, with a
+bound no higher than its objective; the exact search matches the exhaustive optimum on tiny
+problems; declaring recompute never makes the answer worse."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedc import Problem, simulate
+from schedc.errors import ProblemError
+from schedc.solvers.ilp import augmented
+from schedc.solvers.solve import best_registry_schedule, fitting_registry_schedules, solve
+from tests.exhaustive import policy_optimum
+
+TOL = 1e-9
+
+
+def problem(p, m, fraction, *, v=1, placement="loop", selective=False, offload=False, objective="makespan",
+            costs=(1.0, 1.0, 1.0), keep=0.1):
+    """p ranks, m microbatches, at ``fraction`` of 1F1B's activation memory (p activations)."""
+    F, B, W = costs
+    data = dict(ranks=p, microbatches=m, chunks=v, placement=placement, costs=dict(F=F, B=B, W=W),
+                memory=dict(F=1.0 / v, B=-0.5 / v, limit=fraction * p), objective=objective,
+                recompute=dict(keep=keep / v, **({"selective": dict(time=0.3 * F, keep=0.4 / v)} if selective else {})))
+    if offload:
+        data["offload"] = dict(time=0.5 * F)
+    return Problem.parse(data)
+
+
+def plain(problem):
+    data = problem.model_dump(exclude_none=True)
+    data.pop("recompute", None)
+    data.pop("offload", None)
+    return Problem.parse(data)
+
+
+@pytest.mark.parametrize("case", [
+    dict(p=3, m=6, fraction=0.5),
+    dict(p=3, m=6, fraction=0.34, selective=True),
+    dict(p=2, m=4, fraction=0.4, v=2, placement="v", objective="span"),  # plain needs 0.5 x 1F1B here
+    dict(p=3, m=6, fraction=0.5, offload=True, costs=(1.0, 2.0, 1.0)),
+])
+def test_below_what_plain_schedules_need_solve_fits_and_beats_every_baseline(case):
+    prob = problem(**case)
+    if case.get("v") == 2:  # a limit only recompute can meet: it is solved, not refused
+        with pytest.raises(ProblemError, match="below the 1 that any schedule needs"):
+            plain(prob)
+    result = solve(prob, time_limit=8)
+    t = simulate(prob, result.schedule)
+    assert t.fits and t.objective_value() == pytest.approx(result.objective)
+    for name, baseline in fitting_registry_schedules(prob):
+        assert result.objective <= baseline.objective_value() + TOL, name
+    assert result.bound <= result.objective + TOL
+    assert result.summary()["policies"] == result.schedule.policy_counts()
+
+
+@pytest.mark.parametrize("limit, selective", [(1.0, False), (1.2, True), (1.5, False)])
+def test_the_exact_search_finds_the_exhaustive_optimum(limit, selective):
+    """On tiny problems (p = 2, m = 2) the ILP proves optimal exactly what trying every policy and
+    every order finds."""
+    prob = Problem.parse(dict(ranks=2, microbatches=2, costs=dict(F=1, B=1.5, W=0.7), comm=0.1,
+                              memory=dict(F=1, B=-0.6, limit=limit),
+                              recompute=dict(time=0.8, keep=0.1, **({"selective": dict(time=0.3, keep=0.5)}
+                                                                    if selective else {}))))
+    best, _ = policy_optimum(prob)
+    result = solve(prob, time_limit=30)
+    assert result.objective == pytest.approx(best, abs=1e-6)
+    assert result.bound <= best + 1e-6
+    if result.status == "optimal":
+        assert result.bound == pytest.approx(best, abs=1e-6)
+
+
+@pytest.mark.parametrize("case", [
+    dict(p=2, m=3, fraction=1.5),
+    dict(p=2, m=3, fraction=1.0, selective=True, objective="span"),
+    dict(p=3, m=3, fraction=1.0, costs=(1.0, 2.0, 0.5)),
+])
+def test_declaring_recompute_never_makes_the_answer_worse(case):
+    """Where plain schedules fit, the problem with recompute declared gets an answer no worse
+    than without (both searches prove optimality on problems this small)."""
+    with_rc = problem(**case)
+    without = plain(with_rc)
+    a, b = solve(with_rc, time_limit=20), solve(without, time_limit=20)
+    assert a.objective <= b.objective + TOL
+    assert a.objective <= best_registry_schedule(without)[1].objective_value() + TOL
+
+
+def test_augmented_puts_every_recompute_op_not_chosen_right_after_its_f():
+    prob = problem(2, 2, 1.0, selective=True)
+    base = best_registry_schedule(prob)[1].schedule
+    aug = augmented(prob, base)
+    for ops in aug.ranks:
+        for x, op in enumerate(ops):
+            if op.kind.value in "RS" and op not in set(base.ops()):
+                prev = ops[x - 1] if ops[x - 1].kind.value == "F" else ops[x - 2]
+                assert (prev.kind.value, prev.stage, prev.mb) == ("F", op.stage, op.mb)
