@@ -48,6 +48,7 @@ class Found:
 
 Backend = Callable[[Problem, Timeline, Settings], Found]
 BACKENDS: dict[str, Backend] = {}  # name -> search; filled by the backends' modules
+COPY_LANE: set[str] = set()  # the backends that model the copy lane (offload); the others get an incumbent without
 
 
 def register_backend(name: str) -> Callable[[Backend], Backend]:

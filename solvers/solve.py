@@ -22,14 +22,15 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from schedc.errors import SchedcError
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
-from schedc.solvers.common import BACKENDS, RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings
+from schedc.solvers.common import BACKENDS, COPY_LANE, RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import Budget, in_child
 from schedc.solvers.localsearch import improve
-from schedc.solvers.memtime import fit_recompute
+from schedc.solvers.memtime import everywhere, fit_recompute, with_policies
 from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
 from schedc.tolerance import Tolerance, meets
 
@@ -129,7 +130,8 @@ def recomputed_candidates(
     ``budget`` runs out once one does. So a limit only recompute can meet starts from the best
     order any registry schedule gives, not only from those the registry recomputes itself."""
     kinds = [k for k in RECOMPUTES if k in problem.policies]
-    if not kinds or problem.activation_room is None:
+    offload = Kind.O in problem.policies
+    if not (kinds or offload) or problem.activation_room is None:
         return []
     out: list[tuple[str, Timeline]] = []
     for name, schedule in run.built:
@@ -140,6 +142,14 @@ def recomputed_candidates(
                 return out
             try:
                 t = simulate(problem, fit_recompute(problem, schedule, kind, f"{name}+fit-{kind.value}"))
+            except SchedcError:
+                continue
+            if t.fits:
+                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
+                out.append((t.schedule.name, t))
+        if offload and not (out and budget.expired()):  # every activation offloaded: the least held
+            try:
+                t = simulate(problem, with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload"))
             except SchedcError:
                 continue
             if t.fits:
@@ -317,7 +327,7 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         return out
     clock.say(f"search: {call.solver}, {left:.1f} s left")
     start = out.best
-    if start.schedule.copy:  # the exact searches do not model the copy lane: the best that does not offload
+    if start.schedule.copy and call.solver not in COPY_LANE:  # it does not model the copy lane: the best that does not offload
         plain = [t for t in (polished, *(t for _, t in run.fitting)) if t.fits and not t.schedule.copy]
         if plain:
             start = min(plain, key=lambda t: t.objective_value())

@@ -40,13 +40,16 @@ def plain(problem):
     dict(p=3, m=6, fraction=0.34, selective=True),
     dict(p=2, m=4, fraction=0.4, v=2, placement="v", objective="span"),  # plain needs 0.5 x 1F1B here
     dict(p=3, m=6, fraction=0.5, offload=True, costs=(1.0, 2.0, 1.0)),
+    dict(p=2, m=4, fraction=0.4, v=2, placement="v", offload=True, solver="cpsat"),
 ])
 def test_below_what_plain_schedules_need_solve_fits_and_beats_every_baseline(case):
+    case = dict(case)
+    solver = case.pop("solver", "cbc")
     prob = problem(**case)
     if case.get("v") == 2:  # a limit only recompute can meet: it is solved, not refused
         with pytest.raises(ProblemError, match="below the 1 that any schedule needs"):
             plain(prob)
-    result = solve(prob, time_limit=8)
+    result = solve(prob, time_limit=8, solver=solver)
     t = simulate(prob, result.schedule)
     assert t.fits and t.objective_value() == pytest.approx(result.objective)
     for name, baseline in fitting_registry_schedules(prob):
@@ -55,16 +58,17 @@ def test_below_what_plain_schedules_need_solve_fits_and_beats_every_baseline(cas
     assert result.summary()["policies"] == result.schedule.policy_counts()
 
 
-@pytest.mark.parametrize("limit, selective", [(1.0, False), (1.2, True), (1.5, False)])
-def test_the_exact_search_finds_the_exhaustive_optimum(limit, selective):
-    """On tiny problems (p = 2, m = 2) the ILP proves optimal exactly what trying every policy and
-    every order finds."""
+@pytest.mark.parametrize("solver", ["cbc", "cpsat"])
+@pytest.mark.parametrize("limit, selective", [(1.0, False), (1.2, True), (1.5, False), (1.5, True)])
+def test_the_exact_search_finds_the_exhaustive_optimum(limit, selective, solver):
+    """On tiny problems (p = 2, m = 2) the ILP and CP-SAT find (and where they prove it, prove)
+    exactly the optimum that trying every policy and every order finds."""
     prob = Problem.parse(dict(ranks=2, microbatches=2, costs=dict(F=1, B=1.5, W=0.7), comm=0.1,
                               memory=dict(F=1, B=-0.6, limit=limit),
                               recompute=dict(time=0.8, keep=0.1, **({"selective": dict(time=0.3, keep=0.5)}
                                                                     if selective else {}))))
     best, _ = policy_optimum(prob)
-    result = solve(prob, time_limit=30)
+    result = solve(prob, time_limit=30, solver=solver)
     assert result.objective == pytest.approx(best, abs=1e-6)
     assert result.bound <= best + 1e-6
     if result.status == "optimal":
