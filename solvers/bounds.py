@@ -435,7 +435,60 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
     if problem.activation_room is not None:
         ch = _Chains(plain)
         out += [b for r in range(problem.ranks) if (b := _forced(problem, ch, r, objective)) is not None]
+        out += [_warm_up(problem, ch, r, objective) for r in range(problem.ranks)]
     return out
+
+
+def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
+    """The warm-up term of ``_rank_bound`` re-derived for policies. Until its first backward
+    B(hi, i) starts, at least ``first_b`` after the window opens (head(hi) + F(hi) + rt(hi) from 0
+    for makespan; head(hi) - head(lo) + F(hi) + rt(hi) from the rank's first start for span), the
+    rank runs only forwards and recomputes (W needs its B), and each (stage, microbatch) forwarded
+    by then holds, at that instant, all of its activation when kept or when its recompute already
+    ran, its policy's keep when its recompute is still to come, and nothing once offloaded. The
+    rank works ``work`` plus its recomputes in all; what of it lies in the window is at most its
+    forwards plus the recomputes run there, so T >= start + first_b + work - V, where V is the most
+    of "F, less the recompute still owed" that memory admits at once: a multiple-choice knapsack
+    per stage (kept: F for mF; recompute later: F - time for keep; offloaded: F for 0) over
+    ``cap``, bounded by its linear relaxation (the upper hull of each stage's options)."""
+    c, a = problem.cost, problem.mem[Kind.F]
+    stages = problem.rank_stages[r]
+    lo, hi = stages[0], stages[-1]
+    m, cap = problem.microbatches, _cap(problem, r)
+    work = m * sum(c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s] for s in stages)
+    increments = []  # (value per memory, memory, value), each available m times
+    free = 0.0
+    for s in stages:
+        F = c[Kind.F][s]
+        options = [(a[s], F)]
+        for k in problem.policies:
+            if ROWS[k].lightens and F > c[k][s]:
+                options.append((problem.delta(Kind.F, s, k), F - c[k][s]))
+            elif not ROWS[k].lightens:
+                options.append((0.0, F))
+        best_free = max((v for w, v in options if w <= 0), default=0.0)
+        free += m * best_free
+        hull, at = [], (0.0, best_free)  # the upper hull from the best weightless option
+        rest = sorted((w, v) for w, v in options if w > 0 and v > at[1])
+        while rest:
+            slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest if w > at[0])
+            hull.append((slope, nxt[0] - at[0], nxt[1] - at[1]))
+            at = nxt
+            rest = [(w, v) for w, v in rest if w > at[0] and v > at[1]]
+        increments += hull
+    room, knap = cap, free
+    for slope, w, v in sorted(increments, reverse=True):
+        take = min(m, room / w)
+        knap += take * v
+        room -= take * w
+        if room <= 0:
+            break
+    first_b = c[Kind.F][hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+    value = max(work, work + first_b - knap)
+    return Bound(value, (
+        f"rank {r}: work {work:g} + warm-up idle {max(0.0, first_b - knap):g} (first B cannot start before"
+        f" {first_b:g}; memory admits forwards worth {knap:g} net of the recomputes they owe)"
+    ))
 
 
 def _policy_options(problem: Problem, ch: _Chains, s: int) -> list[tuple[str, float, float, float, float]]:
