@@ -259,7 +259,10 @@ class _Model:
             before = pulp.lpSum(dur[a] * first(a, o) for a in ks if a != o)
             self.lp += self.C >= start[o] + dur[o] + after - origin
             self.lp += start[o] >= first_start + before
-        if problem.memory_limit is None or self.chosen:  # (not derived for recompute: the bound's)
+        if problem.memory_limit is None:
+            return
+        if self.chosen:
+            self._policy_memory_time(r, ks, first_start)
             return
         # Memory-time: frees count from their op's start, as in the memory rows above, so
         # the level never exceeds the room between the rank's first start and C (+ it).
@@ -269,6 +272,26 @@ class _Model:
             for i in range(problem.microbatches):
                 kf, kb, kw = (self.index[Op(kind, s, i)] for kind in SPLIT)
                 held += [f * (start[kb] - start[kf]), (f + b) * (start[kw] - start[kb])]
+        window_length = self.C if problem.objective == "span" else self.C - first_start
+        self.lp += pulp.lpSum(held) <= problem.activation_room[r] * window_length
+
+    def _policy_memory_time(self, r: int, ks: list[int], first_start) -> None:
+        """The memory-time cut where the model holds recompute ops: the rank's level integrated
+        over its window, sum over its ops of -delta x the instant it counts (an op's start for F, R
+        and S, its end for B and W: the level of every (stage, microbatch) returns to 0), is at most
+        the room times the window. With the constant deltas (``model_deltas``), a recompute op not
+        chosen counts from its F's end or later, so the model's integral is at most the real one:
+        every real schedule keeps the cut."""
+        import pulp
+
+        problem, start, cost = self.problem, self.start, self.cost
+        deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
+        held = []
+        for k in ks:
+            op = self.ops[k]
+            d = deltas[op.stage][op.kind]
+            at = start[k] + cost[k] if op.kind in (Kind.B, Kind.W) else start[k]
+            held.append(-d * at)
         window_length = self.C if problem.objective == "span" else self.C - first_start
         self.lp += pulp.lpSum(held) <= problem.activation_room[r] * window_length
 
