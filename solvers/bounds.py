@@ -157,7 +157,7 @@ def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
         room -= take * w
         if room <= 0:
             break
-    fits = cap / min(w for _, _, w, _ in rest) * (1 + 1e-12)
+    fits = cap / min(w for _, _, w, _ in rest) * (1 + 1e-12)  # inf for weights as small as 5e-324
     k = sum(c for *_, c in rest)
     k = k if fits >= k else math.floor(fits)
     top = 0.0
@@ -376,7 +376,7 @@ def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) ->
     level stays <= cap from its first start to its last end, so that window is >= the total
     area over cap (and starts >= head(lo) for makespan)."""
     cap = _cap(problem, r)
-    if cap == math.inf:
+    if cap == math.inf or cap <= 0:  # (no room at all: only activations of zero size fit; no term)
         return None
     F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
     mF = problem.mem[Kind.F]
@@ -535,6 +535,8 @@ def _forced(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | No
     three, which is >= its least over the policies, taken microbatch by microbatch (all alike).
     Every mu gives a valid bound; the best on a grid is reported."""
     cap = _cap(problem, r)
+    if cap <= 0:  # no room at all: only activations of zero size fit; no term
+        return None
     stages = problem.rank_stages[r]
     m = problem.microbatches
     c = problem.cost

@@ -183,7 +183,8 @@ class ListScheduler:
             if rank.room == math.inf or rank.need <= 0:
                 cap = self.m
             else:
-                cap = int((rank.room + self.mtol.eps) // rank.need)
+                held = (rank.room + self.mtol.eps) // rank.need  # inf for a need as small as 5e-324
+                cap = self.m if held >= self.m else int(held)
             if policy.timed_warmup:
                 window = f[s] + self.round_trip[s] + (f[s] if policy.overrun_warmup else 0.0)
                 cap = min(cap, int((window + self.tol.eps) // f[s]))
