@@ -124,3 +124,43 @@ def test_the_backend_alone_reaches_the_exhaustive_optimum_from_the_worst_baselin
     t = simulate(prob, found.schedule)
     assert t.fits and t.objective_value() == pytest.approx(best, abs=1e-6)
     assert found.bound is not None and found.bound <= best + 1e-6
+
+
+@pytest.mark.parametrize("neighbourhood", [False, True])
+def test_the_model_holds_the_incumbent_and_a_neighbourhood_keeps_its_policies(neighbourhood):
+    """The ILP accepts its warm start (a schedule that recomputes some microbatches) as a solution:
+    every row holds at the incumbent's values. In a neighbourhood (the model above FULL_MODEL_OPS)
+    every recompute op outside the window keeps the incumbent's choice (its binary fixed), inside
+    it the choice stays open."""
+    import pulp
+
+    from schedc.solvers.ilp import _Model
+
+    prob = problem(3, 6, 0.5, selective=True)
+    warm = min((t for _, t in fitting_registry_schedules(prob) if t.schedule.policies()),
+               key=lambda t: t.objective_value())
+    held = set(warm.schedule.ops())
+    window = [range(4, 10) for _ in range(prob.ranks)] if neighbourhood else None
+    model = _Model(prob, warm.objective_value(), 0.0, keep=warm.schedule if neighbourhood else None, window=window)
+    model.warm(warm)
+    fixed = 0
+    for k, z in model.chosen.items():
+        if k in model.free:
+            assert z.lowBound in (0, None) and z.upBound in (1, None)
+        else:
+            fixed += 1
+            assert z.lowBound == z.upBound == (1 if model.ops[k] in held else 0)
+    if neighbourhood:
+        assert fixed > 0 and any(model.ops[k] in held for k in model.chosen if k not in model.free)
+    # the incumbent's values (each rank's first start: its earliest op's) satisfy every row of the model
+    for r, ks in enumerate(model.on_rank):
+        first = next(v for v in model.lp.variables() if v.name == f"first{r}")
+        first.setInitialValue(min(model.start[k].value() for k in ks))
+    for row in model.lp.constraints():
+        value = row.value()
+        if row.sense == pulp.LpConstraintLE:
+            assert value <= 1e-6, row
+        elif row.sense == pulp.LpConstraintGE:
+            assert value >= -1e-6, row
+        else:
+            assert abs(value) <= 1e-6, row
