@@ -436,7 +436,48 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
         ch = _Chains(plain)
         out += [b for r in range(problem.ranks) if (b := _forced(problem, ch, r, objective)) is not None]
         out += [_warm_up(problem, ch, r, objective) for r in range(problem.ranks)]
+        out += [b for r in range(problem.ranks) if (b := _in_flight(problem, ch, r, objective)) is not None]
     return out
+
+
+def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
+    """How many microbatches of a stage may be in flight at once, when a limit allows few.
+
+    For stage s of rank r and microbatch i, let I_i run from the start of F(s, i) to the end of
+    B(s, i) (>= L = F + rt + B long), and J_i from the start of what brings the activation back
+    (R, S, L, or F when kept) to that end. During J_i the rank holds all of s's activation for i,
+    at least ``least_kept`` for each stage t < s of the rank (microbatch i's, fact 2) and at least
+    ``least_kept(s)`` for every other microbatch inside its own I, so at most K = floor((cap - mF(s)
+    - sum_{t<s} least_kept(t)) / least_kept(s)) others are. Order the microbatches by the end of J
+    (their B's, distinct on one lane): of the K + 1 after i, one must start its I after J_i ends
+    (else all K + 1 are inside theirs when J_i ends), so its J, and every later one, ends >= L
+    after J_i's end. Hence the last B of s ends >= (window start) + ceil(m / (K + 1)) * L, and its
+    W follows on the rank: T >= head(s) (makespan; 0 for span, from the rank's first start) +
+    ceil(m / (K + 1)) * L + W(s). No term when nothing needs be kept (offload) or K >= m - 1."""
+    c, a = problem.cost, problem.mem[Kind.F]
+    cap, m = _cap(problem, r), problem.microbatches
+    best = None
+    below = 0.0  # least_kept of the rank's stages under s
+    for s in problem.rank_stages[r]:
+        least = problem.least_kept(s)
+        if least > 0:
+            k = math.floor(max(0.0, cap - a[s] - below) / least)
+            if k < m - 1:
+                rounds = math.ceil(m / (k + 1))
+                length = c[Kind.F][s] + ch.rt[s] + c[Kind.B][s]
+                start = ch.head[s] if objective == "makespan" else 0.0
+                value = start + rounds * length + c[Kind.W][s]
+                if best is None or value > best[0]:
+                    best = (value, s, k, rounds, length, start)
+        below += least
+    if best is None:
+        return None
+    value, s, k, rounds, length, start = best
+    lead = f"start no earlier than {start:g} + " if start > 0 else ""
+    return Bound(value, (
+        f"rank {r}: {lead}at most {k + 1} microbatches of stage {s} in flight (the room holds one whole and"
+        f" {k} kept), so {rounds} rounds of forward, round trip and B ({length:g} each), then W"
+    ))
 
 
 def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:

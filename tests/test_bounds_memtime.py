@@ -101,3 +101,14 @@ def test_plain_problems_keep_their_bound():
     problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, limit=2)))
     assert not any("memory for time" in b.reason for b in all_bounds(problem))
     assert Kind.R not in problem.kinds
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_one_microbatch_in_flight_is_proven_exactly(objective):
+    """A room of one whole activation (keep > 0): one microbatch at a time per stage from its F to
+    its B, so m rounds of the round trip; on this tiny problem that is the exhaustive optimum."""
+    problem = tiny(1.0, True, objective=objective)
+    best, _ = policy_optimum(problem)
+    bound = lower_bound(problem)
+    assert "in flight" in bound.reason
+    assert bound.value == pytest.approx(best, abs=1e-9)
