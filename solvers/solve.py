@@ -134,8 +134,9 @@ def recomputed_candidates(
     if not (kinds or offload) or problem.activation_room is None:
         return []
     out: list[tuple[str, Timeline]] = []
+    fits = {name for name, _ in run.fitting}
     for name, schedule in run.built:
-        if schedule.policies() or schedule.copy:
+        if schedule.policies() or schedule.copy or name in fits:  # (one that fits as it is needs no policy)
             continue
         for kind in kinds:
             if out and budget.expired():
