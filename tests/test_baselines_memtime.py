@@ -13,7 +13,7 @@ from schedc.errors import ScheduleError
 from schedc.kinds import BACKWARDS, Kind
 from schedc.schedule import Op
 from schedc.simulate import simulate
-from schedc.solvers import memtime, registry
+from schedc.solvers import greedy, memtime, registry
 
 NEW = ["1f1b-recompute", "1f1b-selective", "interleaved-1f1b-recompute", "interleaved-1f1b-selective",
        "zb-h1-recompute", "1f1b-recompute-fit", "zb-v-offload"]
@@ -285,3 +285,70 @@ def test_the_warm_start_sees_the_baselines_with_their_copy_lanes():
     assert offload.reason is None and offload.schedule.copy
     assert offload.timeline.makespan == pytest.approx(simulate(problem, solvers.build("zb-v", problem)).makespan)
     assert "interleaved-1f1b-recompute" in judged and judged["1f1b-recompute"].reason is not None  # v = 2
+
+
+# ---- zb-greedy recomputes rather than stalls ----
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.floats(1, 3))
+def test_zb_greedy_fits_any_limit_recompute_can_meet(problem, factor):
+    """Down to the least memory recompute allows (``min_memory`` without offload, which zb-greedy
+    does not use), zb-greedy finds a schedule that fits, recomputing where memory made it; with room
+    for everything kept it recomputes nothing."""
+    problem = problem.with_changes(memory={"limit": None}).with_changes(offload=None)
+    least = [problem.min_memory(r) for r in range(problem.ranks)]
+    limited = problem.with_changes(memory={"limit": [x * factor for x in least]})
+    schedule = solvers.build("zb-greedy", limited)
+    t = simulate(limited, schedule)
+    assert t.fits, t.violations
+    assert set(schedule.policies().values()) <= {Kind.R, Kind.S}
+    free = problem.with_changes(memory={"limit": None})
+    assert not solvers.build("zb-greedy", free).policies()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems())
+def test_zb_greedy_without_the_recompute_switch_is_the_schedule_without_recompute(problem):
+    """The switch off, the list scheduler builds what it builds for the problem without the
+    recompute section: recompute changes nothing unless it is used."""
+    problem = problem.with_changes(memory={"limit": None})
+    bare = problem.with_changes(recompute=None, offload=None)
+    limit = max(bare.min_memory(r) for r in range(bare.ranks)) * 1.5
+    problem, bare = (x.with_changes(memory={"limit": limit}) for x in (problem, bare))
+    for policy in (greedy.Policy(recompute=False), greedy.replace(greedy.PAPER_LIKE, recompute=False)):
+        try:
+            ours = greedy.greedy_schedule(problem, policy, "g")
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                greedy.greedy_schedule(bare, policy, "g")
+            continue
+        assert ours.ranks == greedy.greedy_schedule(bare, policy, "g").ranks
+
+
+def test_zb_greedy_recomputes_in_the_bubbles_below_1f1b_memory():
+    """At half of 1F1B's activation memory (uniform costs, keep a quarter): zb-greedy recomputes,
+    runs some recomputes ahead of their backward's gradient (in a gap), and beats both itself
+    without recompute and 1F1B with full recompute (what Megatron users run there)."""
+    problem = uniform(4, 8, keep=0.25).with_changes(memory={"limit": 2})
+    ours = solvers.build("zb-greedy", problem)
+    t = simulate(problem, ours)
+    bare = simulate(problem.with_changes(recompute=None), solvers.build("zb-greedy", problem.with_changes(recompute=None)))
+    megatron = simulate(problem, solvers.build("1f1b-recompute", problem))
+    assert t.fits and bare.fits and megatron.fits
+    assert t.makespan < bare.makespan and t.makespan < megatron.makespan
+    times = t.op_times()
+    early = [op for op in times if op.kind is Kind.R and op.stage < problem.n_stages - 1
+             and times[op][1] < times[Op(Kind.B, op.stage + 1, op.mb)][2]]
+    assert early  # started before the gradient its backward needs had arrived
+
+
+def test_zb_greedy_recomputes_where_one_kept_microbatch_fills_the_rank():
+    """A limit of 1.25 activations: without recompute a rank holds one microbatch at a time (a
+    second needs 1.5), with recompute a second one keeps only 0.25: zb-greedy fits, recomputing,
+    faster than without recompute."""
+    problem = uniform(4, 8, keep=0.25).with_changes(memory={"limit": 1.25})
+    t = simulate(problem, solvers.build("zb-greedy", problem))
+    bare = problem.with_changes(recompute=None)
+    assert t.fits and t.schedule.policies()
+    assert t.makespan < simulate(bare, solvers.build("zb-greedy", bare)).makespan
