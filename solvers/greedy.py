@@ -39,13 +39,16 @@ starts (the default, a 1F1B-like and a paper-like policy), and the first descent
 switches alone before the newer ones: the result is never worse than the search without them.
 
 Where the problem declares recompute, the scheduler also recomputes rather than stalls: when
-memory alone keeps a rank from starting a ready forward (no B ready, no W left to free memory), it
-starts the microbatch as recomputed on that rank (its forwards keep only ``keep``; the cheapest
-declared recompute, full R or selective S, whose one microbatch fits) and runs that microbatch's
-recompute before its backward: as soon as the backward's inputs have arrived, or earlier, in a gap
-where the rank would wait, when memory holds what it brings back (the Mario idea: recompute in the
-bubbles). Three switches (recompute at all, recompute in gaps, and there before a pending W) join
-the search for such problems only, so a problem without recompute gets the same schedules as before.
+memory alone keeps a rank from starting a ready forward (no B ready; a pending W first, as it frees
+memory, unless a switch says otherwise), it starts the microbatch as recomputed on that rank (its
+forwards keep only ``keep``; the cheapest declared recompute in time, selective S or full R, that
+fits) and runs that microbatch's recompute before its backward: as soon as the backward's inputs
+have arrived, or earlier, in a gap where the rank would wait, when memory holds what it brings back
+(Mario's idea: recompute in the bubbles). A kept microbatch is admitted only while room remains for
+the rest of the rank's warm-up depth as recomputed microbatches plus one recompute's bring-back, so
+memory goes to depth first. Four switches (recompute at all, recompute in gaps, recompute before a
+pending W, and which recompute the depth is counted in) join the search for such problems only: a
+problem without recompute gets the same schedules as before.
 
 Every comparison of times (an input arrived, a forward ends in time, ranks free at once, one
 variant faster than another) and of memory (a forward fits) is up to float noise relative to the
@@ -293,8 +296,10 @@ class ListScheduler:
         return bs, fs
 
     def choose(self, r: int, t: float, bs: list[Op], fs: list[Op]) -> Op | None:
-        """What rank r runs at t (None: nothing now): a ready B or an admitted ready F (B first by
-        default), else a pending W where the policy lets it fill the wait."""
+        """What rank r runs at t (None: nothing now): a ready B (its recompute first, where due) or an
+        admitted ready F (B first by default), else a pending W where the policy lets it fill the
+        wait; with recompute, a forward started recomputed or a recompute ahead of its backward
+        (before or after that W, as the policy says)."""
         tol, policy, rank = self.tol, self.policy, self.ranks[r]
         ready_b = [op for op in bs if tol.le(self.arrival(op, r), t)]
         ready_f = [op for op in fs if tol.le(self.arrival(op, r), t)]
@@ -355,9 +360,11 @@ class ListScheduler:
         rank = self.ranks[r]
         for b in bs:
             op = self.recompute_due(b)
-            # what it brings back fits, leaving room for another recompute still to come
+            # what it brings back fits, leaving room for a recompute of another local stage still to
+            # come (one stage's recomputes run in turn, each after the last one's backward)
+            other = rank.slot if len(rank.stages) > 1 and rank.unrecomputed > 1 else 0.0
             if op is not None and self.mtol.le(rank.level + rank.reserved + self._delta(op.kind, op.stage, op.mb)
-                                               + (rank.slot if rank.unrecomputed > 1 else 0.0), rank.room):
+                                               + other, rank.room):
                 return op
         return None
 
