@@ -307,9 +307,10 @@ class ListScheduler:
         if ready_b and (policy.b_first or not admitted_f):
             if not self.recomputed:
                 return ready_b[0]
-            for b in ready_b:  # the first B whose recompute ran (or needs none) or fits now
-                due = self.recompute_due(b)
-                if due is None or self.mtol.le(rank.level + self._delta(due.kind, due.stage, due.mb), rank.room):
+            for b in ready_b:  # the first B whose recompute ran (or needs none) or fits now, beside
+                due = self.recompute_due(b)  # the room promised to started microbatches' later forwards
+                if due is None or self.mtol.le(rank.level + rank.reserved + self._delta(due.kind, due.stage, due.mb),
+                                               rank.room):
                     return due or b
             if rank.pending_w:
                 return rank.pending_w.pop(0)  # a W frees memory for what the recompute brings back
