@@ -380,3 +380,17 @@ def test_the_list_schedulers_ranks_end_drained_with_recompute(problem, policy):
         assert rank.remaining == 0 and rank.unrecomputed == 0 and rank.finished == problem.microbatches
         assert problem.memory_tol.eq(rank.level, 0.0) and problem.memory_tol.eq(rank.reserved, 0.0)
         assert problem.time_tol.le(t.end[r][-1], rank.last_end)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.sampled_from([(1e-3, 1.0), (1.0, 1e3), (3.7e-2, 0.1)]))
+def test_the_baselines_and_zb_greedy_do_not_depend_on_the_units(problem, factors):
+    """The same problem in other units of time and memory (``Problem.scaled``) gives every new
+    baseline, and zb-greedy with recompute, the same order on every lane of every rank."""
+    time, memory = factors
+    other = problem.scaled(time=time, memory=memory)
+    for name in [*NEW, "zb-greedy"]:
+        if solvers.REGISTRY[name].why_not(problem):
+            continue
+        a, b = solvers.build(name, problem), solvers.build(name, other)
+        assert (a.ranks, a.copy) == (b.ranks, b.copy), name
