@@ -13,7 +13,7 @@ from schedc.errors import ScheduleError
 from schedc.kinds import BACKWARDS, Kind
 from schedc.schedule import Op
 from schedc.simulate import simulate
-from schedc.solvers import memtime, registry
+from schedc.solvers import greedy, memtime, registry
 
 NEW = ["1f1b-recompute", "1f1b-selective", "interleaved-1f1b-recompute", "interleaved-1f1b-selective",
        "zb-h1-recompute", "1f1b-recompute-fit", "zb-v-offload"]
@@ -285,3 +285,112 @@ def test_the_warm_start_sees_the_baselines_with_their_copy_lanes():
     assert offload.reason is None and offload.schedule.copy
     assert offload.timeline.makespan == pytest.approx(simulate(problem, solvers.build("zb-v", problem)).makespan)
     assert "interleaved-1f1b-recompute" in judged and judged["1f1b-recompute"].reason is not None  # v = 2
+
+
+# ---- zb-greedy recomputes rather than stalls ----
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.floats(1, 3))
+def test_zb_greedy_fits_any_limit_recompute_can_meet(problem, factor):
+    """Down to the least memory recompute allows (``min_memory`` without offload, which zb-greedy
+    does not use), zb-greedy finds a schedule that fits, recomputing where memory made it; with room
+    for everything kept it recomputes nothing."""
+    problem = problem.with_changes(memory={"limit": None}).with_changes(offload=None)
+    least = [problem.min_memory(r) for r in range(problem.ranks)]
+    limited = problem.with_changes(memory={"limit": [x * factor for x in least]})
+    schedule = solvers.build("zb-greedy", limited)
+    t = simulate(limited, schedule)
+    assert t.fits, t.violations
+    assert set(schedule.policies().values()) <= {Kind.R, Kind.S}
+    free = problem.with_changes(memory={"limit": None})
+    assert not solvers.build("zb-greedy", free).policies()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems())
+def test_zb_greedy_without_the_recompute_switch_is_the_schedule_without_recompute(problem):
+    """The switch off, the list scheduler builds what it builds for the problem without the
+    recompute section: recompute changes nothing unless it is used."""
+    problem = problem.with_changes(memory={"limit": None})
+    bare = problem.with_changes(recompute=None, offload=None)
+    limit = max(bare.min_memory(r) for r in range(bare.ranks)) * 1.5
+    problem, bare = (x.with_changes(memory={"limit": limit}) for x in (problem, bare))
+    for policy in (greedy.Policy(recompute=False), greedy.replace(greedy.PAPER_LIKE, recompute=False)):
+        try:
+            ours = greedy.greedy_schedule(problem, policy, "g")
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                greedy.greedy_schedule(bare, policy, "g")
+            continue
+        assert ours.ranks == greedy.greedy_schedule(bare, policy, "g").ranks
+
+
+def test_zb_greedy_recomputes_in_the_bubbles_below_1f1b_memory():
+    """At half of 1F1B's activation memory (uniform costs, keep a quarter): zb-greedy recomputes,
+    runs some recomputes ahead of their backward's gradient (in a gap), and beats both itself
+    without recompute and 1F1B with full recompute (what Megatron users run there)."""
+    problem = uniform(4, 8, keep=0.25).with_changes(memory={"limit": 2})
+    ours = solvers.build("zb-greedy", problem)
+    t = simulate(problem, ours)
+    bare = simulate(problem.with_changes(recompute=None), solvers.build("zb-greedy", problem.with_changes(recompute=None)))
+    megatron = simulate(problem, solvers.build("1f1b-recompute", problem))
+    assert t.fits and bare.fits and megatron.fits
+    assert t.makespan < bare.makespan and t.makespan < megatron.makespan
+    times = t.op_times()
+    early = [op for op in times if op.kind is Kind.R and op.stage < problem.n_stages - 1
+             and times[op][1] < times[Op(Kind.B, op.stage + 1, op.mb)][2]]
+    assert early  # started before the gradient its backward needs had arrived
+
+
+def test_zb_greedy_recomputes_where_one_kept_microbatch_fills_the_rank():
+    """A limit of 1.25 activations: without recompute a rank holds one microbatch at a time (a
+    second needs 1.5), with recompute a second one keeps only 0.25: zb-greedy fits, recomputing,
+    faster than without recompute."""
+    problem = uniform(4, 8, keep=0.25).with_changes(memory={"limit": 1.25})
+    t = simulate(problem, solvers.build("zb-greedy", problem))
+    bare = problem.with_changes(recompute=None)
+    assert t.fits and t.schedule.policies()
+    assert t.makespan < simulate(bare, solvers.build("zb-greedy", bare)).makespan
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.sampled_from([greedy.Policy(), greedy.Policy(recompute_before_w=True, cheap_target=True),
+                                            greedy.replace(greedy.PAPER_LIKE, early_recompute=False)]))
+def test_the_list_schedulers_ranks_end_drained_with_recompute(problem, policy):
+    """After a pass that recomputes, each rank ran every op once (one recompute per recomputed
+    (stage, microbatch), each right where the simulator finds it before its backward), holds no
+    memory or reservation, and has no recompute left to run. The simulator never ends a rank later
+    than the pass thought: a recompute the pass held back for memory runs, in the simulator, as soon
+    as its lane is free (a lane's memory depends on its order only, so the verdict is the same)."""
+    problem = problem.with_changes(memory={"limit": None}).with_changes(offload=None)
+    least = max(problem.min_memory(r) for r in range(problem.ranks))
+    problem = problem.with_changes(memory={"limit": least * 1.3})
+    scheduler = greedy.ListScheduler(problem, policy)
+    try:
+        schedule = scheduler.build("g")
+    except RuntimeError:
+        return  # a variant may stall on memory; best_greedy then drops it
+    t = simulate(problem, schedule)
+    policies = schedule.policies()
+    assert policies == scheduler.recomputed
+    for r, rank in enumerate(scheduler.ranks):
+        mine = sum(1 for s, _ in policies if problem.stage_rank[s] == r)
+        assert len(rank.ops) == 3 * problem.microbatches * len(rank.stages) + mine
+        assert rank.remaining == 0 and rank.unrecomputed == 0 and rank.finished == problem.microbatches
+        assert problem.memory_tol.eq(rank.level, 0.0) and problem.memory_tol.eq(rank.reserved, 0.0)
+        assert problem.time_tol.le(t.end[r][-1], rank.last_end)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.sampled_from([(1e-3, 1.0), (1.0, 1e3), (3.7e-2, 0.1)]))
+def test_the_baselines_and_zb_greedy_do_not_depend_on_the_units(problem, factors):
+    """The same problem in other units of time and memory (``Problem.scaled``) gives every new
+    baseline, and zb-greedy with recompute, the same order on every lane of every rank."""
+    time, memory = factors
+    other = problem.scaled(time=time, memory=memory)
+    for name in [*NEW, "zb-greedy"]:
+        if solvers.REGISTRY[name].why_not(problem):
+            continue
+        a, b = solvers.build(name, problem), solvers.build(name, other)
+        assert (a.ranks, a.copy) == (b.ranks, b.copy), name
