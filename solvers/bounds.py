@@ -40,6 +40,13 @@ microbatch's way back to rank r (``_pair_bound``). On the zero-bubble paper's 2p
 few microbatches per rank, that is the idle no schedule avoids: the last rank must do its F and
 B within rank 0's window and can only push its W past it.
 
+Where the problem allows recompute or offload (``Problem.policies``), a limit can be bought with
+time, so the terms above that rest on what a microbatch holds are dropped and re-derived
+(``_policy_bounds``): the memory-free terms of the plain relaxation; per rank, memory-time weighed
+against the recompute and copy work a limit forces (``_forced``), the warm-up with forwards that
+owe a recompute (``_warm_up``), and how many microbatches of a stage may be in flight at once
+(``_in_flight``).
+
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
 fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
 Every value is a sum, maximum or ratio of costs, so it scales with the unit of time, and the term

@@ -16,6 +16,16 @@ ops on one rank whose order no dependency fixes, a binary "a before b". Constrai
 - objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
   a variable below every start on the rank).
 
+Memory for time (a problem that declares ``recompute``): a binary z per (stage, microbatch) and
+recompute policy (R, and S with ``recompute.selective``; at most one of them per pair). Each R and
+S op is always in the model, lasting its time x z; where z = 0 it sits right after its F in the
+rank's order (for every other op c of the rank but the pair's other recompute op, c runs before
+the F exactly when it runs before the R: -z <= first(c, F) - first(c, R) <= z), so the deltas are
+constants (``common.model_deltas``) and the memory rows, at every F, R and S, stay linear. The
+schedule read back holds an R or S only where its z is 1. Offload is not modelled here (CP-SAT
+does): where the problem declares it the search covers the schedules without offload only, and
+its bound is dropped.
+
 The search: the whole model up to FULL_MODEL_OPS ops; above that, a large-neighbourhood search
 over windows of the incumbent's order (``_neighbourhoods``). The order found is re-timed by the
 simulator (as soon as possible) in the driver, which is never later than the ILP's times.

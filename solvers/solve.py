@@ -5,7 +5,9 @@ ablation study call ``solve`` (registered as the search "ilp").
 The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 
 1. warm start: the registry's schedules judged with the backward split (``registry.evaluate``),
-   plus any candidates the caller gives; the best that fits is the incumbent;
+   plus any candidates the caller gives, plus (where the problem allows recompute or offload)
+   every registry order with the fewest recomputes that fit, or everything offloaded
+   (``recomputed_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/common.py``: CBC and HiGHS in
    ``solvers/ilp.py``, CP-SAT in ``solvers/cpsat.py``), given ``Settings`` and returning
