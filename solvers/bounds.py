@@ -40,6 +40,13 @@ microbatch's way back to rank r (``_pair_bound``). On the zero-bubble paper's 2p
 few microbatches per rank, that is the idle no schedule avoids: the last rank must do its F and
 B within rank 0's window and can only push its W past it.
 
+Where the problem allows recompute or offload (``Problem.policies``), a limit can be bought with
+time, so the terms above that rest on what a microbatch holds are dropped and re-derived
+(``_policy_bounds``): the memory-free terms of the plain relaxation; per rank, memory-time weighed
+against the recompute and copy work a limit forces (``_forced``), the warm-up with forwards that
+owe a recompute (``_warm_up``), and how many microbatches of a stage may be in flight at once
+(``_in_flight``).
+
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
 fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
 Every value is a sum, maximum or ratio of costs, so it scales with the unit of time, and the term
@@ -51,10 +58,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from schedc.kinds import Kind, check_supported
+from schedc.kinds import ROWS, Kind, check_supported
 from schedc.problem import Problem
 
-BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW)  # the op kinds the terms below are proven for
+BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L)  # the op kinds the terms are proven for
+POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
+JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     check_supported(problem.cost, "the lower bounds", BOUNDED)
     problem = _relaxed(problem)
+    if problem.policies:
+        return _policy_bounds(problem, objective)
     ch = _Chains(problem)
     ranks = [_rank(problem, r) for r in range(problem.ranks)]
     out = [_rank_bound(problem, ch, ranks[r], r, objective) for r in range(problem.ranks)]
@@ -109,6 +120,8 @@ def _relaxed(problem: Problem) -> Problem:
              Kind.W.value: [x * k for x, k in zip(c[Kind.W], r)]}
     data = problem.model_dump(exclude_none=True)
     data["costs"] = costs
+    if problem.recompute is not None and problem.recompute.time is None:  # it defaulted to F: keep it so
+        data["recompute"]["time"] = list(c[Kind.F])
     return Problem.parse(data)
 
 
@@ -151,7 +164,7 @@ def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
         room -= take * w
         if room <= 0:
             break
-    fits = cap / min(w for _, _, w, _ in rest) * (1 + 1e-12)
+    fits = cap / min(w for _, _, w, _ in rest) * (1 + 1e-12)  # inf for weights as small as 5e-324
     k = sum(c for *_, c in rest)
     k = k if fits >= k else math.floor(fits)
     top = 0.0
@@ -370,7 +383,7 @@ def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) ->
     level stays <= cap from its first start to its last end, so that window is >= the total
     area over cap (and starts >= head(lo) for makespan)."""
     cap = _cap(problem, r)
-    if cap == math.inf:
+    if cap == math.inf or cap <= 0:  # (no room at all: only activations of zero size fit; no term)
         return None
     F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
     mF = problem.mem[Kind.F]
@@ -402,3 +415,233 @@ def _critical_path(problem: Problem, ch: _Chains, objective: str) -> Bound:
     ])
     where = "all forwards up, all input gradients back" if arg == 0 else f"through stage {arg} and back"
     return Bound(best, f"critical path of one microbatch ({where}, then W of stage {arg}): {best:g}")
+
+
+# ---- memory for time: problems that allow recompute or offload ----
+
+
+def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
+    """The terms for a problem that allows recompute or offload (``Problem.policies``), where a
+    memory limit can be bought with time, so no term may assume what a microbatch holds.
+
+    - Every term above that memory does not enter, from the same problem without its limit and
+      without the policies: an extra R, S, O or L op only adds work on a lane and lengthens the
+      chains (B waits for what brings its activation back, which waits for F), so every schedule
+      of this problem, whatever its policies, is a schedule of that relaxation or slower; its
+      memory terms are dropped.
+    - Per rank, what the limit forces (``_forced``): memory-time (the activation held over time
+      fits under the room) against recompute work on the compute lane and copy work on the copy
+      lane, weighed together; each microbatch's policies must also let that microbatch alone fit
+      through the rank's stages."""
+    data = problem.model_dump(exclude_none=True)
+    data.pop("recompute", None)
+    data.pop("offload", None)
+    data["memory"].pop("limit", None)
+    plain = Problem.parse(data)
+    out = all_bounds(plain, objective)
+    if problem.activation_room is not None:
+        ch = _Chains(plain)
+        out += [b for r in range(problem.ranks) if (b := _forced(problem, ch, r, objective)) is not None]
+        out += [_warm_up(problem, ch, r, objective) for r in range(problem.ranks)]
+        out += [b for r in range(problem.ranks) if (b := _in_flight(problem, ch, r, objective)) is not None]
+    return out
+
+
+def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
+    """How many microbatches of a stage may be in flight at once, when a limit allows few.
+
+    For stage s of rank r and microbatch i, let I_i run from the start of F(s, i) to the end of
+    B(s, i) (>= L = F + rt + B long), and J_i from the start of what brings the activation back
+    (R, S, L, or F when kept) to that end. During J_i the rank holds all of s's activation for i,
+    at least ``least_kept`` for each stage t < s of the rank (microbatch i's, fact 2) and at least
+    ``least_kept(s)`` for every other microbatch inside its own I, so at most K = floor((cap - mF(s)
+    - sum_{t<s} least_kept(t)) / least_kept(s)) others are. Order the microbatches by the end of J
+    (their B's, distinct on one lane): of the K + 1 after i, one must start its I after J_i ends
+    (else all K + 1 are inside theirs when J_i ends), so its J, and every later one, ends >= L
+    after J_i's end. Hence the last B of s ends >= (window start) + ceil(m / (K + 1)) * L, and its
+    W follows on the rank: T >= head(s) (makespan; 0 for span, from the rank's first start) +
+    ceil(m / (K + 1)) * L + W(s). No term when nothing needs be kept (offload) or K >= m - 1."""
+    c, a = problem.cost, problem.mem[Kind.F]
+    cap, m = _cap(problem, r), problem.microbatches
+    best = None
+    below = 0.0  # least_kept of the rank's stages under s
+    for s in problem.rank_stages[r]:
+        least = problem.least_kept(s)
+        if least > 0:
+            k = math.floor(max(0.0, cap - a[s] - below) / least)
+            if k < m - 1:
+                rounds = math.ceil(m / (k + 1))
+                length = c[Kind.F][s] + ch.rt[s] + c[Kind.B][s]
+                start = ch.head[s] if objective == "makespan" else 0.0
+                value = start + rounds * length + c[Kind.W][s]
+                if best is None or value > best[0]:
+                    best = (value, s, k, rounds, length, start)
+        below += least
+    if best is None:
+        return None
+    value, s, k, rounds, length, start = best
+    lead = f"start no earlier than {start:g} + " if start > 0 else ""
+    return Bound(value, (
+        f"rank {r}: {lead}at most {k + 1} microbatches of stage {s} in flight (the room holds one whole and"
+        f" {k} kept), so {rounds} rounds of forward, round trip and B ({length:g} each), then W"
+    ))
+
+
+def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
+    """The warm-up term of ``_rank_bound`` re-derived for policies. Until its first backward
+    B(hi, i) starts, at least ``first_b`` after the window opens (head(hi) + F(hi) + rt(hi) from 0
+    for makespan; head(hi) - head(lo) + F(hi) + rt(hi) from the rank's first start for span), the
+    rank runs only forwards and recomputes (W needs its B), and each (stage, microbatch) forwarded
+    by then holds, at that instant, all of its activation when kept or when its recompute already
+    ran, its policy's keep when its recompute is still to come, and nothing once offloaded. The
+    rank works ``work`` plus its recomputes in all; what of it lies in the window is at most its
+    forwards plus the recomputes run there, so T >= start + first_b + work - V, where V is the most
+    of "F, less the recompute still owed" that memory admits at once: a multiple-choice knapsack
+    per stage (kept: F for mF; recompute later: F - time for keep; offloaded: F for 0) over
+    ``cap``, bounded by its linear relaxation (the upper hull of each stage's options)."""
+    c, a = problem.cost, problem.mem[Kind.F]
+    stages = problem.rank_stages[r]
+    lo, hi = stages[0], stages[-1]
+    m, cap = problem.microbatches, _cap(problem, r)
+    work = m * sum(c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s] for s in stages)
+    increments = []  # (value per memory, memory, value), each available m times
+    free = 0.0
+    for s in stages:
+        F = c[Kind.F][s]
+        options = [(a[s], F)]
+        for k in problem.policies:
+            if ROWS[k].lightens and F > c[k][s]:
+                options.append((problem.delta(Kind.F, s, k), F - c[k][s]))
+            elif not ROWS[k].lightens:
+                options.append((0.0, F))
+        best_free = max((v for w, v in options if w <= 0), default=0.0)
+        free += m * best_free
+        hull, at = [], (0.0, best_free)  # the upper hull from the best weightless option
+        rest = sorted((w, v) for w, v in options if w > 0 and v > at[1])
+        while rest:
+            slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest if w > at[0])
+            hull.append((slope, nxt[0] - at[0], nxt[1] - at[1]))
+            at = nxt
+            rest = [(w, v) for w, v in rest if w > at[0] and v > at[1]]
+        increments += hull
+    room, knap = cap, free
+    for slope, w, v in sorted(increments, reverse=True):
+        take = min(m, room / w)
+        knap += take * v
+        room -= take * w
+        if room <= 0:
+            break
+    first_b = c[Kind.F][hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+    value = max(work, work + first_b - knap)
+    return Bound(value, (
+        f"rank {r}: work {work:g} + warm-up idle {max(0.0, first_b - knap):g} (first B cannot start before"
+        f" {first_b:g}; memory admits forwards worth {knap:g} net of the recomputes they owe)"
+    ))
+
+
+def _policy_options(problem: Problem, ch: _Chains, s: int) -> list[tuple[str, float, float, float, float]]:
+    """Per policy of stage s (kept first): ``(name, held, area, recompute, copy)``: what one
+    microbatch holds from its forward to what brings its activation back (at the least), the
+    least activation x time it holds (``_forced``), its work on the compute lane beyond F, B and W,
+    and its work on the copy lane."""
+    c, a = problem.cost, problem.mem[Kind.F][s]
+    F, B, W = c[Kind.F][s], c[Kind.B][s], c[Kind.W][s]
+    mW = -problem.mem[Kind.W][s]
+    to_b = F + ch.rt[s] + B  # the start of F(s, i) to the end of B(s, i), at least
+    out = [("kept", a, a * to_b + mW * W, 0.0, 0.0)]
+    for k in problem.policies:
+        row = ROWS[k]
+        if row.lightens:  # F keeps ``keep`` to the end of B; the rest from the recompute's start
+            keep = problem.delta(Kind.F, s, k)
+            out.append((row.policy, keep, keep * to_b + (a - keep) * (c[k][s] + B) + mW * W, c[k][s], 0.0))
+        else:  # offload: all of it from F's start to O's end, and from L's start to B's end
+            copy = c[k][s] + c[Kind.L][s]
+            out.append((row.policy, 0.0, a * (F + copy + B) + mW * W, 0.0, copy))
+    return out
+
+
+def _forced(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
+    """Rank r under its memory limit, when recompute or offload may buy the memory with time.
+
+    For one microbatch i with policies pi (one per stage of the rank), in any schedule:
+
+    - it holds at least ``area(pi)`` (activation x time): kept, mF from the start of F(s, i) to the
+      end of B(s, i) (>= F + rt + B) and mW until W(s, i) ends (>= W); recomputed, ``keep`` over
+      that span and the rest from the recompute's start (>= its time + B); offloaded, mF from F's
+      start to O's end (>= F + O) and from L's start to B's end (>= L + B);
+    - it adds ``rc(pi)`` work to the compute lane (R, S) and ``cp(pi)`` to the copy lane (O, L);
+    - it fits alone: when what brings the activation of stage s back starts (R, S, L, or F when
+      kept), the rank holds all of it and, for every stage t < s of the rank, at least what t's
+      policy keeps (F(t, i) started before; B(t, i) ends after), so ``sum_{t<s} held_t + mF(s) <=
+      cap`` for every s; an assignment that breaks it is no microbatch's.
+
+    The rank's level stays within ``cap`` over its window (from head(lo) in makespan, its first
+    start in span), so T >= start + sum_i area(pi_i) / cap (memory-time); its compute lane runs
+    its work and every recompute, T >= start + work + sum_i rc(pi_i); its copy lane runs every
+    copy after some forward of the rank ended and before some B and W of it, T >= start + min F +
+    sum_i cp(pi_i) + min (B + W). For weights mu >= 0 summing to 1, T >= the weighted sum of the
+    three, which is >= its least over the policies, taken microbatch by microbatch (all alike).
+    Every mu gives a valid bound; the best on a grid is reported."""
+    cap = _cap(problem, r)
+    if cap <= 0:  # no room at all: only activations of zero size fit; no term
+        return None
+    stages = problem.rank_stages[r]
+    m = problem.microbatches
+    c = problem.cost
+    opts = [_policy_options(problem, ch, s) for s in stages]
+    a = problem.mem[Kind.F]
+    if math.prod(map(len, opts)) <= JOINT_POLICIES:
+        joint = []
+        for pick in _product(opts):
+            level, fits = 0.0, True
+            for s, o in zip(stages, pick):
+                if level + a[s] > cap:
+                    fits = False
+                    break
+                level += o[1]
+            if fits:
+                joint.append((sum(o[2] for o in pick), sum(o[3] for o in pick), sum(o[4] for o in pick),
+                              tuple(o[0] for o in pick)))
+        if not joint:
+            return None  # no microbatch fits: no schedule does (min_memory refuses such a limit)
+        choices = [joint]
+    else:  # too many to enumerate: each stage on its own (weaker, still valid)
+        choices = [[(o[2], o[3], o[4], (o[0],)) for o in opt] for opt in opts]
+    work = m * sum(c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s] for s in stages)
+    start = ch.head[stages[0]] if objective == "makespan" else 0.0
+    copy_start = start + min(c[Kind.F][s] for s in stages)
+    copy_end = min(c[Kind.B][s] + c[Kind.W][s] for s in stages)
+    copies = Kind.O in problem.policies
+    best = None
+    steps = range(POLICY_GRID + 1)
+    for i in steps:
+        for j in (steps if copies else (POLICY_GRID - i,)):
+            if i + j > POLICY_GRID:
+                continue
+            mu = (i / POLICY_GRID, j / POLICY_GRID, (POLICY_GRID - i - j) / POLICY_GRID)
+            value = mu[0] * start + mu[1] * (start + work) + mu[2] * (copy_start + copy_end)
+            picked = []
+            for options in choices:
+                weighed = min(options, key=lambda o: mu[0] * o[0] / cap + mu[1] * o[1] + mu[2] * o[2])
+                value += m * (mu[0] * weighed[0] / cap + mu[1] * weighed[1] + mu[2] * weighed[2])
+                picked.append(weighed)
+            if best is None or value > best[0]:
+                best = (value, mu, picked)
+    value, mu, picked = best
+    area = m * sum(o[0] for o in picked)
+    rc = m * sum(o[1] for o in picked)
+    cp = m * sum(o[2] for o in picked)
+    policies = ", ".join(sorted({p for o in picked for p in o[3]}))
+    return Bound(value, (
+        f"rank {r}: memory for time: weighing memory-time (held {area:g} over room"
+        f" {cap - problem.memory_tol.eps:g}), work {work:g} plus recompute {rc:g}, and copies {cp:g}"
+        f" ({mu[0]:g} / {mu[1]:g} / {mu[2]:g}; policies {policies})"
+    ))
+
+
+def _product(options: list[list]) -> list[tuple]:
+    """Every choice of one item per list (itertools.product, kept small by the caller)."""
+    out: list[tuple] = [()]
+    for opt in options:
+        out = [x + (o,) for x in out for o in opt]
+    return out

@@ -48,6 +48,7 @@ class Found:
 
 Backend = Callable[[Problem, Timeline, Settings], Found]
 BACKENDS: dict[str, Backend] = {}  # name -> search; filled by the backends' modules
+COPY_LANE: set[str] = set()  # the backends that model the copy lane (offload); the others get an incumbent without
 
 
 def register_backend(name: str) -> Callable[[Backend], Backend]:
@@ -121,3 +122,30 @@ def longest_paths(dur: list, edges: list[tuple[int, int, float]]):
         for b, lat in succ[a]:
             tail[a] = max(tail[a], dur[a] + lat + tail[b])
     return order, earliest, tail, succ
+
+
+# ---- recompute as the searches model it ----
+
+RECOMPUTES = (Kind.R, Kind.S)  # the policy ops the model chooses (each always in it, lasting its time x its binary)
+
+
+def model_kinds(problem: Problem) -> tuple[Kind, ...]:
+    """The kinds of the model's ops on ``problem``: F, B, W and the recomputes it allows."""
+    return (Kind.F, Kind.B, Kind.W) + tuple(k for k in RECOMPUTES if k in problem.policies)
+
+
+def model_deltas(problem: Problem, stage: int) -> dict[Kind, float]:
+    """The model's memory delta per kind on ``stage``, constants whatever the policy: a recompute
+    op that is not chosen lasts 0 and sits right after its F, so F's delta plus those of the
+    recompute ops right after it must give what the chosen policy holds at each of them: F + R + S
+    = the activation (kept), F + S = R's keep (R chosen: S at F), F + R = S's keep (S chosen)."""
+    a = problem.mem[Kind.F][stage]
+    out = {k: problem.mem[k][stage] for k in (Kind.B, Kind.W)}
+    out[Kind.F] = a
+    for k in RECOMPUTES:
+        if k in problem.policies:
+            out[k] = problem.mem[k][stage]  # what it brings back: the activation less its keep
+            out[Kind.F] -= out[k]
+    return out
+
+

@@ -14,6 +14,17 @@ disjunctive scheduling directly instead of through big-M binaries:
 - objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the earliest
   start on rank r).
 
+Memory for time (a problem with ``recompute`` or ``offload``): each (stage, microbatch) and policy
+the problem allows has a presence literal (at most one per pair) and optional intervals: R or S on
+the compute lane between its F and its B; O and L on the rank's copy lane (a ``NoOverlap`` of its
+own), O after F, L after O and before B. The reservoir's events carry the same literals: F
+allocates the activation at its start, less what a recompute policy does not keep (an event at
+the same instant, active with its literal); R or S allocates the rest at its start; O frees the
+activation at its end and L allocates it again at its start. Events at one instant count together,
+as the simulator's free-before-allocation at a tie does. The simulator re-times the order found;
+where a copy lane is involved, as-soon-as-possible reloads may come earlier than in the model's
+solution and so raise a peak: such an answer is rejected by the driver (it keeps its incumbent).
+
 Times are integers: costs and ``comm`` are multiplied by the least ``scale`` that makes them all
 integers (their decimals as written, e.g. 1000 when they are multiples of 0.001, 1 when they are
 integers), so the model is exact. When no scale up to 10**6 does that, they are multiplied by
@@ -45,14 +56,15 @@ from fractions import Fraction
 from typing import Callable
 
 from schedc.errors import SchedcError
-from schedc.kinds import Kind
+from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.common import Found, Progress, Settings, longest_paths, order_edges, register_backend
+from schedc.solvers.common import COPY_LANE, Found, Progress, Settings, longest_paths, order_edges, register_backend
 from schedc.solvers.deadline import Budget
 
-KINDS = (Kind.F, Kind.B, Kind.W)  # the split backward's kinds: the ops of the model
+KINDS = (Kind.F, Kind.B, Kind.W)  # the split backward's kinds: the ops every model holds
+OPTIONAL = (Kind.R, Kind.S, Kind.O, Kind.L)  # the policy ops, each present with its (stage, mb)'s literal
 SEED = 0  # fixed, so that a single-worker run is reproducible
 RESERVOIR_EXPAND = 128  # events per rank above which reservoirs are not expanded into pair Booleans
 MIN_SEARCH_SECONDS = 0.2  # CP-SAT is not started with less time than this left
@@ -153,6 +165,9 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
     return Found(None, None, history, f"time limit, no solution ({solver.status_name(status)})")
 
 
+COPY_LANE.add("cpsat")  # its model holds the copy lane
+
+
 def _cp_solver(cp_model, model: _CpModel, settings: Settings, left: float):
     """A CP-SAT solver set up for ``settings`` with ``left`` seconds to search."""
     solver = cp_model.CpSolver()
@@ -171,8 +186,9 @@ def _time_scale(problem: Problem) -> _Scale:
     """Op costs and ``comm`` to integers: exact where a scale up to 10**6 makes them so, else the
     largest op lasts 10**4 units (10 times more while the shortest would last less than one)."""
     cost, n = problem.cost, problem.n_stages
-    raw = [cost[k][s] for k in KINDS for s in range(n)] + [problem.comm]
-    shortest = min(cost[k][s] for k in KINDS for s in range(n))
+    kinds = [k for k in (*KINDS, *OPTIONAL) if k in problem.kinds]
+    raw = [cost[k][s] for k in kinds for s in range(n)] + [problem.comm]
+    shortest = min(cost[k][s] for k in kinds for s in range(n))
     fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
     while shortest * fallback < 1:
         fallback *= 10
@@ -191,12 +207,19 @@ class _CpModel:
         self.time = _time_scale(problem)
         comm = self.time.down(problem.comm)
         self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in KINDS]
+        mandatory = len(self.ops)
+        self.index = {op: k for k, op in enumerate(self.ops)}
+        # Precedences: data dependencies (with latency) and stage 0's microbatch numbering, among
+        # the ops every schedule holds (each policy op's are conditional, ``_policies``).
+        edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, self.index)]
+        self.optional = [k for k in OPTIONAL if k in problem.kinds]
+        self.ops += [Op(k, s, i) for s in range(n) for i in range(m) for k in self.optional]
         self.index = {op: k for k, op in enumerate(self.ops)}
         self.dur = [max(1, self.time.down(problem.cost[op.kind][op.stage])) for op in self.ops]
-
-        # Precedences: data dependencies (with latency) and stage 0's microbatch numbering.
-        edges = [(a, b, comm if lat else 0) for a, b, lat in order_edges(problem, self.ops, self.index)]
-        _, earliest, tail, _ = longest_paths(self.dur, edges)
+        _, earliest, tail, _ = longest_paths(self.dur[:mandatory], edges)
+        # A policy op: anywhere up to the horizon (the chains above only grow with it).
+        earliest += [0] * (len(self.ops) - mandatory)
+        tail += [self.dur[k] for k in range(mandatory, len(self.ops))]
         _on_time(budget)
         self.on_rank: list[list[int]] = [[] for _ in range(problem.ranks)]
         for k, op in enumerate(self.ops):
@@ -204,19 +227,25 @@ class _CpModel:
         hint, hint_obj, horizon = self._hint(warm_t, comm)
 
         self.cp = cp_model.CpModel()
+        self.present: dict[int, object] = {}  # policy op -> its presence literal
         self._intervals(budget, edges, earliest, [horizon - t for t in tail])
         self.memory = self._reservoirs(budget) if problem.memory_limit is not None else None
         self.C = self._objective(budget, hint_obj, horizon)
         for k, x in enumerate(self.start):
             _on_time(budget, k)
             self.cp.add_hint(x, hint[k])
+        held = set(times_of(warm_t))
+        for k, lit in self.present.items():
+            self.cp.add_hint(lit, self.ops[k] in held)
         self.cp.add_hint(self.C, hint_obj)
 
     def _hint(self, warm_t: Timeline, comm: int) -> tuple[list[int], int, int]:
         """The warm start in model units (rounded down when the scale is not exact): each op's
         start, the objective, and the horizon (``ilp._span_horizon`` for span)."""
-        times = warm_t.op_times()
-        hint = [self.time.down(times[op][1]) for op in self.ops]
+        times = times_of(warm_t)
+        # A policy op the warm start does not hold: at its F's end (absent, it constrains nothing).
+        hint = [self.time.down(times[op][1] if op in times else times[Op(Kind.F, op.stage, op.mb)][2])
+                for op in self.ops]
         dur, rank_of = self.dur, self.problem.stage_rank
         sinks = [k for k, op in enumerate(self.ops) if op.kind == Kind.W]  # every other op feeds one on its rank
         if not self.span:
@@ -232,6 +261,7 @@ class _CpModel:
         cp, dur = self.cp, self.dur
         self.start, intervals = [], []
         first = self.index[Op(Kind.F, 0, 0)]  # microbatches are numbered as they enter stage 0: the first op
+        literal = {}  # (stage, mb, policy kind) -> its presence literal
         for k, op in enumerate(self.ops):
             _on_time(budget, k)
             lo, hi = earliest[k], latest[k]
@@ -239,37 +269,82 @@ class _CpModel:
                 hi = lo
             x = cp.new_int_var(lo, max(lo, hi), f"s_{op.kind}{op.stage}_{op.mb}")
             self.start.append(x)
-            intervals.append(cp.new_fixed_size_interval_var(x, dur[k], f"i_{op.kind}{op.stage}_{op.mb}"))
+            name = f"i_{op.kind}{op.stage}_{op.mb}"
+            if op.kind in self.optional:
+                policy = ROWS[op.kind].comes_with or op.kind  # L comes with its O: the same literal
+                key = (op.stage, op.mb, policy)
+                if key not in literal:
+                    literal[key] = cp.new_bool_var(f"z_{policy}{op.stage}_{op.mb}")
+                self.present[k] = literal[key]
+                intervals.append(cp.new_optional_fixed_size_interval_var(x, dur[k], literal[key], name))
+            else:
+                intervals.append(cp.new_fixed_size_interval_var(x, dur[k], name))
         for k, (a, b, lat) in enumerate(edges):
             _on_time(budget, k)
             cp.add(self.start[b] >= self.start[a] + dur[a] + lat)
-        for ks in self.on_rank:
-            cp.add_no_overlap([intervals[k] for k in ks])
+        self._policies(literal)
+        for r, ks in enumerate(self.on_rank):
+            lanes = {"compute": [], "copy": []}
+            for k in ks:
+                lanes[ROWS[self.ops[k].kind].lane].append(intervals[k])
+            for lane in lanes.values():
+                if lane:
+                    cp.add_no_overlap(lane)
         _on_time(budget)
+
+    def _policies(self, literal: dict) -> None:
+        """At most one policy per (stage, microbatch); each policy op, where present, after what
+        it needs and (R, S, L) before the B it brings the activation back for."""
+        cp, dur, start, index = self.cp, self.dur, self.start, self.index
+        per_pair: dict[tuple[int, int], list] = {}
+        for (s, i, _), lit in literal.items():
+            per_pair.setdefault((s, i), []).append(lit)
+        for lits in per_pair.values():
+            if len(lits) > 1:
+                cp.add_at_most_one(lits)
+        for k, lit in self.present.items():
+            op = self.ops[k]
+            for need, _ in ROWS[op.kind].needs:  # F for R, S and O; O for L
+                d = index[Op(need, op.stage, op.mb)]
+                cp.add(start[k] >= start[d] + dur[d]).only_enforce_if(lit)
+            if op.kind != Kind.O:  # what brings the activation back ends before its B starts
+                b = index[Op(Kind.B, op.stage, op.mb)]
+                cp.add(start[b] >= start[k] + dur[k]).only_enforce_if(lit)
 
     def _reservoirs(self, budget: Budget) -> _Scale:
         """Per rank, a reservoir of the activation memory within the room; returns the memory scale."""
         problem, mem, start, dur = self.problem, self.problem.mem, self.start, self.dur
-        values = [mem[k][s] for k in KINDS for s in range(problem.n_stages)]
+        values = [mem[k][s] for k in (*KINDS, *self.optional) for s in range(problem.n_stages)]
         values += list(problem.memory_limit) + list(problem.static_memory) + list(problem.stage_working)
         memory = _Scale(values, 10**9, 10**6 / (problem.memory_scale or 1.0))
         for r, ks in enumerate(self.on_rank):
             _on_time(budget)
             room = memory.down(problem.activation_room[r])
-            when, change = [], []
+            when, change, active = [], [], []
+            true = self.cp.new_constant(1)
             for k in ks:
                 op = self.ops[k]
-                delta = memory.up(mem[op.kind][op.stage])  # conservative when not exact
-                if delta > 0:  # an allocation counts from the op's start
-                    when.append(start[k])
-                elif delta < 0:  # a free from its end
-                    when.append(start[k] + dur[k])
-                else:
-                    continue
-                change.append(delta)
+                events = [(mem[op.kind][op.stage], self.present.get(k, true))]
+                if op.kind == Kind.F:  # a recompute policy's F keeps only its keep: less at the same instant
+                    events += [(-mem[x][op.stage], self.present[self.index[Op(x, op.stage, op.mb)]])
+                               for x in self.optional if ROWS[x].lightens]
+                for amount, lit in events:
+                    # conservative when not exact: allocations up, and what a policy's F does not keep down
+                    delta = memory.up(amount) if op.kind != Kind.F or lit is true else -memory.down(-amount)
+                    if delta > 0:  # an allocation counts from the op's start
+                        when.append(start[k])
+                    elif delta < 0:  # a free from its end (a lighter F: from its start, as its allocation)
+                        when.append(start[k] if op.kind == Kind.F else start[k] + dur[k])
+                    else:
+                        continue
+                    change.append(delta)
+                    active.append(lit)
             if change:
                 low = min(0, sum(c for c in change if c < 0))  # never binding: frees follow allocations
-                self.cp.add_reservoir_constraint(when, change, low, room)
+                if self.present:
+                    self.cp.add_reservoir_constraint_with_active(when, change, active, low, room)
+                else:
+                    self.cp.add_reservoir_constraint(when, change, low, room)
         return memory
 
     def _objective(self, budget: Budget, hint_obj: int, horizon: int):
@@ -279,9 +354,9 @@ class _CpModel:
         C = cp.new_int_var(0, hint_obj, "C")
         for r, ks in enumerate(self.on_rank):
             _on_time(budget)
-            work = sum(dur[k] for k in ks)
+            work = sum(dur[k] for k in ks if k not in self.present)  # policy ops: not always there
             base = cp.new_int_var(0, horizon, f"first_{r}")  # the rank's first start, whichever op it is
-            cp.add_min_equality(base, [start[k] for k in ks])
+            cp.add_min_equality(base, [start[k] for k in ks if k not in self.present])  # the compute lane's
             if span:
                 cp.add(C >= work)
             else:
@@ -307,10 +382,20 @@ class _CpModel:
         return max(0.0, (math.ceil(value - 1e-9) - slack) / self.time.factor)
 
     def schedule(self, value: Callable) -> Schedule:
-        """Each rank's ops in the order of their start times (distinct: every op lasts >= 1)."""
+        """Each lane's ops in the order of their start times (distinct: every op lasts >= 1), the
+        policy ops only where present."""
         starts = [value(x) for x in self.start]
-        per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (starts[k], k))] for ks in self.on_rank]
-        return Schedule.from_lists("cpsat", per_rank)
+        lanes = {"compute": [[] for _ in self.on_rank], "copy": [[] for _ in self.on_rank]}
+        for r, ks in enumerate(self.on_rank):
+            for k in sorted(ks, key=lambda k: (starts[k], k)):
+                if k not in self.present or value(self.present[k]):
+                    lanes[ROWS[self.ops[k].kind].lane][r].append(self.ops[k])
+        return Schedule.from_lists("cpsat", lanes["compute"], lanes["copy"])
+
+
+def times_of(timeline: Timeline) -> dict[Op, tuple[int, float, float]]:
+    """op -> (rank, start, end) of every lane's ops (``Timeline.op_times``)."""
+    return timeline.op_times()
 
 
 def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_type, budget: Budget):

@@ -38,6 +38,18 @@ judge, keeps the best that fits. Coordinate search stops at local optima, so it 
 starts (the default, a 1F1B-like and a paper-like policy), and the first descent flips the older
 switches alone before the newer ones: the result is never worse than the search without them.
 
+Where the problem declares recompute, the scheduler also recomputes rather than stalls: when
+memory alone keeps a rank from starting a ready forward (no B ready; a pending W first, as it frees
+memory, unless a switch says otherwise), it starts the microbatch as recomputed on that rank (its
+forwards keep only ``keep``; the cheapest declared recompute in time, selective S or full R, that
+fits) and runs that microbatch's recompute before its backward: as soon as the backward's inputs
+have arrived, or earlier, in a gap where the rank would wait, when memory holds what it brings back
+(Mario's idea: recompute in the bubbles). A kept microbatch is admitted only while room remains for
+the rest of the rank's warm-up depth as recomputed microbatches plus one recompute's bring-back, so
+memory goes to depth first. Four switches (recompute at all, recompute in gaps, recompute before a
+pending W, and which recompute the depth is counted in) join the search for such problems only: a
+problem without recompute gets the same schedules as before.
+
 Every comparison of times (an input arrived, a forward ends in time, ranks free at once, one
 variant faster than another) and of memory (a forward fits) is up to float noise relative to the
 problem's scale (``Problem.time_tol``, ``Problem.memory_tol``): in any unit of time or memory the
@@ -50,7 +62,7 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from schedc.kinds import Kind
+from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
@@ -84,6 +96,14 @@ class Policy:
     # with timed_warmup, what ends by its first B): warm-up depths fall by one or more per rank
     strict: bool = False  # one chunk per rank: after its first B, no B straight after a B while
     # forwards remain (a W that frees memory for the next F, or a wait, instead)
+    recompute: bool = True  # problems that declare recompute: start a microbatch as recomputed when
+    # memory alone keeps a ready forward waiting (else wait, as without recompute)
+    early_recompute: bool = True  # run a recompute in a gap where the rank would wait, if memory holds it
+    # (else only once its backward's inputs have arrived)
+    cheap_target: bool = False  # room for the warm-up depth counted in the recompute that costs least
+    # time (selective, where declared) rather than in the one that keeps least (full)
+    recompute_before_w: bool = False  # a recompute in a gap (early_recompute), or starting a microbatch
+    # as recomputed, before a pending W (else the W first: it frees memory, a kept microbatch may then fit)
 
 
 FLAGS = (
@@ -96,12 +116,23 @@ ONE_CHUNK_FLAGS = (
 )
 
 
+RECOMPUTE_FLAGS = ("recompute", "early_recompute", "recompute_before_w", "cheap_target")  # only where recompute is declared
+
+
 def flags_for(problem: Problem) -> tuple[str, ...]:
     """The switches that can matter: stage order and lean reservations need several local stages;
-    the staircase and strict turns are written for one stage per rank."""
+    the staircase and strict turns are written for one stage per rank; the recompute switches
+    need a problem that declares recompute."""
     if problem.chunks == 1:
-        return ONE_CHUNK_FLAGS
-    return FLAGS if problem.chunks == 2 else tuple(f for f in FLAGS if f != "lean")
+        flags = ONE_CHUNK_FLAGS
+    else:
+        flags = FLAGS if problem.chunks == 2 else tuple(f for f in FLAGS if f != "lean")
+    return flags + RECOMPUTE_FLAGS if _recomputes(problem) else flags
+
+
+def _recomputes(problem: Problem) -> tuple[Kind, ...]:
+    """The recompute kinds (R, S) the problem declares, in the table's order."""
+    return tuple(k for k in problem.policies if ROWS[k].lightens)
 
 
 def policies(problem: Problem) -> list[Policy]:
@@ -140,7 +171,19 @@ class RankState:
     last_end: float = 0.0  # when its last op ended
     idle: float = 0.0  # the time it waited between its ops so far
     last_fb: Kind | None = None  # the kind of its last F or B (None before any)
+    least: Kind | None = None  # the recompute kind that keeps least on this rank
+    needs: dict[Kind, float] = field(default_factory=dict)  # recompute kind -> what one microbatch
+    # recomputed on all the rank's stages allocates at most through them (``need`` for a kept one)
+    keep_pass: float = 0.0  # what one recomputed microbatch's forwards keep through its stages (with
+    # the recompute that keeps least, or with cheap_target the one that costs least time)
+    slot: float = 0.0  # above what its forwards keep, the most one recomputed microbatch's recomputes
+    # bring back (the room one of them needs; one at a time is kept free)
+    kept: dict[Kind, float] = field(default_factory=dict)  # recompute kind -> what one microbatch's
+    # forwards keep through the rank's stages, recomputed with it
+    target: int = 0  # microbatches in flight the warm-up aims at (with recompute: room is kept for them)
+    unrecomputed: int = 0  # recomputed (stage, microbatch) of the rank whose recompute has not run
     started: int = 0  # microbatches whose first local forward ran
+    finished: int = 0  # microbatches whose W of its first local stage ran
     seen_b: bool = False  # its first B ran: the warm-up is over
 
 
@@ -157,14 +200,27 @@ class ListScheduler:
         self.f_cost, self.w_cost, self.f_mem = problem.cost[Kind.F], problem.cost[Kind.W], problem.mem[Kind.F]
         self.round_trip, self.head = _round_trips(problem), _forward_heads(problem)
         room = problem.activation_room or (math.inf,) * problem.ranks
+        # Recompute (problems that declare it, policy permitting): the kinds, cheapest first on each rank.
+        self.lighten = _recomputes(problem) if policy.recompute else ()
+        self.recomputed: dict[tuple[int, int], Kind] = {}  # (stage, microbatch) -> R or S, as started
         self.ranks = [
             RankState(
                 stages=sorted(stages, reverse=policy.late_stage_first), first=min(stages), last=max(stages),
-                room=room[r], need=problem.min_memory(r) - problem.static_memory[r] - problem.working_memory[r],
+                room=room[r], need=self._kept_need(r),
                 remaining=len(stages) * self.m * 3, depth=self.n - min(stages), stair=self.m,
+                needs={k: _pass_peak(problem, stages, k) for k in self.lighten},
             )
             for r, stages in enumerate(problem.rank_stages)
         ]
+        for rank, stages in zip(self.ranks, problem.rank_stages):
+            if self.lighten:
+                rank.least = min(self.lighten, key=lambda k: sum(problem.delta(F_, s, k) for s in stages))
+                cheapest = min(self.lighten, key=lambda k: sum(problem.cost[k][s] for s in stages))
+                basis = cheapest if policy.cheap_target else rank.least
+                rank.kept = {k: sum(problem.delta(F_, s, k) for s in stages) for k in self.lighten}
+                rank.keep_pass = rank.kept[basis]
+                rank.slot = max(rank.needs[k] - rank.kept[k] for k in self.lighten)
+                rank.target = rank.depth if problem.chunks == 1 else problem.ranks
         if policy.staircase and problem.chunks == 1:
             self._staircase()
         self.finish: dict[Op, float] = {}  # op -> its end, for every op run so far
@@ -172,6 +228,19 @@ class ListScheduler:
         self.next_b = [0] * self.n
         self.heap = [(0.0, r) for r in range(problem.ranks)]  # (clock, rank): always advance the earliest rank
         self.waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
+
+    def _kept_need(self, r: int) -> float:
+        """What one kept microbatch allocates at most through rank r's stages (``min_memory`` without
+        the policies, which it counts where the problem declares them)."""
+        problem = self.problem
+        if not problem.policies:
+            return problem.min_memory(r) - problem.static_memory[r] - problem.working_memory[r]
+        return _pass_peak(problem, problem.rank_stages[r], None)
+
+    def _delta(self, kind: Kind, s: int, mb: int) -> float:
+        """The memory delta of op (kind, s, mb) under the policy its microbatch was started with."""
+        policy = self.recomputed.get((s, mb)) if self.recomputed else None
+        return self.mem[kind][s] if policy is None else self.problem.delta(kind, s, policy)
 
     def _staircase(self) -> None:
         """Staircase warm-up depths, along the stages (one per rank): what memory holds, what ends
@@ -183,7 +252,8 @@ class ListScheduler:
             if rank.room == math.inf or rank.need <= 0:
                 cap = self.m
             else:
-                cap = int((rank.room + self.mtol.eps) // rank.need)
+                held = (rank.room + self.mtol.eps) // rank.need  # inf for a need as small as 5e-324
+                cap = self.m if held >= self.m else int(held)
             if policy.timed_warmup:
                 window = f[s] + self.round_trip[s] + (f[s] if policy.overrun_warmup else 0.0)
                 cap = min(cap, int((window + self.tol.eps) // f[s]))
@@ -227,26 +297,116 @@ class ListScheduler:
         return bs, fs
 
     def choose(self, r: int, t: float, bs: list[Op], fs: list[Op]) -> Op | None:
-        """What rank r runs at t (None: nothing now): a ready B or an admitted ready F (B first by
-        default), else a pending W where the policy lets it fill the wait."""
+        """What rank r runs at t (None: nothing now): a ready B (its recompute first, where due) or an
+        admitted ready F (B first by default), else a pending W where the policy lets it fill the
+        wait; with recompute, a forward started recomputed or a recompute ahead of its backward
+        (before or after that W, as the policy says)."""
         tol, policy, rank = self.tol, self.policy, self.ranks[r]
         ready_b = [op for op in bs if tol.le(self.arrival(op, r), t)]
         ready_f = [op for op in fs if tol.le(self.arrival(op, r), t)]
         admitted_f = [op for op in ready_f if self.admits(op, r)]
         if ready_b and (policy.b_first or not admitted_f):
-            return ready_b[0]
+            if not self.recomputed:
+                return ready_b[0]
+            for b in ready_b:  # the first B whose recompute ran (or needs none) or fits now, beside
+                due = self.recompute_due(b)  # the room promised to started microbatches' later forwards
+                if due is None or self.mtol.le(rank.level + rank.reserved + self._delta(due.kind, due.stage, due.mb),
+                                               rank.room):
+                    return due or b
+            if rank.pending_w:
+                return rank.pending_w.pop(0)  # a W frees memory for what the recompute brings back
+            return self.recompute_due(ready_b[0])
         if admitted_f:
             return admitted_f[0]
+        if self.lighten:
+            early = self.start_recomputed(r, ready_f) or (self.early_recompute(r, bs) if policy.early_recompute else None)
+            if early is not None and policy.recompute_before_w:
+                return self.chosen(early, r)
+        else:
+            early = None
         if rank.pending_w and (
             policy.eager_w or ready_f or self.fits_gap(r, t, rank.pending_w[0], self.wakers(r, bs, fs))
             or (policy.balance_w and self.gap_exceeds(r, t, self.wakers(r, bs, fs)))
         ):
             return rank.pending_w.pop(0)  # (ready_f here means F waits on memory: W frees it)
+        return None if early is None else self.chosen(early, r)
+
+    def start_recomputed(self, r: int, ready_f: list[Op]) -> Op | None:
+        """A ready forward that memory keeps from starting its microbatch kept, which may start it
+        recomputed (``admits_recomputed``); None if none."""
+        return next((op for op in ready_f if self.admits_recomputed(op, r) is not None), None)
+
+    def chosen(self, op: Op, r: int) -> Op:
+        """``op`` as rank r runs it: a forward that starts its microbatch recomputed marks the
+        microbatch recomputed on every stage of the rank (with the kind ``admits_recomputed`` picks)."""
+        if op.kind is F_:
+            kind = self.admits_recomputed(op, r)
+            stages = self.problem.rank_stages[r]
+            self.recomputed.update(((s, op.mb), kind) for s in stages)
+            self.ranks[r].remaining += len(stages)
+            self.ranks[r].unrecomputed += len(stages)
+        return op
+
+    def recompute_due(self, b: Op) -> Op | None:
+        """The recompute that must run before backward ``b``, if its microbatch recomputes and that
+        has not run yet."""
+        kind = self.recomputed.get((b.stage, b.mb)) if self.recomputed else None
+        if kind is None:
+            return None
+        op = Op(kind, b.stage, b.mb)
+        return None if op in self.finish else op
+
+    def early_recompute(self, r: int, bs: list[Op]) -> Op | None:
+        """A recompute rank r may run now, ahead of its backward's inputs: the one due before the
+        next B of a local stage, if memory holds what it brings back."""
+        rank = self.ranks[r]
+        for b in bs:
+            op = self.recompute_due(b)
+            # what it brings back fits, leaving room for a recompute of another local stage still to
+            # come (one stage's recomputes run in turn, each after the last one's backward)
+            other = rank.slot if len(rank.stages) > 1 and rank.unrecomputed > 1 else 0.0
+            if op is not None and self.mtol.le(rank.level + rank.reserved + self._delta(op.kind, op.stage, op.mb)
+                                               + other, rank.room):
+                return op
         return None
 
+    def admits_recomputed(self, op: Op, r: int) -> Kind | None:
+        """The recompute kind (cheapest in time over the rank's stages first) with which ``op``, a
+        ready forward that memory keeps waiting, may start its microbatch on rank r: its first local
+        forward, every gate of ``admits`` but memory passed, and one microbatch recomputed through
+        the rank's stages fits beside what the rank holds and has promised. None: none fits."""
+        rank, problem = self.ranks[r], self.problem
+        if op.stage != rank.first or not self.admits(op, r, memory=False):
+            return None
+        stages, more = problem.rank_stages[r], self.more(rank)
+        for kind in sorted(self.lighten, key=lambda k: sum(problem.cost[k][s] for s in stages)):
+            if self.room_for(rank, rank.kept[kind] + rank.slot + more * rank.keep_pass):
+                return kind
+        # Short of the warm-up depth anyway: the kind that keeps least, if one microbatch fits.
+        return rank.least if self.room_for(rank, rank.needs[rank.least]) else None
+
+    def room_for(self, rank: RankState, need: float) -> bool:
+        """Whether ``need`` fits on the rank beside what it holds (and, unless lean, has promised)."""
+        held = rank.level if self.policy.lean else rank.level + rank.reserved
+        return self.mtol.le(held + need, rank.room)
+
+    def to_come(self, rank: RankState) -> float:
+        """With recompute: the room a new microbatch leaves for the rest of the warm-up depth
+        (``target``), recomputed: their forwards' keep and one recompute's bring-back."""
+        more = self.more(rank)
+        if more > 0:
+            return more * rank.keep_pass + rank.slot
+        return rank.slot if rank.unrecomputed else 0.0  # room for the recompute still to come
+
+    def more(self, rank: RankState) -> int:
+        """How many microbatches short of the warm-up depth the rank is once it starts one more."""
+        return max(0, rank.target - (rank.started - rank.finished) - 1)
+
     def wakers(self, r: int, bs: list[Op], fs: list[Op]) -> list[Op]:
-        """The candidates whose arrival can end rank r's wait: a B, or an F that memory admits
-        (memory frees only by B and W here)."""
+        """The candidates whose arrival can end rank r's wait: a B, or an F that memory admits,
+        kept or (with recompute) recomputed (memory frees only by B and W here)."""
+        if self.lighten:
+            return bs + [f for f in fs if self.admits(f, r) or self.admits_recomputed(f, r) is not None]
         return bs + [f for f in fs if self.admits(f, r)]
 
     def wait(self, r: int, t: float, wakers: list[Op]) -> None:
@@ -289,12 +449,13 @@ class ListScheduler:
             out.append(f_hi + self.round_trip[hi])
         return out
 
-    def admits(self, op: Op, r: int) -> bool:
+    def admits(self, op: Op, r: int, memory: bool = True) -> bool:
         """May ``op`` (an F) run on rank r now? Only a microbatch's first forward on the rank is
-        gated: its later local forwards were reserved and must stay free to run (or it deadlocks)."""
+        gated: its later local forwards were reserved and must stay free to run (or it deadlocks).
+        ``memory`` False: every gate but memory (a kept microbatch's)."""
         policy, rank, mtol = self.policy, self.ranks[r], self.mtol
         if op.stage != rank.first:
-            return not policy.lean or mtol.le(rank.level + self.f_mem[op.stage], rank.room)
+            return not policy.lean or mtol.le(rank.level + self._delta(F_, op.stage, op.mb), rank.room)
         if policy.alternate and rank.seen_b and rank.last_fb == F_:
             return False  # steady state: a B between two new microbatches
         if policy.shallow_warmup and not rank.seen_b and rank.started >= rank.depth:
@@ -305,6 +466,10 @@ class ListScheduler:
             end = rank.clock + (0.0 if policy.overrun_warmup else self.f_cost[op.stage])
             if any(self.tol.gt(end, due) for due in self.first_arrivals(r)):
                 return False
+        if not memory:
+            return True
+        if self.lighten:  # a kept microbatch leaves room to reach the warm-up depth with recomputed ones
+            return self.room_for(rank, rank.need + self.to_come(rank))
         held = rank.level if policy.lean else rank.level + rank.reserved
         return mtol.le(held + rank.need, rank.room)
 
@@ -329,20 +494,43 @@ class ListScheduler:
         rank.last_end = rank.clock = self.finish[op] = end
         rank.ops.append(op)
         rank.remaining -= 1
-        rank.level += mem[kind][s]
-        if kind != W_:
+        rank.level += mem[kind][s] if not self.recomputed else self._delta(kind, s, op.mb)
+        if kind == F_ or kind == B_:
             rank.last_fb = kind
             rank.seen_b = rank.seen_b or kind == B_
         if kind == F_:
             if s == rank.first:
                 rank.started += 1
-                rank.reserved += sum(self.f_mem[x] for x in self.problem.rank_stages[r] if x != s)
+                rank.reserved += sum(self._delta(F_, x, op.mb) for x in self.problem.rank_stages[r] if x != s)
             else:
-                rank.reserved -= self.f_mem[s]
+                rank.reserved -= self._delta(F_, s, op.mb)
             self.next_f[s] += 1
         elif kind == B_:
             self.next_b[s] += 1
             rank.pending_w.append(Op(W_, s, op.mb))
+        elif kind == W_ and s == rank.first:
+            rank.finished += 1
+        elif kind != W_:  # a recompute
+            rank.unrecomputed -= 1
+
+
+def _pass_peak(problem: Problem, stages, kind: Kind | None) -> float:
+    """The highest activation level one microbatch reaches through ``stages`` (one rank's),
+    forwards ascending, then backward and weight gradient descending, each (stage, microbatch)
+    kept (``kind`` None) or recomputed with ``kind`` (R or S, brought back before its backward)."""
+    f, b, w = problem.mem_deltas
+    level = peak = 0.0
+    for s in stages:
+        level += problem.delta(F_, s, kind)
+        peak = max(peak, level)
+    for s in reversed(stages):
+        if kind is not None:
+            level += problem.delta(kind, s, kind)
+            peak = max(peak, level)
+        level += b[s]
+        peak = max(peak, level)
+        level += w[s]
+    return peak
 
 
 def _round_trips(problem: Problem) -> list[float]:
@@ -431,7 +619,10 @@ def best_greedy(problem: Problem, name: str) -> Schedule:
         over, objective, _ = score(policy)
         return not over and meets(objective, bound)
 
-    bound = lower_bound(problem).value
+    try:
+        bound = lower_bound(problem).value
+    except ValueError:  # the bounds refuse a kind (recompute, offload): no bound, so no early stop
+        bound = -math.inf
     flags = flags_for(problem)
     best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
     if better(other, best):

@@ -16,6 +16,16 @@ ops on one rank whose order no dependency fixes, a binary "a before b". Constrai
 - objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
   a variable below every start on the rank).
 
+Memory for time (a problem that declares ``recompute``): a binary z per (stage, microbatch) and
+recompute policy (R, and S with ``recompute.selective``; at most one of them per pair). Each R and
+S op is always in the model, lasting its time x z; where z = 0 it sits right after its F in the
+rank's order (for every other op c of the rank but the pair's other recompute op, c runs before
+the F exactly when it runs before the R: -z <= first(c, F) - first(c, R) <= z), so the deltas are
+constants (``common.model_deltas``) and the memory rows, at every F, R and S, stay linear. The
+schedule read back holds an R or S only where its z is 1. Offload is not modelled here (CP-SAT
+does): where the problem declares it the search covers the schedules without offload only, and
+its bound is dropped.
+
 The search: the whole model up to FULL_MODEL_OPS ops; above that, a large-neighbourhood search
 over windows of the incumbent's order (``_neighbourhoods``). The order found is re-timed by the
 simulator (as soon as possible) in the driver, which is never later than the ILP's times.
@@ -42,7 +52,8 @@ from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
-    WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, order_edges, register_backend,
+    RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, model_deltas, model_kinds, order_edges,
+    register_backend,
 )
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
 from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as README shows)
@@ -53,6 +64,20 @@ SOLUTION_SECONDS = 0.5  # kept after the solver's end to read its solution back
 WINDOW_OPS = 36  # ops per rank a neighbourhood reorders (about 12 microbatches' F, B, W)
 WINDOW_SECONDS = 20.0  # at most per neighbourhood (and at most half the time left)
 SPLIT = (Kind.F, Kind.B, Kind.W)  # the kinds of the model's ops: the backward split
+def augmented(problem: Problem, schedule: Schedule) -> Schedule:
+    """``schedule``'s compute lanes with every recompute op the model holds and the schedule does
+    not (a policy it did not choose) right after its F: the order the model sees it as."""
+    kinds = [k for k in RECOMPUTES if k in problem.policies]
+    held = set(schedule.ops())
+    per_rank = []
+    for ops in schedule.ranks:
+        out = []
+        for op in ops:
+            out.append(op)
+            if op.kind == Kind.F:
+                out += [x for k in kinds if (x := Op(k, op.stage, op.mb)) not in held]
+        per_rank.append(out)
+    return Schedule.from_lists(schedule.name, per_rank)
 
 class _Model:
     """The ILP of one problem, built with PuLP.
@@ -90,11 +115,20 @@ class _Model:
 
         self.problem = problem
         n, m = problem.n_stages, problem.microbatches
-        self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in SPLIT]
+        self.kinds = model_kinds(problem)
+        self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in self.kinds]
         self.index = index = {op: k for k, op in enumerate(self.ops)}
-        self.dur = [problem.cost[op.kind][op.stage] for op in self.ops]
+        self.cost = [problem.cost[op.kind][op.stage] for op in self.ops]
+        # The shortest each op can last (a recompute not chosen lasts 0): windows, cuts and edges.
+        self.dur = [0.0 if op.kind in RECOMPUTES else c for op, c in zip(self.ops, self.cost)]
+        self.held = set(keep.ops()) if keep is not None else set()  # the incumbent's ops (its policies)
+        if keep is not None:
+            keep = augmented(problem, keep)
 
         edges = order_edges(problem, self.ops, index, in_order=keep if keep is not None else False)
+        # B waits for every recompute op of its (stage, microbatch) (producers names the first).
+        edges += [(index[Op(k, s, i)], index[Op(Kind.B, s, i)], 0.0)
+                  for k in self.kinds if k in RECOMPUTES for s in range(n) for i in range(m)]
         self.free = set(range(len(self.ops)))  # ops whose order on their rank is open
         if keep is not None:
             self.free, kept = _kept_order(index, keep, window)
@@ -114,10 +148,19 @@ class _Model:
             self.lp.add_variable(f"s{k}", lowBound=earliest[k], upBound=max(earliest[k], latest[k]))
             for k in range(len(self.ops))
         ]
+        # Per recompute op, its binary: 1 when its (stage, microbatch) takes that policy.
+        self.chosen: dict[int, pulp.LpVariable] = {}
+        for k, op in enumerate(self.ops):
+            if op.kind in RECOMPUTES:
+                z = self.lp.add_variable(f"z{k}", cat="Binary")
+                if keep is not None and k not in self.free:  # outside the window: the incumbent's policy
+                    z.lowBound = z.upBound = 1 if op in self.held else 0
+                self.chosen[k] = z
         for a, b, lat in edges:
-            self.lp += self.start[b] >= self.start[a] + self.dur[a] + lat
+            self.lp += self.start[b] >= self.start[a] + self.length(a) + lat
         self.before: dict[tuple[int, int], pulp.LpVariable] = {}  # (a, b) with a < b: 1 if a first
         self._order_pairs(earliest, latest)
+        self._policy_rows()
         if problem.memory_limit is not None:
             self._memory_rows()
         slack = 1e-6 * max(1.0, abs(lower))  # float noise must not make the model infeasible
@@ -126,9 +169,41 @@ class _Model:
             self._rank_rows(r, ks, min(earliest[k] for k in ks))
         self.lp += self.C
 
+    def length(self, k: int):
+        """How long op k lasts: its cost, or for a recompute op its cost times its binary."""
+        z = self.chosen.get(k)
+        return self.cost[k] if z is None else self.cost[k] * z
+
+    def _policy_rows(self) -> None:
+        """Per (stage, microbatch): at most one recompute policy; a recompute op not chosen sits
+        right after its F (every other op of the rank but the other recompute op is before both or
+        after both), so its F's and its deltas, constants, sum to what the chosen policy holds."""
+        by_pair: dict[tuple[int, int], dict[Kind, int]] = {}
+        for k, op in enumerate(self.ops):
+            by_pair.setdefault((op.stage, op.mb), {})[op.kind] = k
+        rank_of = self.problem.stage_rank
+        for (s, i), ks in by_pair.items():
+            zs = [self.chosen[ks[k]] for k in RECOMPUTES if k in ks]
+            if len(zs) > 1:
+                self.lp += sum(zs) <= 1
+            f = ks[Kind.F]
+            mine = {ks[k] for k in RECOMPUTES if k in ks}
+            for x in mine:
+                z = self.chosen[x]
+                for c in self.on_rank[rank_of[s]]:
+                    if c == f or c in mine:
+                        continue
+                    diff = self._first(c, f) - self._first(c, x)
+                    if isinstance(diff, int):
+                        if diff:
+                            self.lp += z >= 1  # an edge puts c between F and it: it must be chosen
+                        continue
+                    self.lp += diff <= z
+                    self.lp += diff >= -z
+
     def _order_pairs(self, earliest: list[float], latest: list[float]) -> None:
         """A binary and two big-M rows for each pair of open ops on a rank that no edge orders."""
-        start, dur = self.start, self.dur
+        start, dur, length = self.start, self.cost, self.length
         for ks in self.on_rank:
             open_ks = [k for k in ks if k in self.free]  # other pairs are fixed by keep's order
             for x, a in enumerate(open_ks):
@@ -144,8 +219,8 @@ class _Model:
                     # Each big-M: the most start[a] + dur[a] - start[b] can be when b goes first.
                     m_ab = max(0.0, max(earliest[a], latest[a]) + dur[a] - earliest[b])
                     m_ba = max(0.0, max(earliest[b], latest[b]) + dur[b] - earliest[a])
-                    self.lp += start[b] >= start[a] + dur[a] - m_ab * (1 - y)
-                    self.lp += start[a] >= start[b] + dur[b] - m_ba * y
+                    self.lp += start[b] >= start[a] + length(a) - m_ab * (1 - y)
+                    self.lp += start[a] >= start[b] + length(b) - m_ba * y
 
     def _first(self, a: int, b: int):
         """1 if op a runs before op b on their rank (a constant when an edge fixes it)."""
@@ -156,19 +231,20 @@ class _Model:
         return self.before[a, b] if a < b else 1 - self.before[b, a]
 
     def _memory_rows(self) -> None:
-        """At every open F: what the rank holds, its own allocation included, fits its room."""
+        """At every open op that allocates (F, and R and S): what the rank holds, its own
+        allocation included, fits its room (``model_deltas``: constants whatever the policy)."""
         import pulp
 
-        problem, mem = self.problem, self.problem.mem
+        problem = self.problem
+        deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
+        delta = [deltas[op.stage][op.kind] for op in self.ops]
         for r, ks in enumerate(self.on_rank):
             room = problem.activation_room[r]
             for o in ks:
                 op = self.ops[o]
-                if op.kind != Kind.F or o not in self.free:  # outside the window its level is keep's
+                if op.kind not in (Kind.F, *RECOMPUTES) or o not in self.free:  # outside the window: keep's level
                     continue
-                held = mem[Kind.F][op.stage] + pulp.lpSum(
-                    mem[self.ops[a].kind][self.ops[a].stage] * self._first(a, o) for a in ks if a != o
-                )
+                held = delta[o] + pulp.lpSum(delta[a] * self._first(a, o) for a in ks if a != o)
                 self.lp += held <= room
 
     def _rank_rows(self, r: int, ks: list[int], earliest_start: float) -> None:
@@ -195,6 +271,9 @@ class _Model:
             self.lp += start[o] >= first_start + before
         if problem.memory_limit is None:
             return
+        if self.chosen:
+            self._policy_memory_time(r, ks, first_start)
+            return
         # Memory-time: frees count from their op's start, as in the memory rows above, so
         # the level never exceeds the room between the rank's first start and C (+ it).
         held = []
@@ -206,10 +285,36 @@ class _Model:
         window_length = self.C if problem.objective == "span" else self.C - first_start
         self.lp += pulp.lpSum(held) <= problem.activation_room[r] * window_length
 
+    def _policy_memory_time(self, r: int, ks: list[int], first_start) -> None:
+        """The memory-time cut where the model holds recompute ops: the rank's level integrated
+        over its window, sum over its ops of -delta x the instant it counts (an op's start for F, R
+        and S, its end for B and W: the level of every (stage, microbatch) returns to 0), is at most
+        the room times the window. With the constant deltas (``model_deltas``), a recompute op not
+        chosen counts from its F's end or later, so the model's integral is at most the real one:
+        every real schedule keeps the cut."""
+        import pulp
+
+        problem, start, cost = self.problem, self.start, self.cost
+        deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
+        held = []
+        for k in ks:
+            op = self.ops[k]
+            d = deltas[op.stage][op.kind]
+            at = start[k] + cost[k] if op.kind in (Kind.B, Kind.W) else start[k]
+            held.append(-d * at)
+        window_length = self.C if problem.objective == "span" else self.C - first_start
+        self.lp += pulp.lpSum(held) <= problem.activation_room[r] * window_length
+
     def warm(self, timeline: Timeline) -> None:
         """Start the search from ``timeline``'s order and times (its W of each stage handed to
-        the microbatches in B order, as the model has them: same times, same memory)."""
-        times = {op: s for op, (_, s, _) in timeline.op_times().items()}
+        the microbatches in B order, as the model has them: same times, same memory; a recompute
+        op it does not hold right after its F, lasting 0)."""
+        spans = timeline.op_times()
+        times = {op: s for op, (_, s, _) in spans.items()}
+        tie = {op: 1 for op in times}  # at one instant, an op not held (lasting 0) comes first
+        for op in self.ops:
+            if op not in times:  # a recompute op the incumbent does not hold: at its F's end
+                times[op], tie[op] = spans[Op(Kind.F, op.stage, op.mb)][2], 0
         if self.twins:
             for s in range(self.problem.n_stages):
                 slots = sorted(times[Op(Kind.W, s, i)] for i in range(self.problem.microbatches))
@@ -219,15 +324,22 @@ class _Model:
         for k, op in enumerate(self.ops):  # the simulator's sums may pass a window's by rounding
             x = self.start[k]
             x.setInitialValue(min(max(times[op], x.lowBound), x.upBound))
+        key = [(times[op], tie[op], self.kinds.index(op.kind)) for op in self.ops]
         for (a, b), y in self.before.items():
-            y.setInitialValue(1 if times[self.ops[a]] < times[self.ops[b]] else 0)
+            y.setInitialValue(1 if key[a] < key[b] else 0)
+        for k, z in self.chosen.items():
+            z.setInitialValue(1 if self.ops[k] in spans else 0)
         self.C.setInitialValue(timeline.objective_value())
 
     def schedule(self, name: str) -> Schedule | None:
+        """The order the solution's start times give, holding each recompute op only where its
+        policy is chosen."""
         values = [v.value() for v in self.start]
         if any(v is None for v in values):
             return None
-        per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (values[k], k))] for ks in self.on_rank]
+        dropped = {k for k, z in self.chosen.items() if z.value() is None or z.value() < 0.5}
+        per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (values[k], k)) if k not in dropped]
+                    for ks in self.on_rank]
         return Schedule.from_lists(name, per_rank)
 
 
@@ -333,9 +445,14 @@ class _Solved:
 def _pulp_search(problem: Problem, incumbent: Timeline, settings: Settings, solver: str) -> Found:
     """The search backend of a PuLP solver: the whole ILP up to FULL_MODEL_OPS ops, above that a
     large-neighbourhood search over windows of the incumbent's order (no bound of its own)."""
-    if problem.n_stages * problem.microbatches * len(SPLIT) <= FULL_MODEL_OPS:
-        return solve_pulp(problem, incumbent, settings, solver)
-    return _neighbourhoods(problem, incumbent, settings, solver)
+    if incumbent.schedule.copy:
+        return Found(None, None, [], "not searched: the ILP does not model offload (the incumbent offloads)")
+    if problem.n_stages * problem.microbatches * len(model_kinds(problem)) > FULL_MODEL_OPS:
+        return _neighbourhoods(problem, incumbent, settings, solver)
+    found = solve_pulp(problem, incumbent, settings, solver)
+    if Kind.O in problem.policies:  # its bound is over the schedules that do not offload only
+        return replace(found, bound=None, note=f"{found.note} (bound dropped: the ILP does not model offload)")
+    return found
 
 
 @register_backend("cbc")  # CBC, bundled with PuLP: the default
@@ -355,7 +472,7 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
     left for one more window), at the lower bound, or after a sweep without improvement. Gives no
     bound of its own; its note is "time limit" when the budget stopped it."""
     best, budget = incumbent, settings.budget
-    k = max(2, WINDOW_OPS // (len(SPLIT) * problem.chunks))
+    k = max(2, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks))
     starts = list(range(0, max(1, problem.microbatches - k + 1), max(1, k // 2)))
     history: list[Progress] = []
     binaries = 0
@@ -371,7 +488,7 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
                 return Found(best.schedule, None, history, "time limit", binaries)
             began = time.perf_counter()
             window = []
-            for ops in best.schedule.ranks:
+            for ops in augmented(problem, best.schedule).ranks:  # the order the model sees
                 pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
                 window.append(range(min(pos), max(pos) + 1) if pos else range(0))
             one = replace(settings, budget=budget.share(0.5).at_most(WINDOW_SECONDS), gap=0.0, progress=None)

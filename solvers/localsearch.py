@@ -19,6 +19,13 @@ problems of any size: move single ops on a rank, keep what the simulator's repla
    becomes the current one (so the search walks plateaus), else it goes back to the best. The
    random generator is seeded: with time to spare, the same problem gives the same schedule.
 
+Where the problem allows recompute (R, S), a move may also change one (stage, microbatch)'s
+policy: drop its recompute op, swap it for the other (R for S), or (in kicks) recompute it, the
+op placed right before its B. The evaluator holds every recompute op the problem allows; one that
+is not chosen lasts 0 right after its F, so every op's memory delta is a constant
+(``common.model_deltas``, as in the ILP). A schedule that offloads (a copy lane) is returned as
+given: the search does not model the copy lane.
+
 A move is kept when the order still fits the memory limit and is strictly better by (objective,
 sum over ranks of their span or end): the second key lets the search cross plateaus where only a
 non-critical rank gets shorter. Orders are judged by ``schedc.simulate.replay`` (the simulator's
@@ -38,12 +45,14 @@ from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
+from schedc.solvers.common import RECOMPUTES, model_deltas, model_kinds
 from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
 
 PATIENCE = 200  # kicks in a row without a better schedule before the search stops
 KICK_MOVES = 4  # at most this many random moves per kick
 KICK_REACH = 6  # each by at most this many places
+KICK_POLICY = 0.3  # the chance that a kick's move changes a policy (where the problem allows recompute)
 
 Orders = list[list[int]]  # per rank, op ids in order
 Score = tuple[float, float]
@@ -55,28 +64,70 @@ class _Evaluator:
 
     def __init__(self, problem: Problem, schedule: Schedule):
         where = schedule.check_complete(problem)
-        self.ops = list(where)
-        self.index = {op: k for k, op in enumerate(self.ops)}
-        self.dur = [problem.cost[op.kind][op.stage] for op in self.ops]
-        self.mem = [problem.mem[op.kind][op.stage] for op in self.ops]
-        self.deps = dependencies(problem, self.ops, self.index, where)
+        kinds = model_kinds(problem)
+        if any(op.kind not in kinds for op in where):  # a fused backward, or a copy lane
+            self.ops = list(where)
+        else:  # every op the problem allows, each recompute op whether chosen or not
+            self.ops = [Op(k, s, i) for s in range(problem.n_stages) for i in range(problem.microbatches)
+                        for k in kinds]
+        self.index = index = {op: k for k, op in enumerate(self.ops)}
+        self.cost = [problem.cost[op.kind][op.stage] for op in self.ops]
+        self.dur = list(self.cost)
+        deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
+        self.mem = [deltas[op.stage].get(op.kind, problem.mem[op.kind][op.stage]) for op in self.ops]
+        self.deps = dependencies(problem, self.ops, index, index)
+        # Recompute ops: B waits for each (producers names the first); per F, those of its pair.
+        self.recompute = {k for k, op in enumerate(self.ops) if op.kind in RECOMPUTES}
+        self.after_f: dict[int, list[int]] = {}
+        self.partner: dict[int, int] = {}  # a recompute op -> the other one of its pair (R <-> S)
+        for k in self.recompute:
+            op = self.ops[k]
+            f = index[Op(Kind.F, op.stage, op.mb)]
+            self.after_f.setdefault(f, []).append(k)
+            self.deps[index[Op(Kind.B, op.stage, op.mb)]].append((k, 0.0))
+        for ks in self.after_f.values():
+            ks.sort()
+            if len(ks) == 2:
+                self.partner[ks[0]], self.partner[ks[1]] = ks[1], ks[0]
+        self.b_of = {k: index[Op(Kind.B, self.ops[k].stage, self.ops[k].mb)] for k in self.recompute}
         rooms, mtol = problem.activation_room, problem.memory_tol
         self.room = None if rooms is None else [room + mtol.eps for room in rooms]
         self.makespan = problem.objective == "makespan"
         self.tol = problem.time_tol
 
     def orders(self, schedule: Schedule) -> Orders | None:
-        """``schedule``'s order as op ids, or None when it holds other ops (a fused backward)."""
+        """``schedule``'s order as op ids (the recompute ops it holds: its policies), or None when
+        it holds other ops (a fused backward, a copy lane)."""
+        if schedule.copy:
+            return None
         try:
             orders = [[self.index[op] for op in ops] for ops in schedule.ranks]
         except KeyError:
             return None
-        return orders if sum(map(len, orders)) == len(self.ops) else None
+        return orders if sum(map(len, orders)) == len(self.ops) - len(self.recompute) + sum(
+            k in self.recompute for ks in orders for k in ks) else None
 
     def schedule(self, name: str, orders: Orders) -> Schedule:
         return Schedule.from_lists(name, [[self.ops[k] for k in ks] for ks in orders])
 
+    def expanded(self, orders: Orders) -> Orders:
+        """Every op of the evaluator: the recompute ops ``orders`` does not hold right after their F."""
+        if not self.recompute:
+            return orders
+        held = {k for ks in orders for k in ks if k in self.recompute}
+        out = []
+        for ks in orders:
+            new = []
+            for k in ks:
+                new.append(k)
+                for x in self.after_f.get(k, ()):
+                    if x not in held:
+                        new.append(x)
+            out.append(new)
+        return out
+
     def fits(self, orders: Orders) -> bool:
+        """Whether the (expanded) orders keep every rank within its room."""
         if self.room is None:
             return True
         for r, ks in enumerate(orders):
@@ -89,13 +140,22 @@ class _Evaluator:
         return True
 
     def run(self, orders: Orders):
-        """``(score, start, end)`` of the replayed orders, or None when they deadlock or break
-        the memory limit."""
-        if not self.fits(orders):
+        """``(score, start, end)`` of the replayed orders (times aligned with ``orders``), or None
+        when they deadlock or break the memory limit."""
+        full = self.expanded(orders)
+        if not self.fits(full):
             return None
-        start, end, pos = replay(orders, self.deps, self.dur)
-        if any(pos[r] < len(ks) for r, ks in enumerate(orders)):
+        dur = self.dur
+        if self.recompute:
+            held = {k for ks in orders for k in ks if k in self.recompute}
+            dur = [0.0 if k in self.recompute and k not in held else c for k, c in enumerate(self.cost)]
+        start, end, pos = replay(full, self.deps, dur)
+        if any(pos[r] < len(ks) for r, ks in enumerate(full)):
             return None
+        if full is not orders:  # the times of the ops ``orders`` holds
+            keep = [[x for x, k in enumerate(ks) if k not in self.recompute or k in held] for ks in full]
+            start = [[ss[x] for x in kx] for ss, kx in zip(start, keep)]
+            end = [[es[x] for x in kx] for es, kx in zip(end, keep)]
         return _score(start, end, self.makespan), start, end
 
     def score(self, orders: Orders) -> Score | None:
@@ -130,6 +190,38 @@ def _moved(orders: Orders, r: int, i: int, j: int) -> Orders:
     return out
 
 
+Move = tuple  # (rank, from, to): move an op; (rank, at, None, op): a policy move (see _apply)
+
+
+def _apply(ev: _Evaluator, orders: Orders, move: Move) -> Orders:
+    """``orders`` after ``move``: (r, i, j) moves rank r's op at i to j; (r, i, None, k) puts
+    recompute op k in place of the op at i (None: drops it; a recompute op: swaps it for k) or,
+    with i None, adds k right before its B."""
+    if move[2] is not None:
+        return _moved(orders, *move)
+    r, i, _, k = move
+    out = orders[:]
+    out[r] = new = orders[r][:]
+    if i is None:
+        new.insert(new.index(ev.b_of[k]), k)
+    elif k is None:
+        del new[i]
+    else:
+        new[i] = k
+    return out
+
+
+def _policy_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
+    """On ``ranks``: drop each recompute op (its pair keeps its activation), or swap it for the
+    other policy's."""
+    for r in ranks:
+        for i, k in enumerate(orders[r]):
+            if k in ev.recompute:
+                yield r, i, None, None
+                if k in ev.partner:
+                    yield r, i, None, ev.partner[k]
+
+
 def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bool) -> Iterator[tuple[int, int, int]]:
     """(rank, from, to) moves, targeted ones first; the reach-neighbourhood only when ``full``."""
     where = {k: (r, i) for r, ks in enumerate(orders) for i, k in enumerate(ks)}
@@ -153,7 +245,7 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
                 if new(r, k, i):
                     yield r, k, i
             # hurry the input that arrived last
-            deps = ev.deps[ks[i]]
+            deps = [d for d in ev.deps[ks[i]] if d[0] in where]  # (a recompute op not held: not an input)
             if deps:
                 last = max(deps, key=lambda d: end[where[d[0]][0]][where[d[0]][1]] + d[1])[0]
                 rd, id_ = where[last]
@@ -162,6 +254,7 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
                         yield rd, id_, id_ - k
     if not full:
         return
+    yield from _policy_moves(ev, orders, critical)
     for r in critical:
         for i in range(len(orders[r])):
             for d in range(1, reach + 1):
@@ -177,10 +270,10 @@ def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: boo
     improved = True
     while improved and not budget.expired():
         improved = False
-        for r, i, j in _candidates(ev, orders, start, end, reach, full):
+        for move in _candidates(ev, orders, start, end, reach, full):
             if budget.expired():
                 break
-            trial = _moved(orders, r, i, j)
+            trial = _apply(ev, orders, move)
             out = ev.run(trial)
             if out is not None and _better(out[0], s, ev.tol):
                 orders, (s, start, end), improved = trial, out, True
@@ -191,9 +284,25 @@ def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: boo
 
 
 def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
-    """A few random single-op moves, each kept only when the order stays feasible."""
+    """A few random single-op moves, each kept only when the order stays feasible; where the
+    problem allows recompute, some of them change a (stage, microbatch)'s policy."""
     for _ in range(rng.randint(1, KICK_MOVES)):
         for _ in range(20):  # tries for one feasible move
+            if ev.recompute and rng.random() < KICK_POLICY:
+                held = {k for ks in orders for k in ks if k in ev.recompute}
+                k = rng.choice(sorted(ev.recompute))
+                r = next(r for r, ks in enumerate(orders) if ev.b_of[k] in ks)
+                if k in held:
+                    move = (r, orders[r].index(k), None, None)
+                elif k in ev.partner and ev.partner[k] in held:
+                    move = (r, orders[r].index(ev.partner[k]), None, k)
+                else:
+                    move = (r, None, None, k)
+                trial = _apply(ev, orders, move)
+                if ev.run(trial) is not None:
+                    orders = trial
+                    break
+                continue
             r = rng.randrange(len(orders))
             n = len(orders[r])
             if n < 2:
@@ -225,6 +334,8 @@ def improve(
     runs out or the search ends; returns the best Timeline found (``start`` itself when nothing
     beats it). ``progress(objective)`` hears of each better schedule. It stops early once the
     objective is at most ``enough`` (a proven lower bound)."""
+    if start.schedule.copy:  # the copy lane is not modelled: nothing to search
+        return start
     ev = _Evaluator(problem, start.schedule)
     best_s = score(start)
     best = ev.orders(start.schedule)

@@ -161,31 +161,35 @@ def _judge(problem: Problem, name: str, schedule: Schedule, warm_start: bool, be
 
 
 def unfuse(schedule: Schedule) -> Schedule:
-    """The same schedule with every fused BW as B then W (identical times, memory and order)."""
+    """The same schedule with every fused BW as B then W (identical times, memory and order; the
+    copy lane as it was)."""
     per_rank = []
     for ops in schedule.ranks:
         out = []
         for op in ops:
             out += [Op(Kind.B, op.stage, op.mb), Op(Kind.W, op.stage, op.mb)] if op.kind == Kind.BW else [op]
         per_rank.append(out)
-    return Schedule.from_lists(schedule.name, per_rank)
+    return Schedule.from_lists(schedule.name, per_rank, schedule.copy)
 
 
 def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
     """Some rank holds more than its limit (clearly: beyond rounding) once the allocations and
-    frees of its ops so far, in order, are counted: the simulator, which holds a free's memory
-    until its op ends, then finds the rank over its limit too. A quick test, in one pass over the
-    ops, that spares simulating a schedule that cannot fit."""
+    frees of its ops so far, in order, are counted, each op's delta under its (stage, microbatch)'s
+    policy (``Problem.delta``): the simulator, which holds a free's memory until its op ends, then
+    finds the rank over its limit too. A quick test, in one pass over the ops, that spares
+    simulating a schedule that cannot fit. A schedule with a copy lane is never ruled out here:
+    its memory depends on when the lanes' ops run, which only the simulator knows."""
     rooms = problem.activation_room
-    if rooms is None:
+    if rooms is None or schedule.copy:
         return False
-    mem = problem.mem
+    policy = schedule.policies() if problem.policies else {}
+    mem, delta = problem.mem, problem.delta
     clearly = Tolerance.of(problem.memory_scale, 1e-6)  # looser than the simulator's memory_tol
     for r, ops in enumerate(schedule.ranks):
         room = rooms[r] + clearly.eps
         level = 0.0
         for op in ops:
-            level += mem[op.kind][op.stage]
+            level += delta(op.kind, op.stage, policy.get((op.stage, op.mb))) if policy else mem[op.kind][op.stage]
             if level > room:
                 return True
     return False

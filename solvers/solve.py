@@ -5,7 +5,9 @@ ablation study call ``solve`` (registered as the search "ilp").
 The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 
 1. warm start: the registry's schedules judged with the backward split (``registry.evaluate``),
-   plus any candidates the caller gives; the best that fits is the incumbent;
+   plus any candidates the caller gives, plus (where the problem allows recompute or offload)
+   every registry order with the fewest recomputes that fit, or everything offloaded
+   (``recomputed_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/common.py``: CBC and HiGHS in
    ``solvers/ilp.py``, CP-SAT in ``solvers/cpsat.py``), given ``Settings`` and returning
@@ -22,13 +24,15 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from schedc.errors import SchedcError
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
-from schedc.solvers.common import BACKENDS, WINDOW_MIN_SECONDS, Found, Progress, Settings
+from schedc.solvers.common import BACKENDS, COPY_LANE, RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import Budget, in_child
 from schedc.solvers.localsearch import improve
+from schedc.solvers.memtime import everywhere, fit_recompute, with_policies
 from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
 from schedc.tolerance import Tolerance, meets
 
@@ -58,6 +62,11 @@ class SolveResult:
     def gap(self) -> float:
         return (self.objective - self.bound) / self.objective if self.objective > 0 else 0.0
 
+    @property
+    def policies(self) -> dict[str, int]:
+        """Policy name -> how many (stage, microbatch) of the schedule use it."""
+        return self.schedule.policy_counts()
+
     def summary(self) -> dict:
         t = self.timeline
         return {
@@ -78,6 +87,7 @@ class SolveResult:
             "seconds": self.seconds,
             "binaries": self.binaries,
             "not_evaluated": list(self.not_evaluated),
+            **({"policies": self.policies} if self.timeline.problem.policies else {}),
         }
 
 
@@ -95,6 +105,7 @@ class RegistryRun:
     fused: list[tuple[str, Timeline]]
     not_evaluated: list[str]
     simulate_seconds: float
+    built: list[tuple[str, Schedule]] = field(default_factory=list)  # every one built (backward split), fitting or not
 
 
 def evaluate_registry(
@@ -108,7 +119,46 @@ def evaluate_registry(
         fused=[(e.name, e.as_built) for e in judged if e.as_built is not None],
         not_evaluated=[e.name for e in judged if e.reason == NOT_EVALUATED],
         simulate_seconds=max((e.simulate_seconds for e in judged), default=0.0),
+        built=[(e.name, e.schedule) for e in judged if e.schedule is not None],
     )
+
+
+def recomputed_candidates(
+    problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]
+) -> list[tuple[str, Timeline]]:
+    """Where the problem allows recompute: each registry schedule built without policies, with per
+    rank the fewest microbatches recomputed that bring it within the limit (``memtime.
+    fit_recompute``, for each recompute policy the problem allows), judged; those that fit, until
+    ``budget`` runs out once one does. So a limit only recompute can meet starts from the best
+    order any registry schedule gives, not only from those the registry recomputes itself."""
+    kinds = [k for k in RECOMPUTES if k in problem.policies]
+    offload = Kind.O in problem.policies
+    if not (kinds or offload) or problem.activation_room is None:
+        return []
+    out: list[tuple[str, Timeline]] = []
+    fits = {name for name, _ in run.fitting}
+    for name, schedule in run.built:
+        if schedule.policies() or schedule.copy or name in fits:  # (one that fits as it is needs no policy)
+            continue
+        for kind in kinds:
+            if out and budget.expired():
+                return out
+            try:
+                t = simulate(problem, fit_recompute(problem, schedule, kind, f"{name}+fit-{kind.value}"))
+            except SchedcError:
+                continue
+            if t.fits:
+                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
+                out.append((t.schedule.name, t))
+        if offload and not (out and budget.expired()):  # every activation offloaded: the least held
+            try:
+                t = simulate(problem, with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload"))
+            except SchedcError:
+                continue
+            if t.fits:
+                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
+                out.append((t.schedule.name, t))
+    return out
 
 
 def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
@@ -239,6 +289,7 @@ def solve(
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
     run = evaluate_registry(problem, budget.share(warm_share), clock.say)
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
+    run.fitting.extend(recomputed_candidates(problem, run, budget.share(warm_share), clock.say))
     warm = best_registry_schedule(problem, run.fitting)
     if warm is None:
         raise SchedcError(
@@ -278,7 +329,12 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         clock.say("search: time limit, no time left to search")
         return out
     clock.say(f"search: {call.solver}, {left:.1f} s left")
-    out.found = BACKENDS[call.solver](problem, out.best, settings)
+    start = out.best
+    if start.schedule.copy and call.solver not in COPY_LANE:  # it does not model the copy lane: the best that does not offload
+        plain = [t for t in (polished, *(t for _, t in run.fitting)) if t.fits and not t.schedule.copy]
+        if plain:
+            start = min(plain, key=lambda t: t.objective_value())
+    out.found = BACKENDS[call.solver](problem, start, settings)
     if out.found.schedule is not None:
         t = simulate(problem, out.found.schedule.renamed("ilp"))
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):

@@ -531,3 +531,81 @@ def span_with_delays(problem, orders):
         if D[p][v] > NONE:
             best = max(best, min((D[p][v] - D[k][v]) / (p - k) for k in range(p) if D[k][v] > NONE))
     return best
+
+
+# ---- recompute: every policy and every order (tiny problems only) ----
+
+
+def policy_optimum(problem, objective=None):
+    """The best objective over every split schedule of ``problem`` with any recompute policy (R, S
+    where the problem allows them; not offload) per (stage, microbatch) and any per-rank order that
+    respects the dependencies among the rank's ops, judged by schedc's simulator; returns
+    ``(value, schedule)``. Microbatches enter stage 0 in order (they are interchangeable, policies
+    included). Tiny problems only: it enumerates."""
+    import itertools
+
+    from schedc import Op, Schedule, ScheduleError, simulate
+    from schedc.kinds import Kind
+
+    objective = objective or problem.objective
+    n, m = problem.n_stages, problem.microbatches
+    choices = [None] + [k for k in (Kind.R, Kind.S) if k in problem.policies]
+    pairs = [(s, i) for s in range(n) for i in range(m)]
+    room = problem.activation_room
+    best, best_schedule = math.inf, None
+    for policy in itertools.product(choices, repeat=len(pairs)):
+        pol = dict(zip(pairs, policy))
+        per_rank = []
+        for r in range(problem.ranks):
+            orders = [o for o in _rank_orders(problem, r, pol)
+                      if room is None or _fits(problem, o, pol, room[r] + problem.memory_tol.eps)]
+            per_rank.append(orders)
+        for ranks in itertools.product(*per_rank):
+            try:
+                t = simulate(problem, Schedule("any", tuple(tuple(Op(*op) for op in ops) for ops in ranks)))
+            except ScheduleError:
+                continue
+            if t.fits and t.objective_value(objective) < best:
+                best, best_schedule = t.objective_value(objective), t.schedule
+    return best, best_schedule
+
+
+def _rank_orders(problem, r, pol):
+    """Every order of rank r's ops under policies ``pol`` that respects the dependencies among them."""
+    stages, m = problem.rank_stages[r], problem.microbatches
+    before = {}
+    for s in stages:
+        for i in range(m):
+            k = pol[(s, i)]
+            before[("F", s, i)] = {("F", t, i) for t in stages if t < s} | (
+                {("F", s, i - 1)} if s == 0 and i > 0 else set())
+            bring = {("F", s, i)}
+            if k is not None:
+                before[(k.value, s, i)] = {("F", s, i)}
+                bring = {(k.value, s, i)}
+            before[("B", s, i)] = bring | {("B", t, i) for t in stages if t > s}
+            before[("W", s, i)] = {("B", s, i)}
+    out = []
+
+    def extend(prefix, done):
+        if len(prefix) == len(before):
+            out.append(tuple(prefix))
+        for op, needs in before.items():
+            if op not in done and needs <= done:
+                extend(prefix + [op], done | {op})
+
+    extend([], frozenset())
+    return out
+
+
+def _fits(problem, order, pol, room):
+    """Whether one rank's order stays within ``room`` (one lane: the order alone decides)."""
+    from schedc.kinds import Kind
+
+    level = 0.0
+    for kind, s, i in order:
+        d = problem.delta(Kind(kind), s, pol[(s, i)])
+        if level + max(d, 0.0) > room:
+            return False
+        level += d
+    return True

@@ -1,0 +1,247 @@
+"""Memory for time as users choose it today: a schedule plus a policy per (stage, microbatch).
+
+One transform serves every baseline here (``with_policies``): it takes any schedule and a map
+(stage, microbatch) -> policy op (R full recompute, S selective recompute, O offload) and puts
+the ops of each policy where the frameworks run them:
+
+- R or S right before the backward (B or fused BW) of its (stage, microbatch) on the compute lane
+  (Megatron-LM's ``--recompute-granularity full|selective``: the forward again, just before the
+  backward that needs it);
+- O on the rank's copy lane after its forward, L before its backward; the copy lane's order
+  follows the times the simulator gives the schedule without the copies: each O when its forward
+  ends, the reloads packed as late as they can end before their backwards (as the zero-bubble
+  authors' offload scheduler places them), merged by time.
+
+The registry schedules built on it are the baselines of issue 25: 1F1B and interleaved 1F1B with
+full and with selective recompute, ZB-H1 with full recompute, 1F1B with per-stage recompute sized
+so that each rank just fits the limit (AdaPipe's idea), and ZB-V with the offloads its copy lane
+can hide (in the spirit of PipeOffload). The simulator judges each, as every schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from schedc.errors import ScheduleError
+from schedc.kinds import BACKWARDS, OPTIONAL, ROWS, Kind, check_supported
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule
+from schedc.simulate import simulate
+from schedc.solvers import heuristics, vshape  # noqa: F401  (register the schedules built on here)
+from schedc.solvers.registry import REGISTRY, Builder, register
+
+Policy = Mapping[tuple[int, int], Kind]  # (stage, microbatch) -> R, S or O; absent: kept
+_RECOMPUTES = frozenset(k for k, row in ROWS.items() if row.lightens)  # R, S: on the compute lane
+_OFFLOAD = next(k for k, row in ROWS.items() if row.policy == "offload")  # O
+_RELOAD = next(k for k, row in ROWS.items() if row.comes_with is _OFFLOAD)  # L
+
+
+def plain(schedule: Schedule) -> Schedule:
+    """``schedule`` without any policy op (every (stage, microbatch) kept, no copy lane)."""
+    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind not in OPTIONAL) for ops in schedule.ranks))
+
+
+def with_policies(problem: Problem, schedule: Schedule, policy: Policy, name: str | None = None) -> Schedule:
+    """``schedule`` with each (stage, microbatch) of ``policy`` recomputed or offloaded (any policy
+    ops ``schedule`` held are replaced): R or S right before its backward on the compute lane; O
+    after its forward and L before its backward on the copy lane, ordered by the times the
+    simulator gives the schedule without copies. A policy the problem does not declare is a
+    ScheduleError naming it."""
+    name = name or schedule.name
+    try:
+        check_supported(set(policy.values()), f"schedule {name!r}", problem.policies)
+    except ValueError as e:
+        raise ScheduleError(f"{e}: declare its section in the problem (recompute, recompute.selective, offload)") from None
+    base = plain(schedule)
+    ranks = tuple(_with_recomputes(ops, policy) for ops in base.ranks)
+    offloaded = {key for key, kind in policy.items() if kind is _OFFLOAD}
+    if not offloaded:
+        return Schedule(name, ranks)
+    times = simulate(problem, Schedule(name, ranks)).op_times()  # without the copies
+    copy = tuple(_copy_lane(problem, ops, offloaded, times) for ops in ranks)
+    return Schedule(name, ranks, copy)
+
+
+def _with_recomputes(ops: tuple[Op, ...], policy: Policy) -> tuple[Op, ...]:
+    out: list[Op] = []
+    for op in ops:
+        kind = policy.get((op.stage, op.mb))
+        if op.kind in BACKWARDS and kind in _RECOMPUTES:
+            out.append(Op(kind, op.stage, op.mb))
+        out.append(op)
+    return tuple(out)
+
+
+def _copy_lane(problem: Problem, ops: tuple[Op, ...], offloaded: set[tuple[int, int]], times) -> tuple[Op, ...]:
+    """One rank's copy lane: each offload O when its forward ends; the reloads L packed backwards
+    from the last, each ending by its backward's start (or by the next reload's start); the two
+    merged by time, an offload first at a tie and every L after its own O."""
+    cost = problem.cost
+    sends: dict[tuple[int, int], float] = {}
+    for op in ops:
+        if op.kind is Kind.F and (op.stage, op.mb) in offloaded:
+            sends[op.stage, op.mb] = times[op][2]
+    keyed = [(t, 0, Op(_OFFLOAD, s, i)) for (s, i), t in sends.items()]
+    latest = float("inf")
+    for op in reversed(ops):
+        if op.kind in BACKWARDS and (op.stage, op.mb) in offloaded:
+            latest = min(latest, times[op][1]) - cost[_RELOAD][op.stage]
+            keyed.append((max(latest, sends[op.stage, op.mb]), 1, Op(_RELOAD, op.stage, op.mb)))
+    keyed.sort(key=lambda item: item[:2])
+    return tuple(op for _, _, op in keyed)
+
+
+# ---- policies ----
+
+
+def everywhere(problem: Problem, kind: Kind) -> dict[tuple[int, int], Kind]:
+    """Every (stage, microbatch) under the policy ``kind`` (what the frameworks' flags do)."""
+    return {(s, i): kind for s in range(problem.n_stages) for i in range(problem.microbatches)}
+
+
+def fit_recompute(problem: Problem, schedule: Schedule, kind: Kind = Kind.R, name: str | None = None) -> Schedule:
+    """``schedule`` with, per rank, the fewest microbatches recomputed (policy ``kind``, greedily)
+    that bring the rank within its memory limit: walk the rank's ops in order and, where the level
+    first passes the limit, recompute the microbatch held there whose backward comes last (it frees
+    the most of what is left); repeat until the rank fits. The rest stay kept. A rank that cannot fit
+    so recomputes all its microbatches (the least it can hold; the simulator then says it is over). Without a limit nothing is recomputed. (AdaPipe chooses recompute per stage; here the
+    unit is the microbatch, as for every policy of schedc.)
+
+    With a compute lane only, a rank's memory is the running sum of its ops' deltas in order, so
+    this walk is the simulator's verdict on each rank."""
+    base = plain(schedule)
+    rooms = problem.activation_room
+    policy: dict[tuple[int, int], Kind] = {}
+    if rooms is not None:
+        for r, ops in enumerate(base.ranks):
+            while True:
+                held = _held_at_first_over(problem, _with_recomputes(ops, policy), policy, rooms[r])
+                if held is None:
+                    break
+                kept = [key for key in held if key not in policy]
+                if not kept:  # recomputing more cannot fit it: the least it can hold, and the simulator says
+                    policy.update((key, kind) for key in everywhere(problem, kind) if problem.stage_rank[key[0]] == r)
+                    break
+                policy[kept[-1]] = kind
+    return with_policies(problem, base, policy, name)
+
+
+def _held_at_first_over(problem: Problem, ops: tuple[Op, ...], policy: Policy, room: float) -> list[tuple[int, int]] | None:
+    """Where the level of ``ops`` (one rank's compute lane, in order) first passes ``room``: the
+    (stage, microbatch) whose forward ran and whose backward has not yet, by their backward's order
+    (the last backward last). None when the rank fits."""
+    tol = problem.memory_tol
+    level = 0.0
+    for j, op in enumerate(ops):
+        d = problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb)))
+        if tol.gt(max(level, level + d), room):
+            started = {(x.stage, x.mb) for x in ops[: j + 1] if x.kind is Kind.F}
+            later = [(x.stage, x.mb) for x in ops[j:] if x.kind in BACKWARDS]
+            return [key for key in later if key in started]
+        level += d
+    return None
+
+
+def hidden_offloads(problem: Problem, schedule: Schedule, name: str | None = None) -> Schedule:
+    """``schedule`` with the offloads its copy lanes can hide: candidates are the (stage,
+    microbatch) whose wait from forward to backward can hold an offload and a reload (the zero-
+    bubble authors' offload scheduler skips the others), longest wait first; a group of them is
+    kept offloaded when the simulator finds the objective no worse than without any offload and no
+    rank's peak memory higher than before the group (a copy lane runs its ops as soon as it can, so
+    a reload no later offload holds back, as in the cool-down, may come early and add to a peak).
+    Groups are tried whole and halved where they fail, down to one candidate."""
+    base = plain(schedule)
+    name = name or schedule.name
+    if _OFFLOAD not in problem.policies:
+        raise ScheduleError(f"schedule {name!r} offloads: the problem needs an 'offload' section")
+    t0 = simulate(problem, base)
+    times = t0.op_times()
+    tol, mtol, goal, cost = problem.time_tol, problem.memory_tol, t0.objective_value(), problem.cost
+    waits = []
+    for op in base.ops():
+        if op.kind in BACKWARDS:
+            s, i = op.stage, op.mb
+            wait = times[op][1] - times[Op(Kind.F, s, i)][2]
+            if tol.ge(wait, cost[_OFFLOAD][s] + cost[_RELOAD][s]):
+                waits.append((-wait, s, i))
+    candidates = [(s, i) for _, s, i in sorted(waits)]
+    policy: dict[tuple[int, int], Kind] = {}
+    best, peaks = base, t0.peak_activation
+
+    def accept(group: list[tuple[int, int]]) -> None:
+        nonlocal best, peaks
+        if not group:
+            return
+        trial_policy = {**policy, **{key: _OFFLOAD for key in group}}
+        trial = with_policies(problem, base, trial_policy, name)
+        t = simulate(problem, trial)
+        if tol.le(t.objective_value(), goal) and all(mtol.le(a, b) for a, b in zip(t.peak_activation, peaks)):
+            policy.update(trial_policy)
+            best, peaks = trial, t.peak_activation
+        elif len(group) > 1:
+            half = len(group) // 2
+            accept(group[:half])
+            accept(group[half:])
+
+    accept(candidates)
+    return best.renamed(name)
+
+
+# ---- registry ----
+
+
+def _needs(kind: Kind, base: str) -> Callable[[Problem], str | None]:
+    """The requirement of a schedule that uses policy ``kind`` on the registry schedule ``base``:
+    the problem declares the section the policy's cost comes from, and ``base`` applies."""
+    section = ROWS[kind].cost.rsplit(".", 1)[0]
+
+    def requires(problem: Problem) -> str | None:
+        if kind not in problem.policies:
+            return f"needs the problem's '{section}' section ({ROWS[kind].title}), which it does not give"
+        return REGISTRY[base].why_not(problem)
+
+    return requires
+
+
+def _everywhere(name: str, base: str, kind: Kind) -> Builder:
+    def schedule(problem: Problem) -> Schedule:
+        return with_policies(problem, REGISTRY[base].build(problem), everywhere(problem, kind), name)
+
+    return schedule
+
+
+_UNIFORM = [  # name, the registry schedule it recomputes, the policy, what it is
+    ("1f1b-recompute", "1f1b", Kind.R,
+     "1F1B with full recompute of every microbatch (Megatron-LM --recompute-granularity full)"),
+    ("1f1b-selective", "1f1b", Kind.S,
+     "1F1B with selective recompute of every microbatch (Megatron-LM --recompute-granularity selective)"),
+    ("interleaved-1f1b-recompute", "interleaved-1f1b", Kind.R,
+     "interleaved 1F1B with full recompute of every microbatch"),
+    ("interleaved-1f1b-selective", "interleaved-1f1b", Kind.S,
+     "interleaved 1F1B with selective recompute of every microbatch"),
+    ("zb-h1-recompute", "zb-h1", Kind.R,
+     "zero bubble H1 with full recompute of every microbatch (R before B, held until its W)"),
+]
+for _name, _base, _kind, _summary in _UNIFORM:
+    register(_name, _summary, split_backward=REGISTRY[_base].split_backward, requires=_needs(_kind, _base))(
+        _everywhere(_name, _base, _kind))
+
+
+@register(
+    "1f1b-recompute-fit",
+    "1F1B recomputing per rank the fewest microbatches that fit the memory limit (AdaPipe's idea)",
+    split_backward=False,
+    requires=_needs(Kind.R, "1f1b"),
+)
+def one_f_one_b_recompute_fit(problem: Problem) -> Schedule:
+    return fit_recompute(problem, REGISTRY["1f1b"].build(problem), Kind.R, "1f1b-recompute-fit")
+
+
+@register(
+    "zb-v-offload",
+    "ZB-V offloading what its copy lanes hide behind compute (in the spirit of PipeOffload)",
+    split_backward=True,
+    requires=_needs(Kind.O, "zb-v"),
+)
+def zb_v_offload(problem: Problem) -> Schedule:
+    return hidden_offloads(problem, REGISTRY["zb-v"].build(problem), "zb-v-offload")

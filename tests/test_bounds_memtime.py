@@ -1,0 +1,114 @@
+"""Lower bounds where recompute or offload may buy memory with time (solvers/bounds.py,
+``_policy_bounds``): never above a schedule that fits, whatever its policies, and never above the
+optimum over every policy and order on problems small enough to enumerate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedc import Problem, simulate
+from schedc.kinds import Kind
+from schedc.solvers import REGISTRY, memtime
+from schedc.solvers.bounds import all_bounds, lower_bound
+from schedc.solvers.registry import unfuse
+from tests.exhaustive import policy_optimum
+
+
+@st.composite
+def memtime_problems(draw):
+    """Problems that declare recompute (maybe selective) and maybe offload, without a limit (the
+    test sets it from a schedule): p <= 4, v in {1, 2}, per-stage float costs."""
+    p = draw(st.integers(1, 4))
+    v = draw(st.sampled_from([1, 2]))
+    n, m = p * v, draw(st.integers(1, 3 * p))
+    cost = st.floats(0.1, 4)
+    per_stage = lambda x: draw(st.one_of(x, st.lists(x, min_size=n, max_size=n)))  # noqa: E731
+    a = draw(st.floats(0.5, 3))
+    recompute = dict(time=per_stage(cost), keep=a * draw(st.floats(0, 0.5)))
+    if draw(st.booleans()):
+        recompute["selective"] = dict(time=per_stage(cost), keep=a * draw(st.floats(0.3, 1)))
+    data = dict(ranks=p, microbatches=m, chunks=v, placement=draw(st.sampled_from(["loop", "v"])) if v == 2 else "loop",
+                costs=dict(F=per_stage(cost), B=per_stage(cost), W=per_stage(cost)),
+                comm=draw(st.sampled_from([0.0, 0.2, 1.0])), objective=draw(st.sampled_from(["makespan", "span"])),
+                memory=dict(F=a, B=-a * draw(st.floats(0, 1)), static=draw(st.floats(0, 2))), recompute=recompute)
+    if draw(st.booleans()):
+        data["offload"] = dict(time=per_stage(cost))
+    return Problem.parse(data)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.integers(0, 2**16), st.floats(0, 1))
+def test_bound_never_above_a_schedule_that_fits_whatever_its_policies(problem, seed, share):
+    """Every registry schedule, with a random share of its (stage, microbatch) recomputed or
+    offloaded, at a limit of exactly its own peak (so it just fits): every term of the bound, for
+    both objectives, is at most its objective."""
+    rng = random.Random(seed)
+    for name, spec in REGISTRY.items():
+        if spec.why_not(problem) is not None:
+            continue
+        schedule = unfuse(spec.build(problem))
+        if not schedule.policies():
+            pairs = [(s, i) for s in range(problem.n_stages) for i in range(problem.microbatches)]
+            policy = {pair: rng.choice(problem.policies) for pair in pairs if rng.random() < share}
+            schedule = memtime.with_policies(problem, schedule, policy)
+        peak = simulate(problem, schedule).peak_memory
+        limited = problem.with_changes(memory={"limit": list(peak)})
+        t = simulate(limited, schedule)
+        assert t.fits, name
+        for objective in ("makespan", "span"):
+            for b in all_bounds(limited, objective):
+                assert b.value <= t.objective_value(objective) + 1e-9, (name, objective, b)
+
+
+def tiny(limit, selective, keep=0.1, costs=(1, 1.5, 0.7), objective="makespan"):
+    recompute = dict(time=0.8, keep=keep, **({"selective": dict(time=0.3, keep=0.5)} if selective else {}))
+    F, B, W = costs
+    return Problem.parse(dict(ranks=2, microbatches=2, costs=dict(F=F, B=B, W=W), comm=0.1,
+                              memory=dict(F=1, B=-0.6, limit=limit), recompute=recompute, objective=objective))
+
+
+@pytest.mark.parametrize("limit, selective, objective", [
+    (1.0, False, "makespan"), (1.0, True, "span"), (1.2, True, "makespan"), (1.5, False, "makespan"),
+    (1.5, False, "span"), (1.2, False, "span"),
+])
+def test_bound_never_above_the_exhaustive_optimum(limit, selective, objective):
+    problem = tiny(limit, selective, objective=objective)
+    best, schedule = policy_optimum(problem)
+    assert simulate(problem, schedule).fits
+    assert lower_bound(problem).value <= best + 1e-9
+
+
+def test_the_limit_forces_recompute_work_into_the_bound():
+    """One rank, two stages (v = 2 on p = 1), a room that holds one whole activation and the
+    keep of another: every microbatch must recompute its first stage, so the bound counts m
+    recomputes on top of the work (the plain bound's terms cannot see them)."""
+    problem = Problem.parse(dict(ranks=1, microbatches=4, chunks=2, costs=dict(F=1, B=1, W=1),
+                                 memory=dict(F=1, limit=1.2), recompute=dict(time=1, keep=0.2)))
+    work = 4 * 2 * 3
+    forced = [b for b in all_bounds(problem) if "memory for time" in b.reason]
+    assert forced and max(b.value for b in forced) >= work + 4 * 1 - 1e-9
+    best = min(simulate(problem, spec.build(problem)).makespan for spec in REGISTRY.values()
+               if spec.why_not(problem) is None and simulate(problem, spec.build(problem)).fits)
+    assert lower_bound(problem).value <= best + 1e-9
+
+
+def test_plain_problems_keep_their_bound():
+    """Declaring nothing changes nothing: no term of the memory-for-time kind."""
+    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, limit=2)))
+    assert not any("memory for time" in b.reason for b in all_bounds(problem))
+    assert Kind.R not in problem.kinds
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_one_microbatch_in_flight_is_proven_exactly(objective):
+    """A room of one whole activation (keep > 0): one microbatch at a time per stage from its F to
+    its B, so m rounds of the round trip; on this tiny problem that is the exhaustive optimum."""
+    problem = tiny(1.0, True, objective=objective)
+    best, _ = policy_optimum(problem)
+    bound = lower_bound(problem)
+    assert "in flight" in bound.reason
+    assert bound.value == pytest.approx(best, abs=1e-9)
