@@ -244,4 +244,9 @@ def one_f_one_b_recompute_fit(problem: Problem) -> Schedule:
     requires=_needs(Kind.O, "zb-v"),
 )
 def zb_v_offload(problem: Problem) -> Schedule:
+    """ZB-V with ``hidden_offloads``. Partial: in the core model a reload waits only for its
+    offload and its copy lane, so the reloads that no later offload holds back (ZB-V's cool-down,
+    where no forward is left) all run at once, and rank 0 peaks at ZB-V's own peak: this lowers the
+    other ranks' peaks but not the largest. A reload that may also wait for a compute op (as the
+    zero-bubble authors' runtime issues it at a point of the compute stream) would lift that."""
     return hidden_offloads(problem, REGISTRY["zb-v"].build(problem), "zb-v-offload")
