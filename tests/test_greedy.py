@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
+from schedc.kinds import Kind
 from schedc.solvers.greedy import (
     NEWER, PAPER_LIKE, ListScheduler, Policy, flags_for, greedy_schedule, policies, reference_limit,
 )
@@ -164,7 +165,9 @@ def test_the_list_schedulers_ranks_end_drained(path, policy):
     t = simulate(problem, schedule)
     mtol = problem.memory_tol
     for r, rank in enumerate(scheduler.ranks):
-        assert rank.ops == list(schedule.ranks[r]) and len(rank.ops) == 3 * problem.microbatches * len(rank.stages)
+        recomputes = sum(op.kind in (Kind.R, Kind.S) for op in rank.ops)  # where memory made it recompute
+        assert rank.ops == list(schedule.ranks[r])
+        assert len(rank.ops) == 3 * problem.microbatches * len(rank.stages) + recomputes
         assert rank.remaining == 0 and not rank.pending_w and rank.seen_b
         assert rank.started == problem.microbatches
         assert mtol.eq(rank.level, 0.0) and mtol.eq(rank.reserved, 0.0)

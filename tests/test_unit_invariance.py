@@ -1,7 +1,7 @@
 """Answers do not depend on the unit of time or of memory (issue 14).
 
-The same problem written in seconds instead of milliseconds (every cost and comm times c), or in
-other memory units (every delta, static memory and limit times k), must give every registry
+The same problem written in seconds instead of milliseconds (every cost, comm, recompute and copy
+time times c), or in other memory units (every delta, static memory, limit and kept amount times k), must give every registry
 schedule the same order on every rank, with every time (or memory amount) scaled by c (or k),
 and the solver the same objective scaled: no comparison may use an absolute epsilon.
 """
@@ -32,14 +32,27 @@ def _times(value, c):
     return [x * c for x in value] if isinstance(value, list) else value * c
 
 
+def _policies(problem: Problem, what: str, c: float) -> dict:
+    """The recompute and offload sections with their times (``what`` "time") or kept amounts
+    ("keep") times c: they are in the problem's units too."""
+    out = {}
+    for section in ("recompute", "offload"):
+        data = getattr(problem, section)
+        if data is not None:
+            data = data.model_dump(exclude_none=True)
+            out[section] = {key: ({k: _times(x, c) if k == what else x for k, x in v.items()} if key == "selective"
+                                  else _times(v, c) if key == what else v) for key, v in data.items()}
+    return out
+
+
 def in_time_unit(problem: Problem, c: float) -> Problem:
     costs = {kind: _times(v, c) for kind, v in problem.costs.model_dump(exclude_none=True).items()}
-    return problem.with_changes(costs=costs, comm=problem.comm * c)
+    return problem.with_changes(costs=costs, comm=problem.comm * c, **_policies(problem, "time", c))
 
 
 def in_memory_unit(problem: Problem, k: float) -> Problem:
     memory = {key: _times(v, k) for key, v in problem.memory.model_dump(exclude_none=True).items()}
-    return problem.with_changes(memory=memory)
+    return problem.with_changes(memory=memory, **_policies(problem, "keep", k))
 
 
 def with_limit(problem: Problem, which: str) -> Problem:
