@@ -394,3 +394,12 @@ def test_the_baselines_and_zb_greedy_do_not_depend_on_the_units(problem, factors
             continue
         a, b = solvers.build(name, problem), solvers.build(name, other)
         assert (a.ranks, a.copy) == (b.ranks, b.copy), name
+
+
+def test_zb_greedy_under_a_limit_only_offload_meets_returns_the_schedule_that_does_not_fit():
+    """The list scheduler never offloads: where only offload meets the limit, every variant stalls
+    and zb-greedy gives its schedule without the limit, which the judge finds over it."""
+    problem = Problem.parse(dict(ranks=1, microbatches=1, chunks=2, costs=dict(F=1, B=1, W=1),
+                                 memory=dict(F=1, B=0, limit=1), recompute=dict(keep=0.5), offload=dict(time=1)))
+    t = simulate(problem, solvers.build("zb-greedy", problem))
+    assert not t.fits and t.peak_activation == (2.0,)  # both stages kept: what no limit asks
