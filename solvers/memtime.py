@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from schedc.errors import ScheduleError
-from schedc.kinds import BACKWARDS, OPTIONAL, ROWS, Kind, check_supported
+from schedc.kinds import BACKWARDS, OPTIONAL, ROWS, Kind, check_supported, kind_of
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import simulate
@@ -49,6 +49,7 @@ def with_policies(problem: Problem, schedule: Schedule, policy: Policy, name: st
     ScheduleError naming it."""
     name = name or schedule.name
     try:
+        policy = {key: kind_of(kind) for key, kind in policy.items()}  # "R" as written in files and tests
         check_supported(set(policy.values()), f"schedule {name!r}", problem.policies)
     except ValueError as e:
         raise ScheduleError(f"{e}: declare its section in the problem (recompute, recompute.selective, offload)") from None

@@ -14,7 +14,7 @@ import schedc.solvers as solvers
 from schedc.app.cli import main
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
-from tests.policy_schedules import with_policies
+from schedc.solvers.memtime import with_policies
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIFORM = ROOT / "examples" / "problems" / "uniform.yaml"

@@ -15,6 +15,8 @@ from schedc import Op, Problem, SchedcError, Schedule, ScheduleError, load_probl
 from schedc.app.cli import main
 from schedc.interop import from_torch_csv, to_torch_csv, write_torch_csv
 from schedc.runtime.torch_schedules import TORCH_SCHEDULES, torch_schedules
+from schedc.schedfile import CompiledSchedule
+from schedc.solvers.memtime import with_policies
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
 
@@ -229,10 +231,7 @@ def test_cli_mistakes_exit_2(tmp_path, monkeypatch):
 # ---- (d) recompute and offload: torch's IR has no such action, every writer says so in one line ----
 
 
-def _policy_file(tmp_path, chosen) -> tuple[Path, "schedc.CompiledSchedule"]:  # noqa: F821
-    from tests.policy_schedules import with_policies
-    from schedc.schedfile import CompiledSchedule
-
+def _policy_file(tmp_path, chosen) -> tuple[Path, CompiledSchedule]:
     prob = Problem.parse(dict(name="rc", ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), memory=dict(F=2),
                               recompute=dict(keep=0.5, selective=dict(time=0.2, keep=1)), offload=dict(time=0.5)))
     compiled = CompiledSchedule.build(prob, with_policies(prob, S.build("zb-h1", prob), chosen))

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from schedc import Problem
 from schedc.errors import ProblemError, ScheduleError
-from schedc.kinds import ROWS, Kind
+from schedc.kinds import Kind
 from schedc.schedule import Op, Schedule
 from schedc.simulate import back_to_back, simulate
+from schedc.solvers.memtime import with_policies
 from schedc.solvers.registry import build
 from tests.strategies import pipeline_problems
 
@@ -121,28 +122,6 @@ def test_the_copy_lane_runs_one_copy_at_a_time_beside_compute():
         simulate(p, stuck)
 
 
-def with_policies(schedule: Schedule, problem: Problem, chosen: dict[tuple[int, int], Kind]) -> Schedule:
-    """``schedule`` with the policy ``chosen`` for some (stage, mb): R or S right before their
-    backward; O and L on the copy lane in the compute lane's order (O after its F, L before its
-    backward), which never deadlocks."""
-    ranks, copy = [], []
-    for ops in schedule.ranks:
-        compute, lane = [], []
-        for op in ops:
-            kind = chosen.get((op.stage, op.mb))
-            backward = ROWS[op.kind].carries == "grad"
-            if backward and kind in (Kind.R, Kind.S):
-                compute.append(Op(kind, op.stage, op.mb))
-            if backward and kind is Kind.O:
-                lane.append(Op(Kind.L, op.stage, op.mb))
-            compute.append(op)
-            if op.kind is Kind.F and kind is Kind.O:
-                lane.append(Op(Kind.O, op.stage, op.mb))
-        ranks.append(tuple(compute))
-        copy.append(tuple(lane))
-    return Schedule(schedule.name, tuple(ranks), tuple(copy))
-
-
 @settings(max_examples=60, deadline=None)
 @given(pipeline_problems(max_microbatches=8), st.sampled_from(["1f1b", "zb-h1", "gpipe"]), st.data())
 def test_recompute_and_offload_trade_time_for_memory(problem, name, data):
@@ -155,7 +134,7 @@ def test_recompute_and_offload_trade_time_for_memory(problem, name, data):
     base = build(name, problem)
     pairs = [(s, i) for s in range(problem.n_stages) for i in range(problem.microbatches)]
     chosen = {pair: data.draw(st.sampled_from([Kind.R, Kind.O, None])) for pair in pairs}
-    policies = with_policies(base, problem, {k: v for k, v in chosen.items() if v is not None})
+    policies = with_policies(problem, base, {k: v for k, v in chosen.items() if v is not None})
     plain_t, t = simulate(problem, base), simulate(problem, policies)
     tol = problem.time_tol
     assert tol.le(plain_t.makespan, t.makespan)

@@ -16,7 +16,7 @@ from schedc.errors import ScheduleFileError
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule, dump, load, version_of
 from schedc.simulate import simulate
-from tests.policy_schedules import with_policies
+from schedc.solvers.memtime import with_policies
 
 DATA = Path(__file__).resolve().parent / "data"
 
