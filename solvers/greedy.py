@@ -574,11 +574,27 @@ NEWER = ("balance_w", "staircase", "strict")  # the switches added for comm-heav
 PAPER_LIKE = Policy(b_first=False, eager_w=False, alternate=True, timed_warmup=True, balance_w=True)
 
 
+_SEARCHED: dict[str, Schedule] = {}  # a problem (as JSON) -> best_greedy's schedule, the last few
+_SEARCHED_KEPT = 4
+
+
 def best_greedy(problem: Problem, name: str) -> Schedule:
     """Search the policy switches one at a time (keep a flip when the simulator says it is better,
     until no flip helps), so the cost grows with the number of switches, not 2 ** switches; from
     two starts, and on its own from a third (coordinate search stops at local optima). Every
-    variant is built and judged under the problem's own memory limit."""
+    variant is built and judged under the problem's own memory limit. The search of a problem is
+    kept for the next call (zb-1p and zb-2p search the problem itself where its limit is below
+    their cap: one search, not three, in a comparison)."""
+    key = problem.model_dump_json()
+    if key not in _SEARCHED:
+        if len(_SEARCHED) >= _SEARCHED_KEPT:
+            del _SEARCHED[next(iter(_SEARCHED))]
+        _SEARCHED[key] = _best_greedy(problem, name)
+    return _SEARCHED[key].renamed(name)
+
+
+def _best_greedy(problem: Problem, name: str) -> Schedule:
+    """``best_greedy``'s search."""
     seen: dict[Policy, tuple] = {}
     tol = problem.time_tol
 
