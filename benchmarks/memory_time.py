@@ -29,7 +29,9 @@ Sources and the model (see benchmarks/zb_paper.py for the settings themselves):
 Per cell: every registry schedule through `schedc compare` (the best that fits is "best
 baseline"; 1F1B with full recompute is what Megatron users run below 1F1B's memory), and
 `schedc solve --time-limit S` (the wall time of the whole command), whose file is read back with
-`schedc simulate`: the reported span is the simulated one.
+`schedc simulate`: the reported span is the simulated one. 1F1B runs on the loop placement only,
+so a V row's "vs 1F1B with full recompute" holds it against the loop row of the same setting and
+limit (the same model and memory).
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ def main() -> None:
         name = f"{model} m={m} {'V' if v else 'loop'} {limit:g}x"
         base = r.get("baselines", {})
         best = min(base.items(), key=lambda kv: kv[1]) if base else None
-        megatron = base.get(MEGATRON)
+        # 1F1B runs on the loop placement: a V row is held against the loop row of its setting and limit.
+        megatron = (results.get((model, m, limit, False)) or {}).get("baselines", {}).get(MEGATRON)
         if "error" in r:
             misses.append(f"{name}: {r['error']}")
             lines.append(f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | error: {r['error']} | | | | | |")

@@ -143,6 +143,9 @@ def _held_at_first_over(problem: Problem, ops: tuple[Op, ...], policy: Policy, r
     return None
 
 
+OFFLOAD_TRIALS = 64  # hidden_offloads: at most this many trial simulations
+
+
 def hidden_offloads(problem: Problem, schedule: Schedule, name: str | None = None) -> Schedule:
     """``schedule`` with the offloads its copy lanes can hide: candidates are the (stage,
     microbatch) whose wait from forward to backward can hold an offload and a reload (the zero-
@@ -150,7 +153,9 @@ def hidden_offloads(problem: Problem, schedule: Schedule, name: str | None = Non
     kept offloaded when the simulator finds the objective no worse than without any offload and no
     rank's peak memory higher than before the group (a copy lane runs its ops as soon as it can, so
     a reload no later offload holds back, as in the cool-down, may come early and add to a peak).
-    Groups are tried whole and halved where they fail, down to one candidate."""
+    Groups are tried whole and halved where they fail, down to one candidate, for at most
+    ``OFFLOAD_TRIALS`` simulations (each replays the whole schedule: on large problems the halving
+    would otherwise cost thousands); what is accepted by then is kept."""
     base = plain(schedule)
     name = name or schedule.name
     if _OFFLOAD not in problem.policies:
@@ -169,10 +174,13 @@ def hidden_offloads(problem: Problem, schedule: Schedule, name: str | None = Non
     policy: dict[tuple[int, int], Kind] = {}
     best, peaks = base, t0.peak_activation
 
+    trials = 0
+
     def accept(group: list[tuple[int, int]]) -> None:
-        nonlocal best, peaks
-        if not group:
+        nonlocal best, peaks, trials
+        if not group or trials >= OFFLOAD_TRIALS:
             return
+        trials += 1
         trial_policy = {**policy, **{key: _OFFLOAD for key in group}}
         trial = with_policies(problem, base, trial_policy, name)
         t = simulate(problem, trial)
