@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,10 +47,11 @@ from pathlib import Path
 import yaml
 
 from schedc import Problem
+from schedc.kinds import Kind
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from zb_paper import COSTS, MODELS, SEQ, memory_ratio  # noqa: E402  (the paper's settings, one transcription)
+from zb_paper import COSTS, MODELS, SEQ, paper_problem, run_json  # noqa: E402  (the paper's settings, one transcription)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM_DIR = ROOT / "examples" / "problems" / "memory-time"
@@ -78,29 +78,19 @@ def policy_model(model: str) -> dict[str, float]:
 def problem_of(model: str, m: int, limit: float, v_shape: bool) -> Problem:
     """The setting (model, m) at ``limit`` x p M_B, with recompute (full and selective) and
     offload declared."""
-    p = MODELS[model][0]
-    f, b, w, comm = COSTS[model, m]
-    r = memory_ratio(model)
-    pol = policy_model(model)
+    paper = paper_problem(model, m, 1, v_shape=v_shape)
+    f, pol = paper.cost[Kind.F][0], policy_model(model)
     scale = 0.5 if v_shape else 1.0
-    data = dict(
+    return paper.with_changes(
         name=f"mt-{model}-m{m}-{limit:g}x" + ("-v" if v_shape else ""),
-        ranks=p,
-        microbatches=m,
-        chunks=2 if v_shape else 1,
-        placement="v" if v_shape else "loop",
-        costs=dict(F=round(f * scale, 6), B=round(b * scale, 6), W=round(w * scale, 6)),
-        comm=comm,
-        memory=dict(F=scale, B=round(-(1 - r) * scale, 9), W=round(-r * scale, 9), limit=round(limit * p, 9)),
+        memory={"limit": round(limit * paper.ranks, 9)},
         recompute=dict(
-            time=round(f * scale, 6),
+            time=f,
             keep=round(pol["keep"] * scale, 9),
-            selective=dict(time=round(f * scale * pol["selective_time"], 6), keep=round(pol["selective_keep"] * scale, 9)),
+            selective=dict(time=round(f * pol["selective_time"], 6), keep=round(pol["selective_keep"] * scale, 9)),
         ),
-        offload=dict(time=round(f * scale * pol["copy_time"], 6)),
-        objective="span",
+        offload=dict(time=round(f * pol["copy_time"], 6)),
     )
-    return Problem.parse(data, source=data["name"])
 
 
 def cells() -> list[tuple[str, int, float, bool]]:
@@ -121,20 +111,6 @@ def write_problems(directory: Path = PROBLEM_DIR) -> list[Path]:
         path.write_text("\n".join(head) + "\n" + yaml.safe_dump(problem.model_dump(exclude_none=True), sort_keys=False))
         paths.append(path)
     return paths
-
-
-def run_json(args: list[str], timeout: float) -> tuple[dict | None, float, str]:
-    """A schedc command with --json: (its output or None, wall seconds, the error's last line)."""
-    began = time.perf_counter()
-    try:
-        out = subprocess.run([sys.executable, "-m", "schedc.app.cli", *args, "--json"],
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, time.perf_counter() - began, f"killed after {timeout:g} s"
-    wall = time.perf_counter() - began
-    if out.returncode != 0:
-        return None, wall, (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-    return json.loads(out.stdout), wall, ""
 
 
 def run_cell(path: Path, time_limit: float, out_dir: Path) -> dict:
@@ -158,6 +134,15 @@ def run_cell(path: Path, time_limit: float, out_dir: Path) -> dict:
             "wall": wall}
 
 
+COLORS = {"solve": "#3b75af", "best baseline that fits": "#519e3e", f"{MEGATRON} (loop)": "#ef8636"}
+
+
+def _megatron(results: dict, model: str, m: int, limit: float) -> float | None:
+    """1F1B with full recompute at (model, m, limit): it runs on the loop placement, so a V cell is
+    held against the loop cell of the same setting and limit (the same model and memory)."""
+    return (results.get((model, m, limit, False)) or {}).get("baselines", {}).get(MEGATRON)
+
+
 def plot(results: dict, path: Path) -> None:
     """Span against the memory limit, one panel per setting and placement, a curve per schedule
     (solve, 1F1B with full recompute, the best baseline that fits)."""
@@ -170,26 +155,28 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(4, 6, figsize=(24, 14), squeeze=False)
     for k, (v, (model, m)) in enumerate((v, s) for v in (False, True) for s in settings):
         ax = axes[k // 6][k % 6]
-        curves: dict[str, list[tuple[float, float]]] = {}
+        curves: dict[str, list[tuple[float, float]]] = {name: [] for name in COLORS}
         for limit in LIMITS:
             r = results.get((model, m, limit, v))
             if not r:
                 continue
             if "span" in r and r["fits"]:
-                curves.setdefault("solve", []).append((limit, r["span"]))
-            if MEGATRON in r.get("baselines", {}):
-                curves.setdefault(MEGATRON, []).append((limit, r["baselines"][MEGATRON]))
+                curves["solve"].append((limit, r["span"]))
             if r.get("baselines"):
-                curves.setdefault("best baseline", []).append((limit, min(r["baselines"].values())))
+                curves["best baseline that fits"].append((limit, min(r["baselines"].values())))
+            megatron = _megatron(results, model, m, limit)
+            if megatron is not None:
+                curves[f"{MEGATRON} (loop)"].append((limit, megatron))
         for name, points in curves.items():
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", label=name)
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o", label=name, color=COLORS[name])
         ax.set_xscale("log")
         ax.set_xticks(LIMITS, [f"{x:g}" for x in LIMITS])
         ax.set_title(f"{model} m={m} {'V' if v else 'loop'}", fontsize=9)
         ax.set_xlabel("memory limit (x 1F1B's)", fontsize=8)
         ax.set_ylabel("span (ms)", fontsize=8)
-        if k == 0:
+        if k in (0, len(settings)):
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -204,6 +191,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
     parser.add_argument("--only", default="", help="run the cells whose problem name contains this")
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once (each solve uses one thread)")
+    parser.add_argument("--limits", default=",".join(f"{x:g}" for x in LIMITS),
+                        help="the limits to run, as multiples of 1F1B's activation memory (default all)")
     parser.add_argument("--out", default="out/memory-time", help="where the solved schedule files go")
     args = parser.parse_args()
     paths = write_problems()
@@ -212,7 +201,11 @@ def main() -> None:
         return
     out_dir = ROOT / args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem]
+    limits = {float(x) for x in args.limits.split(",")}
+    unknown = limits - set(LIMITS)
+    if unknown:
+        parser.error(f"--limits: {', '.join(map(str, sorted(unknown)))} not among {', '.join(f'{x:g}' for x in LIMITS)}")
+    chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem and cell[2] in limits]
     results: dict = {}
 
     def one(item):
@@ -227,13 +220,13 @@ def main() -> None:
             results[cell] = r
             left = (time.perf_counter() - began) / done * (len(chosen) - done)
             print(f"[{done}/{len(chosen)}] about {left / 60:.0f} min left", flush=True)
+    (out_dir / "results.json").write_text(json.dumps([[list(cell), r] for cell, r in results.items()], indent=1))
     lines, misses = [], []
     for (model, m, limit, v), r in results.items():
         name = f"{model} m={m} {'V' if v else 'loop'} {limit:g}x"
         base = r.get("baselines", {})
         best = min(base.items(), key=lambda kv: kv[1]) if base else None
-        # 1F1B runs on the loop placement: a V row is held against the loop row of its setting and limit.
-        megatron = (results.get((model, m, limit, False)) or {}).get("baselines", {}).get(MEGATRON)
+        megatron = _megatron(results, model, m, limit)
         if "error" in r:
             misses.append(f"{name}: {r['error']}")
             lines.append(f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | error: {r['error']} | | | | | |")
@@ -256,7 +249,8 @@ def main() -> None:
     body = [
         "Command: `python benchmarks/memory_time.py --write"
         + (f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
-        + (f" --jobs {args.jobs}" if args.jobs != 1 else "") + "`",
+        + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
+        + (f" --limits {args.limits}" if limits != set(LIMITS) else "") + "`",
         "",
         f"Machine: {machine()}.",
         "",
