@@ -585,6 +585,12 @@ def _rank_orders(problem, r, pol):
                 bring = {(k.value, s, i)}
             before[("B", s, i)] = bring | {("B", t, i) for t in stages if t > s}
             before[("W", s, i)] = {("B", s, i)}
+    return linear_extensions(before)
+
+
+def linear_extensions(before: dict) -> list[tuple]:
+    """Every order of the keys of ``before`` (op -> the ops that must come earlier) that puts each
+    op after all of its ``before``."""
     out = []
 
     def extend(prefix, done):

@@ -12,7 +12,7 @@ import schedc.solvers as solvers
 from schedc import Op, Problem, Schedule, ScheduleError, load_problem, simulate
 from schedc.solvers.bounds import Bound, all_bounds, lower_bound
 from schedc.solvers.solve import best_registry_schedule
-from tests.exhaustive import exhaustive_optimum, span_with_delays
+from tests.exhaustive import exhaustive_optimum, linear_extensions, span_with_delays
 from tests.strategies import with_working, working_memory
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
@@ -171,17 +171,7 @@ def rank_orders(problem, r, fused):
             before[Op(back, s, i)] = {Op("F", s, i)} | {Op(back, t, i) for t in stages if t > s}
             if not fused:
                 before[Op("W", s, i)] = {Op("B", s, i)}
-    out = []
-
-    def extend(prefix, done):
-        if len(prefix) == len(before):
-            out.append(tuple(prefix))
-        for op, needs in before.items():
-            if op not in done and needs <= done:
-                extend(prefix + [op], done | {op})
-
-    extend([], frozenset())
-    return out
+    return linear_extensions(before)
 
 
 def optimum(problem, delays=False):
