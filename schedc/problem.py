@@ -397,7 +397,7 @@ class Problem(_Strict):
     def kinds(self) -> tuple[Kind, ...]:
         """The kinds of op a schedule of this problem may hold: F, B, W and BW, plus R with
         ``recompute``, S with ``recompute.selective`` and O and L with ``offload``."""
-        return tuple(k for k, row in ROWS.items() if self._field(row.cost, default=True) is not _ABSENT)
+        return tuple(k for k, row in ROWS.items() if self._field(row.cost) is not _ABSENT)
 
     @cached_property
     def cost(self) -> dict[Kind, tuple[float, ...]]:
@@ -416,15 +416,15 @@ class Problem(_Strict):
                 out[kind] = self._per_stage(row.cost, given)
         return out
 
-    def _field(self, path: str, default: bool = False) -> Any:
-        """The value at dotted ``path`` ("recompute.selective.time"); ``_ABSENT`` where a section
-        on the way is not given (with ``default``, a field left at its default counts as given)."""
+    def _field(self, path: str) -> Any:
+        """The value at dotted ``path`` ("recompute.selective.time"), None where the field is left
+        out; ``_ABSENT`` where a section on the way is not given."""
         value: Any = self
         for name in path.split("."):
             if value is None:
                 return _ABSENT
             value = getattr(value, name)
-        return value if value is not None or default else None
+        return value
 
     def _keeps(self) -> list[tuple[str, tuple[float, ...]]]:
         """(field, per stage) of each amount a policy keeps on the device: recompute.keep and
@@ -526,6 +526,11 @@ class Problem(_Strict):
     def policies(self) -> tuple[Kind, ...]:
         """The policy kinds (R, S, O) this problem allows, in the table's order."""
         return tuple(k for k in self.kinds if ROWS[k].policy)
+
+    @cached_property
+    def recomputes(self) -> tuple[Kind, ...]:
+        """The recompute kinds (R, S) this problem allows, in the table's order."""
+        return tuple(k for k in self.policies if ROWS[k].lightens)
 
     def least_kept(self, stage: int) -> float:
         """The least a microbatch of ``stage`` holds between its forward and its backward, over the
