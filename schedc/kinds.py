@@ -90,6 +90,7 @@ FUSED = frozenset(k for k, row in ROWS.items() if row.split is False)  # BW
 BY_NAME: dict[str, Kind] = {k.value: k for k in Kind}  # "F" -> Kind.F: parses a file's kinds
 BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items() if row.torch}  # torch's action letter -> kind
 POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, O: at most one per (stage, microbatch)
+RECOMPUTES = tuple(k for k, row in ROWS.items() if row.lightens)  # R, S: the policies run on the compute lane
 OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, O, L
 # What a need of a row may be met by, the first the schedule holds, and what meets it in a schedule
 # without recompute or offload (split backward): BACKWARD is B or BW (B), SAVED is R, S, L or F (F).

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from schedc.kinds import Kind
+from schedc.kinds import RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import Timeline
@@ -126,12 +126,13 @@ def longest_paths(dur: list, edges: list[tuple[int, int, float]]):
 
 # ---- recompute as the searches model it ----
 
-RECOMPUTES = (Kind.R, Kind.S)  # the policy ops the model chooses (each always in it, lasting its time x its binary)
+# The recompute ops (schedc.kinds.RECOMPUTES) are the policies the models choose: each is always in the
+# model, lasting its time x its binary.
 
 
 def model_kinds(problem: Problem) -> tuple[Kind, ...]:
     """The kinds of the model's ops on ``problem``: F, B, W and the recomputes it allows."""
-    return (Kind.F, Kind.B, Kind.W) + tuple(k for k in RECOMPUTES if k in problem.policies)
+    return (Kind.F, Kind.B, Kind.W) + problem.recomputes
 
 
 def model_deltas(problem: Problem, stage: int) -> dict[Kind, float]:

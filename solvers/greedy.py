@@ -62,7 +62,7 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 
-from schedc.kinds import ROWS, Kind
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
@@ -127,12 +127,7 @@ def flags_for(problem: Problem) -> tuple[str, ...]:
         flags = ONE_CHUNK_FLAGS
     else:
         flags = FLAGS if problem.chunks == 2 else tuple(f for f in FLAGS if f != "lean")
-    return flags + RECOMPUTE_FLAGS if _recomputes(problem) else flags
-
-
-def _recomputes(problem: Problem) -> tuple[Kind, ...]:
-    """The recompute kinds (R, S) the problem declares, in the table's order."""
-    return tuple(k for k in problem.policies if ROWS[k].lightens)
+    return flags + RECOMPUTE_FLAGS if problem.recomputes else flags
 
 
 def policies(problem: Problem) -> list[Policy]:
@@ -201,7 +196,7 @@ class ListScheduler:
         self.round_trip, self.head = _round_trips(problem), _forward_heads(problem)
         room = problem.activation_room or (math.inf,) * problem.ranks
         # Recompute (problems that declare it, policy permitting): the kinds, cheapest first on each rank.
-        self.lighten = _recomputes(problem) if policy.recompute else ()
+        self.lighten = problem.recomputes if policy.recompute else ()
         self.recomputed: dict[tuple[int, int], Kind] = {}  # (stage, microbatch) -> R or S, as started
         self.ranks = [
             RankState(

@@ -46,13 +46,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schedc.errors import SchedcError
-from schedc.kinds import Kind
+from schedc.kinds import RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
-    RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, model_deltas, model_kinds, order_edges,
+    WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, model_deltas, model_kinds, order_edges,
     register_backend,
 )
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
@@ -67,7 +67,7 @@ SPLIT = (Kind.F, Kind.B, Kind.W)  # the kinds of the model's ops: the backward s
 def augmented(problem: Problem, schedule: Schedule) -> Schedule:
     """``schedule``'s compute lanes with every recompute op the model holds and the schedule does
     not (a policy it did not choose) right after its F: the order the model sees it as."""
-    kinds = [k for k in RECOMPUTES if k in problem.policies]
+    kinds = problem.recomputes
     held = set(schedule.ops())
     per_rank = []
     for ops in schedule.ranks:

@@ -41,11 +41,11 @@ from __future__ import annotations
 import random
 from typing import Callable, Iterator, Sequence
 
-from schedc.kinds import Kind
+from schedc.kinds import RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
-from schedc.solvers.common import RECOMPUTES, model_deltas, model_kinds
+from schedc.solvers.common import model_deltas, model_kinds
 from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from schedc.errors import ScheduleError
-from schedc.kinds import BACKWARDS, OPTIONAL, ROWS, Kind, check_supported, kind_of
+from schedc.kinds import BACKWARDS, OPTIONAL, RECOMPUTES, ROWS, Kind, check_supported, kind_of
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import simulate
@@ -31,7 +31,6 @@ from schedc.solvers import heuristics, vshape  # noqa: F401  (register the sched
 from schedc.solvers.registry import REGISTRY, Builder, register
 
 Policy = Mapping[tuple[int, int], Kind]  # (stage, microbatch) -> R, S or O; absent: kept
-_RECOMPUTES = frozenset(k for k, row in ROWS.items() if row.lightens)  # R, S: on the compute lane
 _OFFLOAD = next(k for k, row in ROWS.items() if row.policy == "offload")  # O
 _RELOAD = next(k for k, row in ROWS.items() if row.comes_with is _OFFLOAD)  # L
 
@@ -67,7 +66,7 @@ def _with_recomputes(ops: tuple[Op, ...], policy: Policy) -> tuple[Op, ...]:
     out: list[Op] = []
     for op in ops:
         kind = policy.get((op.stage, op.mb))
-        if op.kind in BACKWARDS and kind in _RECOMPUTES:
+        if op.kind in BACKWARDS and kind in RECOMPUTES:
             out.append(Op(kind, op.stage, op.mb))
         out.append(op)
     return tuple(out)

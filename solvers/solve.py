@@ -29,7 +29,7 @@ from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
-from schedc.solvers.common import BACKENDS, COPY_LANE, RECOMPUTES, WINDOW_MIN_SECONDS, Found, Progress, Settings
+from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import Budget, in_child
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, fit_recompute, with_policies
@@ -131,7 +131,7 @@ def recomputed_candidates(
     fit_recompute``, for each recompute policy the problem allows), judged; those that fit, until
     ``budget`` runs out once one does. So a limit only recompute can meet starts from the best
     order any registry schedule gives, not only from those the registry recomputes itself."""
-    kinds = [k for k in RECOMPUTES if k in problem.policies]
+    kinds = problem.recomputes
     offload = Kind.O in problem.policies
     if not (kinds or offload) or problem.activation_room is None:
         return []
