@@ -13,8 +13,9 @@ ranks under strict rules until all finish or none can move:
 - RECV posts a receive and never waits;
 - SEND waits until the peer has posted the matching RECV;
 - a compute op waits until the SEND of each tensor it received has happened;
-- an offload or reload is issued and never waits (it waits only for ops earlier on its own rank,
-  which the order above already puts before it).
+- an offload or reload is issued and never waits (it waits only for ops earlier on its own rank:
+  the compute op listed before it, what it needs, the copy before it; the order above already puts
+  them before it, and ``Schedule.check_complete`` refuses a reload listed after its backward).
 
 If the ranks stop short, the wait-for graph has a cycle, which the error names.
 """
@@ -57,9 +58,10 @@ class CheckReport:
         }
 
 
-def check(problem: Problem, program: Program, schedule: Schedule | None = None) -> CheckReport:
+def check(problem: Problem, program: Program, schedule: Schedule | None = None, issue: bool = True) -> CheckReport:
     """Raise ProgramError naming the first thing wrong; with ``schedule``, the compute order of
-    every rank must also equal it. Returns per-rank counts."""
+    every rank must also equal it, and its copy lane's order and (with ``issue``) the compute op
+    each copy op is issued after. Returns per-rank counts."""
     p = problem.ranks
     if len(program.ranks) != p:
         raise ProgramError(f"the program has {len(program.ranks)} ranks, the problem has {p}")
@@ -70,7 +72,7 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None) 
         if steps != [len(instrs) - 1]:
             raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {len(steps)})")
 
-    order = Schedule.from_lists("program", program.compute_order(), program.copy_order())
+    order = Schedule.from_lists("program", program.compute_order(), program.copy_order(), program.issued_after())
     try:
         order.check_complete(problem)
     except ScheduleError as e:
@@ -90,6 +92,11 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None) 
                 got = str(mine[k]) if k < len(mine) else "nothing"
                 want = str(theirs[k]) if k < len(theirs) else "nothing"
                 raise ProgramError(f"rank {r}: copy op {k} is {got} but the schedule {schedule.name!r} has {want}")
+        for r, (mine, theirs, ops) in enumerate(zip(order.after, schedule.after, order.copy) if issue else ()):
+            for op, a, b in zip(ops, mine, theirs):
+                if a != b:
+                    raise ProgramError(f"rank {r}: copy op {op} is issued after {a or 'nothing'} but the schedule"
+                                       f" {schedule.name!r} issues it after {b or 'nothing'}")
 
     feeds = _check_dataflow(problem, program)
     buffers = _run(program, _pair(program), feeds)

@@ -15,8 +15,9 @@ takes its longest path into the op that ends the objective:
   op's start (clipped: the first op listed, or the latency before it, may begin earlier).
 
 Each op on the chain says how it waited for the op before it: ``"data"``, for that op's result
-(``latency``: ``comm`` when it came from another rank), or ``"rank"``, for its rank's lane, busy with
-the op before it (an op whose previous op on its lane is also its producer waited for "data"). The
+(``latency``: ``comm`` when it came from another rank), ``"rank"``, for its rank's lane, busy with
+the op before it (an op whose previous op on its lane is also its producer waited for "data"), or
+``"issue"``, a copy op for the compute op it is issued after (``Schedule.after``). The
 chain may run through the copy lane: a backward that waited for its reload L, the reload for the
 copy lane busy with other copies. ``compute`` counts the chain's time on compute lanes, ``copy``
 on copy lanes. Where
@@ -41,7 +42,8 @@ from schedc.simulate import Timeline, dependencies
 class Wait:
     """How an op on the chain waited for the op before it."""
 
-    kind: str  # "data": for that op's result; "rank": for its rank, busy with that op
+    kind: str  # "data": for that op's result; "rank": for its rank, busy with that op; "issue": a copy op
+    # for the compute op it is issued after
     latency: float  # between that op's end and this op's start (comm across ranks, else 0)
 
 
@@ -146,7 +148,8 @@ class CriticalPath:
 def op_graph(timeline: Timeline) -> nx.DiGraph:
     """The DAG of the timeline's ops, every lane's: an edge from each op to the next on its rank's
     lane (``wait`` "rank") and from each producer to its consumer (``wait`` "data", ``latency`` comm
-    across ranks; an edge that is both is "data"). ``weight`` is the latency plus the consumer's
+    across ranks; an edge that is both is "data"), and from the compute op a copy op is issued after
+    to it (``wait`` "issue"). ``weight`` is the latency plus the consumer's
     duration, so a path's weight plus its first op's duration is the time from that op's start
     to the last op's end when nothing else waits."""
     problem, schedule = timeline.problem, timeline.schedule
@@ -161,7 +164,9 @@ def op_graph(timeline: Timeline) -> nx.DiGraph:
     for lane_ops in lanes:  # first: among equal predecessors the longest path keeps the first
         for a, b in zip(lane_ops, lane_ops[1:]):
             graph.add_edge(a, b, wait="rank", latency=0.0, weight=dur[index[b]])
-    for k, deps in enumerate(dependencies(problem, ops, index, where)):
+    for op, anchor in schedule.anchors().items():
+        graph.add_edge(anchor, op, wait="issue", latency=0.0, weight=dur[index[op]])
+    for k, deps in enumerate(dependencies(problem, ops, index, where, {})):
         for d, latency in deps:
             graph.add_edge(ops[d], ops[k], wait="data", latency=latency, weight=latency + dur[k])
     return graph

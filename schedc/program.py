@@ -5,11 +5,11 @@ Instructions:
 - ``F``, ``B``, ``W``, ``BW``, and the recomputes ``R`` (full) and ``S`` (selective) on (stage,
   microbatch): compute, in the Schedule's compute-lane order.
 - ``O`` (offload) and ``L`` (reload) on (stage, microbatch): the copy lane's ops, in its order. The
-  runtime *issues* a copy where the Program lists it and does not wait; the copy lane runs one copy
-  at a time in issue order, and the B (or BW) of a reloaded (stage, microbatch) waits for its ``L``
-  to complete. A copy is listed before the first compute op whose simulated start is at or after
-  the copy's simulated start (so that it overlaps the compute the simulator overlaps it with), and
-  never before the op it needs (an ``O`` after its ``F``, in the copy lane's order).
+  runtime *issues* a copy where the Program lists it and does not wait; the copy starts once the
+  compute listed before it has run (CUDA: the side stream waits for the compute stream), the copy
+  lane runs one copy at a time in issue order, and the B (or BW) of a reloaded (stage,
+  microbatch) waits for its ``L`` to complete. A copy is listed right before the compute op that
+  follows the one it is issued after (``Schedule.after``), as the simulator times it.
 - ``SEND`` / ``RECV`` of a stage's forward activation (``act``, stage s to s+1) or of the gradient
   of it (``grad``, stage s+1 to s) between two ranks. ``RECV`` *posts* a receive and does not
   wait; the compute that uses the tensor waits for it. ``SEND`` may block until the peer has
@@ -26,8 +26,9 @@ a compute ``(its start, 2)``, a send or hand-off ``(its producer's end, 1)``, a 
 key. A send then never waits for a receive with a larger key, and a compute never waits for a
 send with a larger key (the consumer starts after its producer ends), so every wait points to a
 smaller key: the wait-for relation has no cycle, whatever the real durations turn out to be.
-Copies (O, L) change nothing in it: a copy waits only for ops listed before it on its own rank (its
-F, the copy before it), and the B that waits for an L comes after it.
+Copies (O, L) change nothing in it: a copy waits only for ops listed before it on its own rank (the
+compute op it is issued after, its F, the copy before it), and the B that waits for an L comes
+after it (``Schedule.check_complete`` refuses issue points that break this).
 ``check`` (schedc/check.py) verifies this independently of the argument.
 
 Receives are posted early so that transfers overlap compute: at the latest one compute op before
@@ -37,7 +38,6 @@ timeline holds.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -235,6 +235,21 @@ class Program:
                     for instrs in self.ranks)
         return out if any(out) else ()
 
+    def issued_after(self) -> tuple[tuple[Op | None, ...], ...]:
+        """Per rank, aligned with ``copy_order()``: the compute op listed last before each copy op
+        (None: none), the op it is issued after (a lowered Program's equals its Schedule's ``after``)."""
+        out = []
+        for instrs in self.ranks:
+            last, mine = None, []
+            for i in instrs:
+                if isinstance(i.op, Kind):
+                    if ROWS[i.op].lane == "copy":
+                        mine.append(last)
+                    else:
+                        last = i.compute
+            out.append(tuple(mine))
+        return tuple(out) if any(out) else ()
+
     def listing(self, rank: int | None = None) -> str:
         """The program as text, one instruction per line."""
         ranks = range(len(self.ranks)) if rank is None else [rank]
@@ -256,7 +271,7 @@ class Program:
 def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a
     LOCAL hand-off) right after each producing op, each RECV posted early, the copy lane's
-    offloads and reloads where the simulated times put them (see the module notes), then the
+    offloads and reloads where the schedule issues them (see the module notes), then the
     optimizer step. ``timeline`` is ``simulate(problem, schedule)``, computed if omitted."""
     check_supported({op.kind for op in schedule.ops()}, "lowering", LOWERED)
     timeline = timeline or simulate(problem, schedule)
@@ -300,41 +315,25 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
         items.sort(key=lambda x: x[0])
         instrs = [instr for _, instr in items]
         if schedule.copy and schedule.copy[r]:
-            instrs = _with_copies(schedule.name, r, instrs, schedule.copy[r], timeline.start[r], times, where, n_stages)
+            instrs = _with_copies(instrs, schedule.copy[r], schedule.after[r])
         ranks.append((*instrs, Instr(Opcode.STEP)))
     return Program(tuple(ranks), Header.of(problem, schedule))
 
 
-def _with_copies(name: str, r: int, instrs: list[Instr], copies: tuple[Op, ...], starts: tuple[float, ...],
-                 times: dict[Op, tuple[int, float, float]], where: dict[Op, tuple[int, int]],
-                 n_stages: int) -> list[Instr]:
-    """Rank ``r``'s instructions with its copy lane's ops ``copies`` (in the lane's order) placed:
-    each before the first compute op whose simulated start (``starts``, the rank's compute lane)
-    is at or after the copy's, after the compute op it needs (an O after its F) and after the copy
-    before it. Raises ProgramError where a compute op that waits for a copy (a B for its L) would
-    come before it (possible only with ops of zero duration, whose simulated order is a tie)."""
-    at = {instr.compute: c for c, instr in enumerate(i for i in instrs if isinstance(i.op, Kind))}
-    placed: dict[int, list[Op]] = {}  # compute position -> the copies listed right before it
-    low = 0
-    for op in copies:
-        for dep in producers(op, n_stages, where):
-            if dep in at:  # a compute op of this rank (O's F): the copy is issued after it has run
-                low = max(low, at[dep] + 1)
-        low = bisect.bisect_left(starts, times[op][1], lo=low)
-        placed.setdefault(low, []).append(op)
-    issued: dict[Op, int] = {op: c for c, ops in placed.items() for op in ops}
+def _with_copies(instrs: list[Instr], copies: tuple[Op, ...], after: tuple[Op | None, ...]) -> list[Instr]:
+    """One rank's instructions with its copy lane's ops ``copies`` (in the lane's order) each listed
+    right before the compute op that follows the one it is issued after (``after``), or last."""
+    placed: dict[Op | None, list[Op]] = {}  # the compute op a copy is issued after -> those copies
+    for op, anchor in zip(copies, after):
+        placed.setdefault(anchor, []).append(op)
     out: list[Instr] = []
-    c = 0
+    pending = placed.get(None, [])
     for instr in instrs:
         if isinstance(instr.op, Kind):
-            out += [Instr(op.kind, op.stage, op.mb) for op in placed.get(c, ())]
-            for dep in producers(instr.compute, n_stages, where):
-                if ROWS[dep.kind].lane == "copy" and issued.get(dep, c + 1) > c:
-                    raise ProgramError(f"{name}: rank {r}: {instr.compute} waits for {dep}, which the copy lane"
-                                       " issues only after it: give the ops durations that order them")
-            c += 1
+            out += [Instr(op.kind, op.stage, op.mb) for op in pending]
+            pending = placed.get(instr.compute, [])
         out.append(instr)
-    out += [Instr(op.kind, op.stage, op.mb) for op in placed.get(c, ())]
+    out += [Instr(op.kind, op.stage, op.mb) for op in pending]
     return out
 
 

@@ -11,10 +11,15 @@ Versions. Version 1 holds the ops F, B, W and BW on one compute lane per rank. V
 memory for time) adds the recompute ops R and S to the compute lane, the copy lane of the
 offloads O and reloads L (``"schedule": {..., "copy": [[["O", stage, mb], ...], ...]}``, one list
 per rank) and, in ``timeline``, ``"policies"``: how many (stage, microbatch) recompute, recompute
-selectively and offload (``Schedule.policy_counts``). A schedule without any of those ops is
-written as version 1, byte for byte as before, so that a schedc from before version 2 still reads
-it; one with them is written as version 2, which an older schedc refuses with "written by a newer
-schedc". Reading takes both; a version 1 file that holds an op of version 2 is refused.
+selectively and offload (``Schedule.policy_counts``). Version 3 adds, beside the copy lane, the
+compute op each copy op is issued after (``"after": [[["F", stage, mb] or null, ...], ...]``,
+``Schedule.after``): a reload can then wait until just before its backward. A schedule is written
+in the oldest version that holds it, byte for byte as before: without recompute or offload as
+version 1, so that a schedc from before version 2 still reads it; with recompute only as version
+2; with a copy lane as version 3. An older schedc refuses a newer version with "written by a newer
+schedc". Reading takes every version; a file that holds what its version cannot is refused. A
+version 2 file's copy lane is read as it was written: each copy issued as early as it can be (the
+rule then), its program as it was lowered then.
 
 Reading checks more than the shape: the schedule must be complete for the problem, the program
 must pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
@@ -46,7 +51,7 @@ from schedc.tolerance import meets
 from schedc.version import __version__
 
 FORMAT = "schedc.schedule"
-VERSION = 2  # the newest version this schedc reads and writes (see the module notes)
+VERSION = 3  # the newest version this schedc reads and writes (see the module notes)
 V1_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW})  # what a version 1 file may hold
 
 
@@ -119,6 +124,9 @@ class ScheduleModel(_Strict):
     ranks: list[list[tuple[Literal[KIND_NAMES], int, int]]]  # type: ignore[valid-type]
     copy_lane: list[list[tuple[Literal[KIND_NAMES], int, int]]] = Field(  # type: ignore[valid-type]
         default_factory=list, alias="copy", description="version 2: per rank, the copy lane's order (offloads O, reloads L)")
+    after: list[list[Optional[tuple[Literal[KIND_NAMES], int, int]]]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="version 3: per rank, aligned with copy, the compute op each copy op is"
+                                          " issued after (null: before the first); left out, each as early as it can")
 
 
 def _plain_text(v: str) -> str:
@@ -166,7 +174,7 @@ class ScheduleFile(_Strict):
     """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
 
     format: Literal["schedc.schedule"]
-    version: Literal[1, 2]
+    version: Literal[1, 2, 3]
     provenance: Provenance
     problem: Problem
     schedule: ScheduleModel
@@ -206,7 +214,11 @@ def dump(compiled) -> str:
     schedule = compiled.schedule
     version = version_of(schedule)
     schedule_ranks = per_rank([[list(op) for op in ops] for ops in schedule.ranks], "  ")
-    copy = f', "copy": {per_rank([[list(op) for op in ops] for ops in schedule.copy], "  ")}' if schedule.copy else ""
+    copy = ""
+    if schedule.copy:
+        after = [[a and list(a) for a in ops] for ops in schedule.after]
+        copy = (f', "copy": {per_rank([[list(op) for op in ops] for ops in schedule.copy], "  ")},'
+                f' "after": {per_rank(after, "  ")}')
     fields = [
         plain("format", FORMAT),
         plain("version", version),
@@ -222,8 +234,10 @@ def dump(compiled) -> str:
 
 def version_of(schedule: Schedule) -> int:
     """The version a file of ``schedule`` is written as: 1 without recompute or offload (readable by
-    every schedc), else 2."""
-    return 1 if not schedule.copy and all(op.kind in V1_KINDS for ops in schedule.ranks for op in ops) else 2
+    every schedc), 2 with recompute only, 3 with a copy lane (offload)."""
+    if schedule.copy:
+        return 3
+    return 1 if all(op.kind in V1_KINDS for ops in schedule.ranks for op in ops) else 2
 
 
 def timeline_summary(timeline: Timeline, version: int) -> dict:
@@ -278,10 +292,13 @@ def from_data(data: Any, path: str | Path = "schedule file"):
 
     problem = model.problem
     try:
-        schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks, model.schedule.copy_lane)
+        if model.schedule.after and version < 3:
+            raise ScheduleError(f"schedule format version {version} cannot hold 'after' (version 3 does)")
+        schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks, model.schedule.copy_lane,
+                                       model.schedule.after)
     except ScheduleError as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
-    if version_of(schedule) > version:
+    if version_of(schedule) > version and not (version == 2 and schedule.copy):  # (2: a copy lane as it was)
         newer = next((op for op in schedule.ops() if op.kind not in V1_KINDS), None)
         what = f"op {newer}" if newer is not None else "a copy lane"
         raise ScheduleFileError(
@@ -292,7 +309,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
                                  Header.of(problem, schedule))
     try:
         timeline = simulate(problem, schedule)
-        check(problem, program, schedule)
+        check(problem, program, schedule, issue=version >= 3)
     except (ScheduleError, ProgramError) as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
     summary = timeline_summary(timeline, version)

@@ -1,5 +1,5 @@
 """A Schedule: per rank, an order per lane (the compute ops, and the copy ops where a schedule
-offloads). Nothing else (times come from simulate())."""
+offloads, each with the compute op it is issued after). Nothing else (times come from simulate())."""
 
 from __future__ import annotations
 
@@ -69,15 +69,31 @@ class Op(_OpFields):
 class Schedule:
     """Per rank, the order of its compute lane (``ranks``) and of its copy lane (``copy``: the
     offloads O and reloads L; empty when nothing is offloaded). Ops on different lanes of a rank
-    overlap in time; each lane runs one op at a time, in its order."""
+    overlap in time; each lane runs one op at a time, in its order.
+
+    ``after``, aligned with ``copy``: per copy op, the compute op of its rank it is issued after
+    (None: before the rank's first compute op). A copy starts no earlier than that op's end, as a
+    runtime that issues the copy from its instruction stream (a side CUDA stream waiting for the
+    compute stream) starts it: that is how a schedule delays a reload until just before the
+    backward that needs it, so the memory between offload and reload stays free. Left out, each
+    copy is issued as early as its needs allow (an offload after its forward, a reload with the
+    copy before it), which adds no wait to the lanes' order and the ops' needs."""
 
     name: str
     ranks: tuple[tuple[Op, ...], ...]
     copy: tuple[tuple[Op, ...], ...] = ()
+    after: tuple[tuple[Op | None, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.copy and not any(self.copy):  # no copy op: the same schedule as without a copy lane
             object.__setattr__(self, "copy", ())
+        if not self.copy:
+            if any(self.after):
+                raise ScheduleError(f"{self.name}: issue points ('after') given without a copy lane")
+            object.__setattr__(self, "after", ())
+        elif not self.after:
+            object.__setattr__(self, "after", tuple(_earliest_issue(ops, compute)
+                                                      for ops, compute in zip(self.copy, self.ranks)))
 
     @classmethod
     def from_lists(
@@ -85,12 +101,18 @@ class Schedule:
         name: str,
         per_rank: Iterable[Iterable[Op | tuple[str, int, int]]],
         copy: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
+        after: Iterable[Iterable[Op | tuple[str, int, int] | None]] = (),
     ) -> "Schedule":
         return cls(name, tuple(tuple(Op(*op) for op in ops) for ops in per_rank),
-                   tuple(tuple(Op(*op) for op in ops) for ops in copy))
+                   tuple(tuple(Op(*op) for op in ops) for ops in copy),
+                   tuple(tuple(None if op is None else Op(*op) for op in ops) for ops in after))
 
     def renamed(self, name: str) -> "Schedule":
         return replace(self, name=name)
+
+    def anchors(self) -> dict[Op, Op]:
+        """copy op -> the compute op it is issued after (copies issued before every compute op are absent)."""
+        return {op: a for ops, after in zip(self.copy, self.after) for op, a in zip(ops, after) if a is not None}
 
     @property
     def lanes(self) -> dict[str, tuple[tuple[Op, ...], ...]]:
@@ -147,6 +169,8 @@ class Schedule:
         if self.copy and len(self.copy) != problem.ranks:
             raise ScheduleError(f"{self.name}: has a copy lane for {len(self.copy)} ranks, the problem has {problem.ranks}")
         where = self.locate()
+        if self.copy:
+            self._check_issue(where)
         n, m = problem.n_stages, problem.microbatches
         allowed = set(problem.kinds)
         for lane, per_rank in self.lanes.items():
@@ -186,6 +210,50 @@ class Schedule:
         return where
 
 
+    def _check_issue(self, where: dict[Op, tuple[int, int]]) -> None:
+        """Each copy op issued after a compute op of its own rank, the lane's issue points in its
+        order, and none before what it needs (an O after its F) or after what needs it (an L before
+        its B): an issue point that breaks one of these could only deadlock."""
+        for r, (ops, after) in enumerate(zip(self.copy, self.after)):
+            if len(after) != len(ops):
+                raise ScheduleError(f"{self.name}: rank {r} has {len(ops)} copy ops but {len(after)} issue points")
+            at = -1
+            for op, anchor in zip(ops, after):
+                here = -1 if anchor is None else where.get(anchor, (None, None))[1]
+                if anchor is not None and (anchor not in where or ROWS[anchor.kind].lane != "compute"
+                                           or where[anchor][0] != r):
+                    raise ScheduleError(f"{self.name}: {op} is issued after {anchor}, which is not a compute op of rank {r}")
+                if here < at:
+                    raise ScheduleError(f"{self.name}: rank {r}: {op} is issued after {anchor or 'nothing'}, before the"
+                                        " copy ahead of it on the lane: issue points follow the lane's order")
+                at = here
+                for need in ROWS[op.kind].needs:
+                    for kind in candidates(need[0]):
+                        dep = _new(Op, (kind, op.stage + need[1], op.mb))
+                        if ROWS[kind].lane == "compute" and dep in where and where[dep][1] > here:
+                            raise ScheduleError(f"{self.name}: {op} is issued before {dep}, which it needs")
+                for user in _USERS.get(op.kind, ()):
+                    dep = _new(Op, (user, op.stage, op.mb))
+                    if dep in where and where[dep][1] <= here:
+                        raise ScheduleError(f"{self.name}: {op} is issued after {dep}, which waits for it")
+
+
+def _earliest_issue(ops: tuple[Op, ...], compute: tuple[Op, ...]) -> tuple[Op | None, ...]:
+    """One rank's issue points that add no wait: each copy op after the compute op it needs on its
+    own stage (an offload after its forward), else with the copy before it on the lane."""
+    at = {op: k for k, op in enumerate(compute)}
+    out: list[Op | None] = []
+    last = -1
+    for op in ops:
+        for need, offset in ROWS[op.kind].needs:
+            for kind in candidates(need):
+                dep = _new(Op, (kind, op.stage + offset, op.mb))
+                if offset == 0 and dep in at:
+                    last = max(last, at[dep])
+        out.append(compute[last] if last >= 0 else None)
+    return tuple(out)
+
+
 def _check_policy(name: str, where: dict[Op, tuple[int, int]], s: int, i: int) -> None:
     """At most one policy op for (s, i), and each op that comes with another there exactly with it."""
     held = [k for k in _POLICY if _new(Op, (k, s, i)) in where]
@@ -212,6 +280,10 @@ _FUSED = tuple(k for k, row in ROWS.items() if row.split is False)  # BW
 # kind -> its needs as (the kinds that may meet it, the first the schedule holds; the kind meeting
 # it without ``where``; stage offset)
 _NEEDS = {k: tuple((candidates(need), plain(need), offset) for need, offset in row.needs) for k, row in ROWS.items()}
+# copy kind -> the compute kinds of its (stage, microbatch) that wait for it (L: B and BW; O: none)
+_USERS = {k: tuple(u for u, row in ROWS.items() if row.lane == "compute"
+                  for need, offset in row.needs if offset == 0 and k in candidates(need))
+          for k, row in ROWS.items() if row.lane == "copy"}
 _new = tuple.__new__  # an Op of a Kind without Op.__new__'s check: producers() runs in every simulation
 
 

@@ -2,7 +2,8 @@
 
 Each lane of each rank (compute, and copy where the schedule offloads) runs its ops in the
 schedule's order. An op starts when its lane is free and every op it consumes has finished, plus
-``problem.comm`` when the producer is on another rank (a list schedule: as soon as possible, never
+``problem.comm`` when the producer is on another rank, and a copy op no earlier than the end of the
+compute op it is issued after (``Schedule.after``) (a list schedule: as soon as possible, never
 reordered). Memory: F allocates its stage's activation (only what it keeps where its microbatch
 recomputes), a recompute or reload allocates what it brings back, B, W and an offload free;
 an allocation counts from its op's start, a free from its op's end (``Problem.delta``). On one lane
@@ -143,12 +144,13 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     index = {op: k for k, op in enumerate(ops)}
     start, end, pos = replay(
         [[index[op] for op in lane_ops] for lane_ops in orders],
-        dependencies(problem, ops, index, where),
+        dependencies(problem, ops, index, where, schedule.anchors()),
         [problem.cost[op.kind][op.stage] for op in ops],
     )
     stuck = [x for x, lane_ops in enumerate(orders) if pos[x] < len(lane_ops)]
     if stuck:
-        deps = {op: [(d, 0.0) for d in producers(op, problem.n_stages, where)] for op in ops}
+        anchors = schedule.anchors()
+        deps = {op: [(d, 0.0) for d in (*producers(op, problem.n_stages, where), *_anchor(anchors, op))] for op in ops}
         raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(schedule, orders, pos, stuck, deps)}")
     return _timeline(problem, schedule, start, end)
 
@@ -159,15 +161,23 @@ def _orders(schedule: Schedule) -> list[tuple[Op, ...]]:
     return [ops for per_rank in schedule.lanes.values() for ops in per_rank]
 
 
-def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where) -> list[list[tuple[int, float]]]:
-    """Per op (by its index in ``ops``), its producers' indices and the latency added after each
-    producer's end (``comm`` across ranks)."""
+def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
+                 anchors: dict[Op, Op]) -> list[list[tuple[int, float]]]:
+    """Per op (by its index in ``ops``), the indices of the ops it waits for and the latency added
+    after each one's end: its producers (``comm`` across ranks), and for a copy op the compute op
+    it is issued after (``anchors``: ``Schedule.anchors()``)."""
     rank_of = problem.stage_rank
     return [
         [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
-         for d in producers(op, problem.n_stages, where)]
+         for d in (*producers(op, problem.n_stages, where), *_anchor(anchors, op))]
         for op in ops
     ]
+
+
+def _anchor(anchors: dict[Op, Op], op: Op) -> tuple[Op, ...]:
+    """The compute op that ``op`` is issued after, if it is a copy op issued after one."""
+    a = anchors.get(op)
+    return () if a is None else (a,)
 
 
 def replay(
@@ -224,7 +234,7 @@ def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float
     ops = [op for lane_ops in lanes for op in lane_ops]
     n = len(ops)
     index = {op: k for k, op in enumerate(ops)}
-    one = dependencies(problem, ops, index, where)
+    one = dependencies(problem, ops, index, where, schedule.anchors())
     deps = [[(d + j * n, lat) for d, lat in one[k]] for j in range(steps) for k in range(n)]
     orders = [[index[op] + j * n for j in range(steps) for op in lane_ops] for lane_ops in lanes]
     dur = [problem.cost[op.kind][op.stage] for op in ops] * steps

@@ -21,9 +21,11 @@ own), O after F, L after O and before B. The reservoir's events carry the same l
 allocates the activation at its start, less what a recompute policy does not keep (an event at
 the same instant, active with its literal); R or S allocates the rest at its start; O frees the
 activation at its end and L allocates it again at its start. Events at one instant count together,
-as the simulator's free-before-allocation at a tie does. The simulator re-times the order found;
-where a copy lane is involved, as-soon-as-possible reloads may come earlier than in the model's
-solution and so raise a peak: such an answer is rejected by the driver (it keeps its incumbent).
+as the simulator's free-before-allocation at a tie does. The simulator re-times the order found,
+each copy op issued after the last compute op that ends by its start in the model's solution
+(``Schedule.after``): a reload then starts no earlier than that op's end, though it may still start
+before the model's time where that op ends earlier in the re-timing, and so raise a peak; such an
+answer is rejected by the driver (it keeps its incumbent).
 
 Times are integers: costs and ``comm`` are multiplied by the least ``scale`` that makes them all
 integers (their decimals as written, e.g. 1000 when they are multiples of 0.001, 1 when they are
@@ -383,14 +385,28 @@ class _CpModel:
 
     def schedule(self, value: Callable) -> Schedule:
         """Each lane's ops in the order of their start times (distinct: every op lasts >= 1), the
-        policy ops only where present."""
+        policy ops only where present; each copy op issued after the last compute op of its rank
+        that ends by its start (``Schedule.after``), so the simulator starts it no earlier than
+        that op's end, as the model had it wait."""
         starts = [value(x) for x in self.start]
         lanes = {"compute": [[] for _ in self.on_rank], "copy": [[] for _ in self.on_rank]}
+        after: list[list[Op | None]] = [[] for _ in self.on_rank]
         for r, ks in enumerate(self.on_rank):
+            last: Op | None = None  # the last compute op so far that has ended
+            ended = []  # (end, op) of the rank's compute ops so far, by start
             for k in sorted(ks, key=lambda k: (starts[k], k)):
-                if k not in self.present or value(self.present[k]):
-                    lanes[ROWS[self.ops[k].kind].lane][r].append(self.ops[k])
-        return Schedule.from_lists("cpsat", lanes["compute"], lanes["copy"])
+                if k in self.present and not value(self.present[k]):
+                    continue
+                op = self.ops[k]
+                lane = ROWS[op.kind].lane
+                lanes[lane][r].append(op)
+                if lane == "compute":
+                    ended.append((starts[k] + self.dur[k], op))
+                    continue
+                while ended and ended[0][0] <= starts[k]:
+                    last = ended.pop(0)[1]
+                after[r].append(last)
+        return Schedule.from_lists("cpsat", lanes["compute"], lanes["copy"], after)
 
 
 def times_of(timeline: Timeline) -> dict[Op, tuple[int, float, float]]:

@@ -75,7 +75,7 @@ class _Evaluator:
         self.dur = list(self.cost)
         deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
         self.mem = [deltas[op.stage].get(op.kind, problem.mem[op.kind][op.stage]) for op in self.ops]
-        self.deps = dependencies(problem, self.ops, index, index)
+        self.deps = dependencies(problem, self.ops, index, index, schedule.anchors())
         # Recompute ops: B waits for each (producers names the first); per F, those of its pair.
         self.recompute = {k for k, op in enumerate(self.ops) if op.kind in RECOMPUTES}
         self.after_f: dict[int, list[int]] = {}

@@ -10,7 +10,9 @@ the ops of each policy where the frameworks run them:
 - O on the rank's copy lane after its forward, L before its backward; the copy lane's order
   follows the times the simulator gives the schedule without the copies: each O when its forward
   ends, the reloads packed as late as they can end before their backwards (as the zero-bubble
-  authors' offload scheduler places them), merged by time.
+  authors' offload scheduler places them), merged by time. Each copy is issued after the last
+  compute op that ends by then (``Schedule.after``), so a reload waits there rather than running
+  as soon as the copy lane is free, and the memory between offload and reload stays free.
 
 The registry schedules built on it are the baselines of issue 25: 1F1B and interleaved 1F1B with
 full and with selective recompute, ZB-H1 with full recompute, 1F1B with per-stage recompute sized
@@ -20,6 +22,7 @@ can hide (in the spirit of PipeOffload). The simulator judges each, as every sch
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping
 
 from schedc.errors import ScheduleError
@@ -58,8 +61,8 @@ def with_policies(problem: Problem, schedule: Schedule, policy: Policy, name: st
     if not offloaded:
         return Schedule(name, ranks)
     times = simulate(problem, Schedule(name, ranks)).op_times()  # without the copies
-    copy = tuple(_copy_lane(problem, ops, offloaded, times) for ops in ranks)
-    return Schedule(name, ranks, copy)
+    lanes = [_copy_lane(problem, ops, offloaded, times) for ops in ranks]
+    return Schedule(name, ranks, tuple(copy for copy, _ in lanes), tuple(after for _, after in lanes))
 
 
 def _with_recomputes(ops: tuple[Op, ...], policy: Policy) -> tuple[Op, ...]:
@@ -72,10 +75,12 @@ def _with_recomputes(ops: tuple[Op, ...], policy: Policy) -> tuple[Op, ...]:
     return tuple(out)
 
 
-def _copy_lane(problem: Problem, ops: tuple[Op, ...], offloaded: set[tuple[int, int]], times) -> tuple[Op, ...]:
-    """One rank's copy lane: each offload O when its forward ends; the reloads L packed backwards
-    from the last, each ending by its backward's start (or by the next reload's start); the two
-    merged by time, an offload first at a tie and every L after its own O."""
+def _copy_lane(problem: Problem, ops: tuple[Op, ...], offloaded: set[tuple[int, int]],
+               times) -> tuple[tuple[Op, ...], tuple[Op | None, ...]]:
+    """One rank's copy lane and issue points: each offload O when its forward ends; the reloads L
+    packed backwards from the last, each ending by its backward's start (or by the next reload's
+    start); the two merged by time, an offload first at a tie and every L after its own O. Each is
+    issued after the last compute op that ends by its time (an O after its forward)."""
     cost = problem.cost
     sends: dict[tuple[int, int], float] = {}
     for op in ops:
@@ -88,7 +93,14 @@ def _copy_lane(problem: Problem, ops: tuple[Op, ...], offloaded: set[tuple[int, 
             latest = min(latest, times[op][1]) - cost[_RELOAD][op.stage]
             keyed.append((max(latest, sends[op.stage, op.mb]), 1, Op(_RELOAD, op.stage, op.mb)))
     keyed.sort(key=lambda item: item[:2])
-    return tuple(op for _, _, op in keyed)
+    ends = [times[op][2] for op in ops]
+    tol = problem.time_tol
+    after: list[Op | None] = []
+    at = -1
+    for t, _, op in keyed:
+        at = max(at, bisect.bisect_right(ends, t + tol.eps) - 1)
+        after.append(ops[at] if at >= 0 else None)
+    return tuple(op for _, _, op in keyed), tuple(after)
 
 
 # ---- policies ----
@@ -150,8 +162,8 @@ def hidden_offloads(problem: Problem, schedule: Schedule, name: str | None = Non
     microbatch) whose wait from forward to backward can hold an offload and a reload (the zero-
     bubble authors' offload scheduler skips the others), longest wait first; a group of them is
     kept offloaded when the simulator finds the objective no worse than without any offload and no
-    rank's peak memory higher than before the group (a copy lane runs its ops as soon as it can, so
-    a reload no later offload holds back, as in the cool-down, may come early and add to a peak).
+    rank's peak memory higher than before the group (a copy lane one rank shares between its
+    offloads and reloads may delay a reload past its target, or an offload past a peak).
     Groups are tried whole and halved where they fail, down to one candidate, for at most
     ``OFFLOAD_TRIALS`` simulations (each replays the whole schedule: on large problems the halving
     would otherwise cost thousands); what is accepted by then is kept."""
@@ -252,9 +264,7 @@ def one_f_one_b_recompute_fit(problem: Problem) -> Schedule:
     requires=_needs(Kind.O, "zb-v"),
 )
 def zb_v_offload(problem: Problem) -> Schedule:
-    """ZB-V with ``hidden_offloads``. Partial: in the core model a reload waits only for its
-    offload and its copy lane, so the reloads that no later offload holds back (ZB-V's cool-down,
-    where no forward is left) all run at once, and rank 0 peaks at ZB-V's own peak: this lowers the
-    other ranks' peaks but not the largest. A reload that may also wait for a compute op (as the
-    zero-bubble authors' runtime issues it at a point of the compute stream) would lift that."""
+    """ZB-V with ``hidden_offloads``: each reload issued after the compute op that ends just in time
+    for it (as the zero-bubble authors' runtime issues it at a point of the compute stream), so
+    the offloaded activations stay off the device through the cool-down too."""
     return hidden_offloads(problem, REGISTRY["zb-v"].build(problem), "zb-v-offload")

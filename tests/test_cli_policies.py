@@ -98,4 +98,4 @@ def test_solve_reports_the_policies_of_its_schedule(files, monkeypatch):
     assert header.split()[-3:] == ["recompute", "selective", "offload"]
     assert next(ln for ln in out if ln.startswith("ilp ")).split()[-3:] == ["2", "1", "2"]
     saved = json.loads((files / "s.json").read_text())
-    assert saved["version"] == 2 and saved["timeline"]["policies"] == data["policies"]
+    assert saved["version"] == 3 and saved["timeline"]["policies"] == data["policies"]

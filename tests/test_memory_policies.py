@@ -10,6 +10,7 @@ from schedc import Problem
 from schedc.errors import ProblemError, ScheduleError
 from schedc.kinds import Kind
 from schedc.schedule import Op, Schedule
+from schedc.program import lower
 from schedc.simulate import back_to_back, simulate
 from schedc.solvers.memtime import with_policies
 from schedc.solvers.registry import build
@@ -120,6 +121,31 @@ def test_the_copy_lane_runs_one_copy_at_a_time_beside_compute():
     stuck = Schedule.from_lists("y", s.ranks, copy=[[("L", 0, 0), ("O", 0, 0), ("O", 0, 1), ("L", 0, 1)]])
     with pytest.raises(ScheduleError, match=r"rank 0 \(copy lane\) waits at L0@s0 for O0@s0"):
         simulate(p, stuck)
+
+
+def test_a_reload_waits_for_the_compute_op_it_is_issued_after():
+    """One rank, F0..F3 then the backwards in reverse: microbatch 0 waits longest. Offloaded, its
+    reload issued as early as it can be comes right back and the peak is not lowered; issued
+    after B1 (``after``), it runs just before B0 and the peak falls by its activation."""
+    p = Problem.parse(dict(ranks=1, microbatches=4, costs=dict(F=1, B=1, W=1), memory=dict(F=4), offload=dict(time=1)))
+    order = [("F", 0, i) for i in range(4)] + [(k, 0, i) for i in (3, 2, 1, 0) for k in "BW"]
+    copy = [[("O", 0, 0), ("L", 0, 0)]]
+    early = simulate(p, Schedule.from_lists("early", [order], copy))
+    assert early.schedule.after == ((Op("F", 0, 0), Op("F", 0, 0)),)  # the default: as early as it can
+    assert early.copy_start == ((1, 2),) and early.peak_activation == (16,)
+    late = simulate(p, Schedule.from_lists("late", [order], copy, after=[[("F", 0, 0), ("B", 0, 1)]]))
+    assert late.copy_start == ((1, 9),) and late.copy_end == ((2, 10),)  # L0 from B1's end
+    assert late.start == early.start and late.makespan == 12  # B0 at 10, as without the offload
+    assert late.memory[0] == (4, 8, 8, 12, 10, 8, 6, 4, 2, 4, 2, 0) and late.peak_activation == (12,)
+    # The program issues the reload right after B1 (before W1), as the simulator times it.
+    listing = [str(i) for i in lower(p, late.schedule).for_rank(0)]
+    assert listing[listing.index("B1@s0") + 1] == "L0@s0" and listing[listing.index("F0@s0") + 1] == "O0@s0"
+    # with_policies issues it so: after the last compute op that ends in time for B0.
+    planned = with_policies(p, Schedule.from_lists("x", [order]), {(0, 0): Kind.O})
+    assert planned.after == late.schedule.after and simulate(p, planned).peak_activation == (12,)
+    # A reload issued after (or at) the backward that waits for it is refused, by name.
+    with pytest.raises(ScheduleError, match="L0@s0 is issued after B0@s0, which waits for it"):
+        simulate(p, Schedule.from_lists("bad", [order], copy, after=[[("F", 0, 0), ("B", 0, 0)]]))
 
 
 @settings(max_examples=60, deadline=None)

@@ -212,7 +212,7 @@ def first(instrs, op):
         (lambda d: d["program"][0].pop(0), "inconsistent: compute ops: 1 ops missing: F0@s0"),
         (lambda d: d["program"][2].insert(0, d["program"][2].pop(d["program"][2].index(first(d["program"][2], "SEND")))),
          "inconsistent: rank 2: SEND .* comes before the op that computes it"),
-        (lambda d: d.__setitem__("version", 3), "written by a newer schedc \\(schedule format version 3"),
+        (lambda d: d.__setitem__("version", 4), "written by a newer schedc \\(schedule format version 4"),
         (lambda d: d.__setitem__("version", "1"), "version must be a positive integer"),
         (lambda d: d.pop("program"), "program: Field required"),
         (lambda d: d.__setitem__("progam", []), "unknown field 'progam' \\(did you mean 'program'\\?\\)"),
@@ -362,9 +362,13 @@ def test_lowering_with_recompute_and_offload_gives_a_checked_program(problem, rn
                 if op.kind == "L":
                     user = next(o for o in ops if o.kind in ("B", "BW") and (o.stage, o.mb) == (op.stage, op.mb))
                     assert k < pos[user]
-                    # listed before the first compute op that starts at or after the copy (or its user)
-                    later = [o for o in ops[k + 1:] if o.kind in COMPUTE]
-                    assert later and times[later[0]][1] >= times[op][1] - 1e-9
+                # each copy listed right after the compute op it is issued after, and starting
+                # no earlier than that op's end
+                if op.kind in ("O", "L"):
+                    anchor = next((o for o in reversed(ops[:k]) if o.kind in COMPUTE), None)
+                    assert anchor == schedule.anchors().get(op)
+                    assert anchor is None or times[op][1] >= times[anchor][2] - 1e-9
+        assert program.issued_after() == schedule.after
         # a schedule without policies lowers as it did before the problem allowed them
         assert lower(problem, base).ranks == lower(plain, base).ranks
 
@@ -396,9 +400,9 @@ def _move(instrs, what, after=None, before=None):
     # the B of a recomputed microbatch after its F but before its R: the program holds R, so B needs it
     (lambda r: _move(r, Instr("R", 0, 0), after=Instr("BW", 0, 0)), "BW0@s0 runs before R0@s0"),
     (lambda r: _move(r, Instr("R", 0, 0), before=Instr("F", 0, 0)), "R0@s0 runs before F0@s0"),
-    (lambda r: _move(r, Instr("L", 0, 1), after=Instr("BW", 0, 1)), "BW1@s0 runs before L1@s0"),
+    (lambda r: _move(r, Instr("L", 0, 1), after=Instr("BW", 0, 1)), "L1@s0 is issued after BW1@s0, which waits for it"),
     (lambda r: _move(r, Instr("L", 0, 1), before=Instr("O", 0, 1)), "L1@s0 runs before O1@s0"),
-    (lambda r: _move(r, Instr("O", 0, 1), before=Instr("F", 0, 0)), "O1@s0 runs before F1@s0"),
+    (lambda r: _move(r, Instr("O", 0, 1), before=Instr("F", 0, 0)), "O1@s0 is issued before F1@s0, which it needs"),
     (lambda r: r.__setitem__(r.index(Instr("O", 0, 1)), Instr("O", 1, 1)), "stage 1 is placed on rank 1, not 0"),
     (lambda r: r.remove(Instr("L", 0, 1)), "O1@s0 has no L1@s0"),
 ])
