@@ -349,13 +349,18 @@ class PipelineRuntime:
         """What a forward of stage ``s`` leaves for its backward: the last stage's loss (scaled by
         1/m; recorded), else the output ``y``, whose values go to the outbox for the next stage."""
         if s == self.last:
-            loss = self.loss_fn(y, state.ys[mb])
+            loss = self.loss_fn(y, self._target(state, mb))
             state.losses.append(loss.detach())
             return loss / self.m
         if not isinstance(y, torch.Tensor):
             raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
         state.outbox[Message("act", mb, s, s + 1)] = y.detach()
         return y
+
+    def _target(self, state: _StepState, mb: int) -> torch.Tensor:
+        """Microbatch ``mb``'s targets on this rank's device, where the loss is computed (the caller
+        may pass them on the host, as the inputs)."""
+        return state.ys[mb].to(self.device)
 
     def _recompute(self, state: _StepState, instr: Instr, k: int) -> None:
         """R: the forward again, with autograd, from the kept input and with the first run's random
@@ -366,7 +371,7 @@ class PipelineRuntime:
             x = x.detach().requires_grad_(True)
         with replaying_rng(rng, self.device):
             y = self._call_stage(s, x)
-            out = self.loss_fn(y, state.ys[mb]) / self.m if s == self.last else y
+            out = self.loss_fn(y, self._target(state, mb)) / self.m if s == self.last else y
         del y
         state.saved[(s, mb)] = (x if s > 0 else None, _without_data(out))
 

@@ -26,6 +26,10 @@ from schedc.schedfile import CompiledSchedule
 from tests.test_program import with_policies
 
 CFG = dict(vocab=64, d_model=32, n_layers=2, n_heads=2, seq_len=16, dropout=0.1)
+# CUDA where there is one: both gloo ranks on the one GPU (NCCL refuses two ranks on one device);
+# recompute replays the CUDA generator's state, offload copies through pinned host buffers on a
+# side stream. CI has no GPU: those cases skip there.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 MB = 2  # sequences per microbatch
 
 
@@ -33,20 +37,21 @@ def model(n_stages, **cfg):
     return stages(gpt_blocks(**{**CFG, **cfg}, seed=3), n_stages)
 
 
-def grads(rank, world, compiled_list, cfg):
+def grads(rank, world, compiled_list, cfg, device="cpu"):
     """One step of each compiled schedule from the same weights and per-rank random state: this
-    rank's loss and parameter gradients, by schedule name."""
+    rank's loss and parameter gradients (on the CPU), by schedule name."""
     out = {}
     (x, y), = token_batches(1, MB * compiled_list[0].problem.microbatches, CFG["seq_len"], CFG["vocab"], seed=4)
     for compiled in compiled_list:
         prob = compiled.problem
-        mine = {s: mod for s, mod in enumerate(model(prob.n_stages, **cfg)) if s in prob.rank_stages[rank]}
-        rt = PipelineRuntime(compiled, mine, lm_loss, timeout=120)
-        torch.manual_seed(100 + rank)
+        mine = {s: mod.to(device) for s, mod in enumerate(model(prob.n_stages, **cfg)) if s in prob.rank_stages[rank]}
+        rt = PipelineRuntime(compiled, mine, lm_loss, device=device, timeout=120)
+        torch.manual_seed(100 + rank)  # (the CUDA generators too)
         loss = rt.step(x if 0 in mine else None, y if prob.n_stages - 1 in mine else None)
         out[compiled.name] = {"loss": None if loss is None else loss.item(),
-                              "grads": {f"{s}.{k}": (p.grad.clone() if p.grad is not None else torch.full_like(p, float("nan"))) for s, mod in mine.items()
-                                        for k, p in mod.named_parameters()}}
+                              "grads": {f"{s}.{k}": (p.grad.cpu().clone() if p.grad is not None
+                                                     else torch.full_like(p, float("nan"), device="cpu"))
+                                        for s, mod in mine.items() for k, p in mod.named_parameters()}}
     return out
 
 
@@ -68,15 +73,16 @@ POLICIES = {  # name -> (stage, mb) -> policy, on 2 stages x 4 microbatches
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("order", ["1f1b", "zb-h1"])
-def test_recompute_and_offload_give_the_gradients_of_the_plain_schedule(order):
+def test_recompute_and_offload_give_the_gradients_of_the_plain_schedule(order, device):
     plain = problem()
     base = solvers.build(order, plain)
     compiled = [CompiledSchedule.build(plain, base)]
     for name, policy in POLICIES.items():
         schedule = with_policies(base, policy).renamed(f"{order}+{name}")
         compiled.append(CompiledSchedule.build(sections(plain), schedule))
-    ranks = run_local(grads, 2, compiled, {}, timeout=600)
+    ranks = run_local(grads, 2, compiled, {}, device, timeout=600)
     for c in compiled[1:]:
         worst = 0.0
         for r, got in enumerate(ranks):
@@ -89,7 +95,7 @@ def test_recompute_and_offload_give_the_gradients_of_the_plain_schedule(order):
                 worst = max(worst, float((h - g).norm() / g.norm()))
         print(f"{c.name}: largest relative gradient difference {worst:.2e}")
     # dropout is on: a different random state gives other gradients (the comparison can fail)
-    ranks_other = run_local(grads, 2, compiled[:1], {"dropout": 0.2}, timeout=300)
+    ranks_other = run_local(grads, 2, compiled[:1], {"dropout": 0.2}, device, timeout=300)
     k = next(iter(ranks[0][base.name]["grads"]))
     assert not torch.allclose(ranks_other[0][base.name]["grads"][k], ranks[0][base.name]["grads"][k])
 
@@ -136,15 +142,15 @@ MEM_MB = 4
 LOW, HIGH = 0.90, 1.10  # as tests/test_memory_measure.py: the simulator counts working memory on every op
 
 
-def measured(rank, world, compiled_list):
+def measured(rank, world, compiled_list, device="cpu"):
     """One warm-up step, then one measured step of each schedule: this rank's peak activation MiB."""
     out = {}
     for compiled in compiled_list:
         prob = compiled.problem
         mods = stages(gpt_blocks(**MEM_CFG, seed=0), prob.n_stages)
-        mine = {s: mods[s] for s in prob.rank_stages[rank]}
+        mine = {s: mods[s].to(device) for s in prob.rank_stages[rank]}
         opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=1e-3)
-        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, measure_memory=True, timeout=120)
+        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, measure_memory=True, device=device, timeout=120)
         for x, y in token_batches(2, MEM_MB * prob.microbatches, MEM_CFG["seq_len"], MEM_CFG["vocab"]):
             rt.step(x, y)
         events = rt.trace_events()
@@ -153,13 +159,12 @@ def measured(rank, world, compiled_list):
     return out
 
 
-@pytest.fixture(scope="module")
-def profiled_problem():
+def profiled_problem(device):
     from schedc.runtime.profile import make_problem, profile_stages  # torch-heavy: only for these tests
 
     x, y = token_batches(1, MEM_MB, MEM_CFG["seq_len"], MEM_CFG["vocab"])[0]
     prof = profile_stages(stages(gpt_blocks(**MEM_CFG, seed=0), 2), x, y, lm_loss, warmup=1, repeats=1,
-                          optimizer_state=0)
+                          optimizer_state=0, device=device)
     plain = make_problem(prof, ranks=2, microbatches=4, name="gpt")
     return plain, make_problem(prof, ranks=2, microbatches=4, name="gpt", policies=True)
 
@@ -174,14 +179,15 @@ MEMORY_CASES = {  # name -> (registry order, policy per (stage, mb))
 }
 
 
-def test_measured_memory_with_recompute_and_offload_matches_the_simulator(profiled_problem):
-    plain, prob = profiled_problem
+@pytest.mark.parametrize("device", DEVICES)
+def test_measured_memory_with_recompute_and_offload_matches_the_simulator(device):
+    plain, prob = profiled_problem(device)
     assert prob.recompute is not None and prob.recompute.selective is not None and prob.offload is not None
     compiled = []
     for name, (order, policy) in MEMORY_CASES.items():
         schedule = with_policies(solvers.build(order, plain), policy).renamed(name)
         compiled.append(CompiledSchedule.build(prob if policy else plain, schedule))
-    ranks = run_local(measured, 2, compiled, timeout=900)
+    ranks = run_local(measured, 2, compiled, device, timeout=900)
     report = []
     for c in compiled:
         for r in range(2):
