@@ -1,4 +1,5 @@
-"""Choosing the device and the threads a profile runs with (``schedc profile``)."""
+"""Choosing the device and the threads a profile runs with (``schedc profile``), and naming a
+device exactly (``indexed``)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,13 @@ def choose_device(device: str | None, ranks: int, threads: int | None) -> tuple[
     if where.type == "cpu":
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // ranks))
     return dev, torch.get_num_threads()
+
+
+def indexed(device: torch.device | str) -> torch.device:
+    """``device`` with its index: ``cuda`` is the current CUDA device, ``cuda:0`` say, as a tensor
+    on it reports its device (``torch.device("cuda") != torch.device("cuda:0")``: a comparison
+    with an unindexed device would find no tensor on it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -71,6 +71,7 @@ from schedc.kinds import Kind, in_order, unsupported
 from schedc.program import Instr, Message, Opcode
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport, describe
+from schedc.runtime.device import indexed
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.policies import (Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng,
                                      without_storage)
@@ -185,7 +186,7 @@ class PipelineRuntime:
         self.m = head.microbatches
         first = next(iter(self.stages.values()))
         params = list(first.parameters())
-        self.device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
+        self.device = indexed(device) if device is not None else (params[0].device if params else torch.device("cpu"))
         backend = dist.get_backend(group)
         self.comm_device = self.device if backend != "gloo" else torch.device("cpu")
         self.split = head.split_backward

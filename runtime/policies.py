@@ -56,6 +56,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from schedc.runtime.device import indexed
+
 RngState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU generator state, CUDA device's or None)
 
 
@@ -201,7 +203,7 @@ class Offloaded:
     def __init__(self, device: torch.device, leave: set[int], stream=None):
         """``leave``: storage addresses to leave alone (parameters, the caller's input).
         ``stream``: the side CUDA stream of the copies (None on CPU)."""
-        self.device, self.leave, self.stream = device, leave, stream
+        self.device, self.leave, self.stream = indexed(device), leave, stream
         self.tensors: list[torch.Tensor | None] | None = []  # on the device: what unpack hands over (once)
         self.host: list[torch.Tensor] = []  # while offloaded: one buffer per storage
         self.layout: list[tuple[int, int, torch.Size, tuple[int, ...], torch.dtype]] = []
