@@ -219,17 +219,17 @@ class Schedule:
                 raise ScheduleError(f"{self.name}: rank {r} has {len(ops)} copy ops but {len(after)} issue points")
             at = -1
             for op, anchor in zip(ops, after):
-                here = -1 if anchor is None else where.get(anchor, (None, None))[1]
                 if anchor is not None and (anchor not in where or ROWS[anchor.kind].lane != "compute"
                                            or where[anchor][0] != r):
                     raise ScheduleError(f"{self.name}: {op} is issued after {anchor}, which is not a compute op of rank {r}")
+                here = -1 if anchor is None else where[anchor][1]  # its position in the compute order
                 if here < at:
                     raise ScheduleError(f"{self.name}: rank {r}: {op} is issued after {anchor or 'nothing'}, before the"
                                         " copy ahead of it on the lane: issue points follow the lane's order")
                 at = here
-                for need in ROWS[op.kind].needs:
-                    for kind in candidates(need[0]):
-                        dep = _new(Op, (kind, op.stage + need[1], op.mb))
+                for need, offset in ROWS[op.kind].needs:
+                    for kind in candidates(need):
+                        dep = _new(Op, (kind, op.stage + offset, op.mb))
                         if ROWS[kind].lane == "compute" and dep in where and where[dep][1] > here:
                             raise ScheduleError(f"{self.name}: {op} is issued before {dep}, which it needs")
                 for user in _USERS.get(op.kind, ()):
