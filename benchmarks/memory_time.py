@@ -2,7 +2,7 @@
 decided together) against the schedules users run today, on the zero-bubble paper's settings,
 at memory limits from a quarter to twice 1F1B's activation memory.
 
-    python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--jobs N]
+    python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--jobs N] [--resume]
     python benchmarks/memory_time.py --problems   # only (re)write examples/problems/memory-time/
 
 Sources and the model (see benchmarks/zb_paper.py for the settings themselves):
@@ -182,6 +182,20 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
+def _commit() -> str:
+    """The checked-out commit (with "+changes" where the tree differs from it), or "unknown"."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def main() -> None:
     from _results import machine, write_section
 
@@ -194,6 +208,8 @@ def main() -> None:
     parser.add_argument("--limits", default=",".join(f"{x:g}" for x in LIMITS),
                         help="the limits to run, as multiples of 1F1B's activation memory (default all)")
     parser.add_argument("--out", default="out/memory-time", help="where the solved schedule files go")
+    parser.add_argument("--resume", action="store_true",
+                        help="take the cells an earlier run of this commit (and time limit) finished in --out")
     args = parser.parse_args()
     paths = write_problems()
     if args.problems:
@@ -208,9 +224,17 @@ def main() -> None:
     chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem and cell[2] in limits]
     results: dict = {}
 
+    commit = _commit()
+
     def one(item):
         cell, path = item
+        saved = out_dir / f"{path.stem}.cell.json"  # each cell's result as it is done, for --resume
+        if args.resume and saved.exists():
+            kept = json.loads(saved.read_text())
+            if kept.get("commit") == commit and kept.get("time_limit") == args.time_limit:
+                return cell, kept["result"]
         r = run_cell(path, args.time_limit, out_dir)
+        saved.write_text(json.dumps({"commit": commit, "time_limit": args.time_limit, "result": r}))
         print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)
         return cell, r
 
@@ -252,7 +276,7 @@ def main() -> None:
         + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
         + (f" --limits {args.limits}" if limits != set(LIMITS) else "") + "`",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {machine()}. Commit: {commit}.",
         "",
         "The zero-bubble paper's 12 settings with recompute (full, selective) and offload declared (the",
         "model is in the script's docstring), limits as multiples of 1F1B's activation memory p M_B,",
