@@ -670,6 +670,8 @@ def _capped(problem: Problem, k: float) -> Problem:
     ref = reference_limit(problem, k * problem.ranks)
     ref = tuple(max(x, problem.min_memory(r)) for r, x in enumerate(ref))
     own = problem.memory_limit
+    if own is not None and all(a <= b for a, b in zip(own, ref)):
+        return problem  # the cap changes nothing: the same problem (and best_greedy's kept search)
     limit = ref if own is None else tuple(min(a, b) for a, b in zip(own, ref))
     return problem.with_changes(memory={"limit": list(limit)})
 

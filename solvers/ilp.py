@@ -63,6 +63,9 @@ FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neig
 SOLUTION_SECONDS = 0.5  # kept after the solver's end to read its solution back
 WINDOW_OPS = 36  # ops per rank a neighbourhood reorders (about 12 microbatches' F, B, W)
 WINDOW_SECONDS = 20.0  # at most per neighbourhood (and at most half the time left)
+MIN_WINDOW_MICROBATCHES = 2  # windows are halved down to this many microbatches when they run out of time
+GIVE_UP = 1  # windows of the smallest size that run out of time (finding nothing) before the search gives up
+POLICY_WINDOW_SHARE = 0.25  # of the time left, at most, for one window where the model chooses recompute
 SPLIT = (Kind.F, Kind.B, Kind.W)  # the kinds of the model's ops: the backward split
 def augmented(problem: Problem, schedule: Schedule) -> Schedule:
     """``schedule``'s compute lanes with every recompute op the model holds and the schedule does
@@ -468,19 +471,26 @@ def search_highs(problem: Problem, incumbent: Timeline, settings: Settings) -> F
 def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, solver: str) -> Found:
     """Large neighbourhood search: sweep a window of microbatches across the schedule; in each,
     the ops of those microbatches (and whatever lies between them on a rank) may be reordered,
-    the rest keeps the incumbent's order. Stops when the budget runs out (when too little is
-    left for one more window), at the lower bound, or after a sweep without improvement. Gives no
-    bound of its own; its note is "time limit" when the budget stopped it."""
+    the rest keeps the incumbent's order. A window the solver cannot finish within its time, and
+    that finds nothing better, halves the windows (down to MIN_WINDOW_MICROBATCHES microbatches;
+    the sweep starts again); where GIVE_UP of those run out of time, the search gives up
+    (its note says so). Stops when the budget runs out (when too little is left for one more
+    window), at the lower bound, or after a sweep without improvement. Gives no bound of its own;
+    its note is "time limit" when the budget stopped it."""
     best, budget = incumbent, settings.budget
-    k = max(2, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks))
-    starts = list(range(0, max(1, problem.microbatches - k + 1), max(1, k // 2)))
+    k = max(MIN_WINDOW_MICROBATCHES, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks))
+    policies = len(model_kinds(problem)) > len(SPLIT)
+    if policies:  # recompute binaries make windows far slower to search: the smallest, and less time
+        k = MIN_WINDOW_MICROBATCHES
     history: list[Progress] = []
     binaries = 0
     t_start = time.perf_counter()
     improved = True
     last = 0.0  # wall time of the last window, model building included
+    slow = 0  # windows of the smallest size that ran out of time without finding anything
     while improved and not budget.expired():
         improved = False
+        starts = list(range(0, max(1, problem.microbatches - k + 1), max(1, k // 2)))
         for w0 in starts:
             if meets(best.objective_value(), settings.lower):
                 return Found(best.schedule, None, history, "", binaries)
@@ -491,7 +501,8 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
             for ops in augmented(problem, best.schedule).ranks:  # the order the model sees
                 pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
                 window.append(range(min(pos), max(pos) + 1) if pos else range(0))
-            one = replace(settings, budget=budget.share(0.5).at_most(WINDOW_SECONDS), gap=0.0, progress=None)
+            share = POLICY_WINDOW_SHARE if policies else 0.5
+            one = replace(settings, budget=budget.share(share).at_most(WINDOW_SECONDS), gap=0.0, progress=None)
             found = solve_pulp(problem, best, one, solver, keep=best.schedule, window=window)
             binaries = max(binaries, found.binaries)
             last = time.perf_counter() - began
@@ -502,6 +513,13 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
                 history.append(event)
                 if settings.progress:
                     settings.progress(event)
+            elif "time" in found.note.lower() and not budget.expired():  # too large to search in its time
+                if k > MIN_WINDOW_MICROBATCHES:
+                    k, improved, last = max(MIN_WINDOW_MICROBATCHES, k // 2), True, 0.0
+                    break  # the sweep again, with smaller windows
+                slow += 1
+                if slow >= GIVE_UP:
+                    return Found(best.schedule, None, history, "gave up: windows too slow to search", binaries)
     return Found(best.schedule, None, history, "time limit" if budget.expired() else "", binaries)
 
 

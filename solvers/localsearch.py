@@ -328,12 +328,14 @@ def improve(
     seed: int = 0,
     enough: float | None = None,
     progress: Callable[[float], None] | None = None,
+    patience: int | None = PATIENCE,
 ) -> Timeline:
     """Search from ``start`` (a Timeline of ``problem`` that fits), and from ``others`` (more
     Timelines that fit; those of other ops, e.g. a fused backward, are skipped), until ``budget``
     runs out or the search ends; returns the best Timeline found (``start`` itself when nothing
     beats it). ``progress(objective)`` hears of each better schedule. It stops early once the
-    objective is at most ``enough`` (a proven lower bound)."""
+    objective is at most ``enough`` (a proven lower bound). ``patience``: kicks in a row without a
+    better schedule before it stops (None: it kicks on until the budget runs out)."""
     if start.schedule.copy:  # the copy lane is not modelled: nothing to search
         return start
     ev = _Evaluator(problem, start.schedule)
@@ -368,7 +370,7 @@ def improve(
     rng = random.Random(seed)
     current, current_s = best, best_s
     misses = 0
-    while misses < PATIENCE and not done():
+    while (patience is None or misses < patience) and not done():
         before = best_s
         orders, s = climb(_kick(ev, current, rng), full=False)
         if best_s != before:  # a new best: make it a local optimum of the full neighbourhood

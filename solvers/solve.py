@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from schedc.errors import SchedcError
 from schedc.kinds import Kind
@@ -30,15 +30,18 @@ from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
 from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
-from schedc.solvers.deadline import Budget, in_child
+from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
+from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, fit_recompute, with_policies
+from schedc.solvers.mixed import fitted_orders, policy_orders, polished
 from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
 from schedc.tolerance import Tolerance, meets
 
 WARM_SHARE = 0.5  # of the budget, at most, for judging registry schedules once one fits (see solve)
 LOCAL_SEARCH_SHARE = 0.25  # of the budget, at most, for the local search before the backend's
 SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
+AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
 
 
 @dataclass
@@ -126,38 +129,99 @@ def evaluate_registry(
 def recomputed_candidates(
     problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]
 ) -> list[tuple[str, Timeline]]:
-    """Where the problem allows recompute: each registry schedule built without policies, with per
+    """Where the problem allows recompute or offload: more orders that fit, judged, until
+    ``budget`` runs out once one does. Each registry schedule built without policies, with per
     rank the fewest microbatches recomputed that bring it within the limit (``memtime.
-    fit_recompute``, for each recompute policy the problem allows), judged; those that fit, until
-    ``budget`` runs out once one does. So a limit only recompute can meet starts from the best
-    order any registry schedule gives, not only from those the registry recomputes itself."""
+    fit_recompute``, for each recompute policy the problem allows), or with everything offloaded;
+    each registry order with mixed policies (``mixed.fitted_orders``: per microbatch the cheapest
+    memory where the limit is passed, then relaxed); and the greedy scheduler's orders built as if
+    every microbatch took one recompute policy (``mixed.policy_orders``). So a limit only recompute
+    can meet starts from the best order any registry schedule gives, not only from those the
+    registry recomputes itself."""
     kinds = problem.recomputes
     offload = Kind.O in problem.policies
     if not (kinds or offload) or problem.activation_room is None:
         return []
     out: list[tuple[str, Timeline]] = []
-    fits = {name for name, _ in run.fitting}
-    for name, schedule in run.built:
-        if schedule.policies() or schedule.copy or name in fits:  # (one that fits as it is needs no policy)
+    seen: set = set()
+    with Worker(_policy_candidates, (problem, run.built, {name for name, _ in run.fitting}),
+                child=in_child(problem) and budget.limited) as worker:
+        while not (out and budget.expired()):
+            try:
+                schedule = worker.next(budget if out else None)
+            except (SchedcError, WorkerDied):
+                break
+            if schedule is END or schedule is LATE:
+                break
+            if (schedule.ranks, schedule.copy) in seen:  # (several registry orders are one order here)
+                continue
+            seen.add((schedule.ranks, schedule.copy))
+            try:
+                t = simulate(problem, schedule)
+            except SchedcError:
+                continue
+            if t.fits:
+                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
+                out.append((t.schedule.name, t))
+    return out
+
+
+def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
+    """``recomputed_candidates``' schedules, built one after another (in a Worker)."""
+    kinds = problem.recomputes
+
+    def made(name: str, schedule: Schedule) -> Iterator[Schedule]:
+        if not (schedule.policies() or name in fits):  # (one that fits as it is needs no policy)
+            for kind in kinds:
+                yield fit_recompute(problem, schedule, kind, f"{name}+fit-{kind.value}")
+            if Kind.O in problem.policies:  # every activation offloaded: the least held
+                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload")
+        if kinds:
+            yield from (s for _, s in fitted_orders(problem, schedule, name))
+
+    for name, schedule in built:
+        if not schedule.copy:
+            try:
+                yield from made(name, schedule)
+            except SchedcError:
+                continue
+    if kinds:
+        yield from (s for _, s in policy_orders(problem, lambda q: best_greedy(q, "zb-greedy")))
+
+
+POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polished``'s variants
+
+
+def polished_candidates(
+    problem: Problem, fitting: list[tuple[str, Timeline]], budget: Budget, say: Callable[[str], None]
+) -> list[tuple[str, Timeline]]:
+    """The best ``POLISHED`` schedules that fit, each with its W re-placed into the gaps and (with
+    recompute) every kept microbatch first recomputed the quickest way and then relaxed
+    (``mixed.polished``): those variants that fit and beat their schedule, judged, until ``budget``
+    runs out."""
+    out: list[tuple[str, Timeline]] = []
+    tol = problem.time_tol
+    ranked = sorted(fitting, key=lambda nt: nt[1].objective_value())
+    seen: set = set()
+    for name, t in ranked:
+        if len(seen) >= POLISHED or budget.expired():
+            break
+        if t.schedule.ranks in seen or t.schedule.copy:
             continue
-        for kind in kinds:
-            if out and budget.expired():
-                return out
+        seen.add(t.schedule.ranks)
+        best = t
+        for schedule in polished(problem, t.schedule):
+            if budget.expired():
+                break
             try:
-                t = simulate(problem, fit_recompute(problem, schedule, kind, f"{name}+fit-{kind.value}"))
+                v = simulate(problem, schedule)
             except SchedcError:
                 continue
-            if t.fits:
-                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
-                out.append((t.schedule.name, t))
-        if offload and not (out and budget.expired()):  # every activation offloaded: the least held
-            try:
-                t = simulate(problem, with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload"))
-            except SchedcError:
-                continue
-            if t.fits:
-                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
-                out.append((t.schedule.name, t))
+            if v.fits and tol.lt(v.objective_value(), best.objective_value()):
+                best = v
+        if best is not t:
+            say(f"warm start: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
+            out.append((best.schedule.name, best))
     return out
 
 
@@ -283,13 +347,13 @@ def solve(
     check_settings(time_limit, gap, threads)
     clock = _Clock(progress)
     budget = time_limit if isinstance(time_limit, Budget) else Budget.seconds(time_limit)
-    local = budget.share(LOCAL_SEARCH_SHARE)
     # The registry may take the whole budget when the rest would be too short for a neighbourhood
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
     run = evaluate_registry(problem, budget.share(warm_share), clock.say)
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
     run.fitting.extend(recomputed_candidates(problem, run, budget.share(warm_share), clock.say))
+    run.fitting.extend(polished_candidates(problem, run.fitting, budget.share(warm_share), clock.say))
     warm = best_registry_schedule(problem, run.fitting)
     if warm is None:
         raise SchedcError(
@@ -301,6 +365,7 @@ def solve(
     # judge what the search found.
     usable = budget.usable(run.simulate_seconds).less(run.simulate_seconds)
     call = _Call(problem, solver, run, clock)
+    local = budget.share(LOCAL_SEARCH_SHARE)  # of what the warm start left
     out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
     if problem.fused_cheaper:
         _prefer_fused(call, out)
@@ -335,10 +400,20 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         if plain:
             start = min(plain, key=lambda t: t.objective_value())
     out.found = BACKENDS[call.solver](problem, start, settings)
+    if out.found.note:
+        clock.say(f"search: {call.solver}: {' '.join(out.found.note.split())[:120]}")
     if out.found.schedule is not None:
         t = simulate(problem, out.found.schedule.renamed("ilp"))
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = t, False
+    # What the backend left (its search ended, or gave up on a problem too large for it): the local
+    # search again from the best (a new seed), until the budget runs out or PATIENCE kicks find nothing.
+    if settings.budget.left() >= AGAIN_MIN_SECONDS and not meets(out.best.objective_value(), settings.lower):
+        clock.say(f"local search: {settings.budget.left():.1f} s left")
+        again = improve(problem, out.best, settings.budget, enough=settings.lower, seed=1,
+                        progress=clock.progress and clock.objective)
+        if tol.lt(again.objective_value(), out.best.objective_value()):
+            out.best, out.from_registry = again, False
     return out
 
 

@@ -1,0 +1,166 @@
+"""Mixed recompute policies and lazy weight gradients for the warm start (solvers/mixed.py,
+solvers/lazyw.py): every schedule they make is complete and keeps each rank's order of the ops it
+was given; a fitted schedule fits; relaxing a schedule that fits keeps it fitting and never adds
+recompute time; re-placing the W of a schedule that fits keeps it fitting and never delays the
+other ops' order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedc import Problem, simulate
+from schedc.kinds import RECOMPUTES, Kind
+from schedc.solvers.greedy import best_greedy
+from schedc.solvers.lazyw import lazy_w
+from schedc.solvers.memtime import everywhere, plain, with_policies
+from schedc.solvers.mixed import as_if, fit_mixed, fitted_orders, lightened, policy_orders, polished, relax
+from schedc.solvers.registry import REGISTRY, unfuse
+
+ORDERS = ["1f1b", "zb-h1", "zb-h2", "gpipe", "looped-bfs", "zb-v", "v-half", "dualpipev"]
+
+
+@st.composite
+def policy_problems(draw):
+    """Small pipelines that declare full (and maybe selective) recompute, at a limit between what
+    any schedule needs and 1F1B's activation memory."""
+    p = draw(st.integers(2, 4))
+    v = draw(st.sampled_from([1, 2]))
+    m = draw(st.integers(1, 3 * p))
+    cost = st.floats(0.2, 5)
+    a = draw(st.floats(0.5, 2)) / v
+    data = dict(
+        ranks=p, microbatches=m, chunks=v, placement="v" if v == 2 else "loop",
+        costs=dict(F=draw(cost), B=draw(cost), W=draw(cost)), comm=draw(st.sampled_from([0.0, 0.3])),
+        memory=dict(F=a, B=-a * draw(st.floats(0.2, 1))), objective=draw(st.sampled_from(["makespan", "span"])),
+        recompute=dict(keep=a * draw(st.floats(0, 0.2))),
+    )
+    if draw(st.booleans()):
+        data["recompute"]["selective"] = dict(time=draw(st.floats(0.01, 1)), keep=a * draw(st.floats(0.3, 0.7)))
+    problem = Problem.parse(data)
+    least = max(problem.min_memory(r) for r in range(p))
+    limit = least + draw(st.floats(0, 1)) * max(0.0, a * v * p - least)
+    return problem.with_changes(memory={"limit": limit})
+
+
+def orders_of(problem: Problem):
+    for name in ORDERS:
+        spec = REGISTRY[name]
+        if spec.why_not(problem) is None:
+            yield name, unfuse(spec.build(problem))
+
+
+def same_order_but(schedule, out, kinds):
+    """Per rank, ``out`` runs ``schedule``'s ops but ``kinds`` in the same order."""
+    for a, b in zip(schedule.ranks, out.ranks):
+        assert [op for op in a if op.kind not in kinds] == [op for op in b if op.kind not in kinds]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems())
+def test_a_fitted_order_fits_and_keeps_the_order_of_what_it_was_given(problem):
+    for name, schedule in orders_of(problem):
+        for pull in (False, True):
+            out = fit_mixed(problem, schedule, pull_w=pull)
+            if out is None:  # nothing held could be recomputed more and no W was pending
+                continue
+            t = simulate(problem, out)
+            assert t.fits, (name, pull)
+            same_order_but(schedule, out, {Kind.W, *RECOMPUTES})
+            relaxed = relax(problem, out)
+            tr = simulate(problem, relaxed)
+            assert tr.fits
+            same_order_but(out, relaxed, set(RECOMPUTES))
+            assert recompute_time(problem, relaxed) <= recompute_time(problem, out) + 1e-9
+
+
+def recompute_time(problem: Problem, schedule) -> float:
+    return sum(problem.cost[op.kind][op.stage] for op in schedule.ops() if op.kind in RECOMPUTES)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems(), st.booleans())
+def test_lazy_w_keeps_a_schedule_fitting_and_the_order_of_everything_but_w(problem, fill):
+    for name, schedule in orders_of(problem):
+        fitted = fit_mixed(problem, schedule, pull_w=True)
+        if fitted is None:
+            continue
+        out = lazy_w(problem, fitted, fill=fill)
+        assert out is not None, name
+        t = simulate(problem, out)
+        assert t.fits, name
+        same_order_but(fitted, out, {Kind.W})
+        for a, b in zip(fitted.ranks, out.ranks):
+            assert sorted(a) == sorted(b)
+
+
+def test_mixed_policies_take_selective_first_and_full_recompute_only_where_selective_cannot_fit():
+    """1F1B on 4 ranks at 3 activations: selective (keeping 0.45) everywhere would need
+    3 x 0.45 + 1 = 2.35 at rank 0's steady state, above 2.2; one full recompute among the
+    microbatches in flight brings it to 2 x 0.45 + 0.05 + 1 = 1.95."""
+    problem = Problem.parse(dict(
+        ranks=4, microbatches=8, costs=dict(F=1.0, B=1.0, W=1.0), memory=dict(F=1.0, B=-0.5, limit=2.2),
+        recompute=dict(keep=0.05, selective=dict(time=0.05, keep=0.45)),
+    ))
+    schedule = unfuse(REGISTRY["1f1b"].build(problem))
+    assert not simulate(problem, with_policies(problem, schedule, everywhere(problem, Kind.S))).fits
+    out = relax(problem, fit_mixed(problem, schedule))
+    t = simulate(problem, out)
+    counts = out.policy_counts()
+    assert t.fits and 0 < counts["recompute"] < counts["selective"]
+    full = simulate(problem, with_policies(problem, schedule, everywhere(problem, Kind.R)))
+    assert t.objective_value() < full.objective_value()
+
+
+def test_a_schedule_that_fits_keeps_its_policies_when_fitted_and_loses_those_it_does_not_need():
+    problem = Problem.parse(dict(
+        ranks=3, microbatches=6, costs=dict(F=1.0, B=1.0, W=1.0), memory=dict(F=1.0, B=-0.5, limit=10),
+        recompute=dict(keep=0.1),
+    ))
+    schedule = with_policies(problem, unfuse(REGISTRY["1f1b"].build(problem)), everywhere(problem, Kind.R))
+    assert fit_mixed(problem, schedule).ranks == schedule.ranks  # it fits: nothing to change
+    assert not relax(problem, schedule).policies()  # room for everything kept
+
+
+def test_as_if_a_policy_is_the_problem_each_microbatch_sees_under_it():
+    problem = Problem.parse(dict(
+        ranks=2, microbatches=4, costs=dict(F=2.0, B=[2.0, 3.0], W=1.0), memory=dict(F=1.0, B=-0.6, limit=3),
+        recompute=dict(keep=0.1, time=1.5, selective=dict(time=0.2, keep=0.5)),
+    ))
+    for kind in (Kind.R, Kind.S):
+        q = as_if(problem, kind)
+        assert not q.policies
+        assert q.cost[Kind.B] == tuple(b + problem.cost[kind][s] for s, b in enumerate(problem.cost[Kind.B]))
+        assert q.mem[Kind.F] == tuple(problem.delta(Kind.F, s, kind) for s in range(2))
+        assert q.stage_working == tuple(1.0 - k for k in q.mem[Kind.F])
+        assert not as_if(problem, kind, transient=False).stage_working[0]
+
+
+def test_the_policy_orders_and_polished_variants_are_schedules_of_the_problem():
+    problem = Problem.parse(dict(
+        ranks=3, microbatches=6, costs=dict(F=1.0, B=1.0, W=1.0), memory=dict(F=1.0, B=-0.5, limit=1.6),
+        recompute=dict(keep=0.05, selective=dict(time=0.1, keep=0.4)),
+    ))
+    made = list(policy_orders(problem, lambda q: best_greedy(q, "g")))
+    assert made
+    fits = [simulate(problem, s) for _, s in made]
+    assert any(t.fits for t in fits)
+    best = min((t for t in fits if t.fits), key=lambda t: t.objective_value())
+    for variant in polished(problem, best.schedule):
+        assert simulate(problem, variant).fits
+    names = [name for name, _ in fitted_orders(problem, unfuse(REGISTRY["zb-h1"].build(problem)), "zb-h1")]
+    assert names and all(name.startswith("zb-h1+mix") for name in names)
+
+
+@pytest.mark.parametrize("kind", [Kind.R, Kind.S])
+def test_lightened_recomputes_what_a_schedule_keeps_and_keeps_what_it_recomputes(kind):
+    problem = Problem.parse(dict(
+        ranks=2, microbatches=3, costs=dict(F=1.0, B=1.0, W=1.0), memory=dict(F=1.0, B=-0.5, limit=4),
+        recompute=dict(keep=0.05, selective=dict(time=0.1, keep=0.4)),
+    ))
+    base = plain(unfuse(REGISTRY["zb-h1"].build(problem)))
+    other = Kind.S if kind is Kind.R else Kind.R
+    some = with_policies(problem, base, {(0, 0): other})
+    out = lightened(problem, some, kind)
+    assert out.policies() == {**{(s, i): kind for s in range(2) for i in range(3)}, (0, 0): other}
