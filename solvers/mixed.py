@@ -42,28 +42,36 @@ def _policy_of(ops: list[Op]) -> dict[Key, Kind]:
     return {(op.stage, op.mb): op.kind for op in ops if op.kind in RECOMPUTES}
 
 
-def fit_mixed(problem: Problem, schedule: Schedule, name: str | None = None, pull_w: bool = False) -> Schedule | None:
-    """``schedule``'s compute order with per rank the recompute policies (beyond those it holds)
-    and earlier W that bring it within the memory limit (see the module's docstring); None when a
-    rank cannot be brought within it so (nothing held can be recomputed more and no W is pending),
-    or where the schedule has a copy lane or the problem no limit or recompute."""
+def fit_mixed(
+    problem: Problem, schedule: Schedule, name: str | None = None, pull_w: bool = False,
+    kinds: tuple[Kind, ...] | None = None,
+) -> Schedule | None:
+    """``schedule``'s compute order with per rank the recompute policies (beyond those it holds;
+    of ``kinds``, by default every one the problem allows) and earlier W that bring it within the
+    memory limit (see the module's docstring); None when a rank cannot be brought within it so
+    (nothing held can be recomputed more and no W is pending), or where the schedule has a copy
+    lane or the problem no limit or recompute. With one kind it chooses as ``memtime.
+    fit_recompute`` does (where the level first passes the room, the microbatch held there whose
+    backward comes last), in one pass over each rank instead of one per microbatch recomputed."""
     rooms = problem.activation_room
-    if schedule.copy or rooms is None or not problem.recomputes:
+    kinds = problem.recomputes if kinds is None else tuple(k for k in kinds if k in problem.recomputes)
+    if schedule.copy or rooms is None or not kinds:
         return None
     ranks = []
     for r, ops in enumerate(schedule.ranks):
-        fitted = _fit_rank(problem, list(ops), rooms[r], pull_w)
+        fitted = _fit_rank(problem, list(ops), rooms[r], pull_w, kinds)
         if fitted is None:
             return None
         ranks.append(fitted)
     return Schedule.from_lists(name or schedule.name, ranks)
 
 
-def _fit_rank(problem: Problem, seq: list[Op], room: float, pull_w: bool) -> list[Op] | None:
-    """One rank's order made to fit ``room``: policy ops inserted before their backward (or
-    changed), W moved earlier; None when it cannot fit."""
-    tol, cost, kinds = problem.memory_tol, problem.cost, problem.recomputes
+def _fit_rank(problem: Problem, seq: list[Op], room: float, pull_w: bool, kinds: tuple[Kind, ...]) -> list[Op] | None:
+    """One rank's order made to fit ``room``: policy ops of ``kinds`` inserted before their
+    backward (or changed), W moved earlier; None when it cannot fit."""
+    tol, cost = problem.memory_tol, problem.cost
     policy = _policy_of(seq)
+    last = {(op.stage, op.mb): x for x, op in enumerate(seq) if op.kind in BACKWARDS}  # (their order never changes)
     held: dict[Key, None] = {}  # forward run, backward not yet (insertion order: forward order)
     pending: dict[Key, None] = {}  # backward run, W not yet (in the order the backwards ran)
     level = 0.0
@@ -85,7 +93,7 @@ def _fit_rank(problem: Problem, seq: list[Op], room: float, pull_w: bool) -> lis
             j += 1
             continue
         # Over the room at op j: free memory held across it.
-        change = _cheapest_change(problem, policy, held, op, kinds, cost)
+        change = _cheapest_change(problem, policy, held, op, kinds, cost, last)
         if pending and (pull_w or change is None):
             s, i = next(iter(pending))
             w = Op(Kind.W, s, i)
@@ -111,13 +119,13 @@ def _backward_of(seq: list[Op], key: Key, after: int) -> Op:
     return next(op for op in seq[after:] if op.kind in BACKWARDS and op.stage == s and op.mb == i)
 
 
-def _cheapest_change(problem: Problem, policy: dict[Key, Kind], held, op: Op, kinds, cost) -> tuple[Key, Kind] | None:
+def _cheapest_change(problem: Problem, policy: dict[Key, Kind], held, op: Op, kinds, cost, last) -> tuple[Key, Kind] | None:
     """Among the (stage, microbatch) held across op (and op's own, when it is a forward), the policy
-    change that frees memory there at the least added time per unit freed; the last held among
-    equals. None when none frees any."""
+    change that frees memory there at the least added time per unit freed; among equals, the one
+    whose backward (position in ``last``) comes last. None when none frees any."""
     own_recompute = (op.stage, op.mb) if op.kind in RECOMPUTES else None  # it brings back at op: no help
     best, best_score = None, None
-    for n, key in enumerate(held):
+    for key in held:
         if key == own_recompute:
             continue
         s = key[0]
@@ -128,7 +136,7 @@ def _cheapest_change(problem: Problem, policy: dict[Key, Kind], held, op: Op, ki
             if k == old or not problem.memory_tol.gt(freed, 0.0):
                 continue
             extra = cost[k][s] - (cost[old][s] if old is not None else 0.0)
-            score = (extra / freed, -n)
+            score = (extra / freed, -last[key])
             if best_score is None or score < best_score:
                 best, best_score = (key, k), score
     return best

@@ -33,8 +33,8 @@ from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
 from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
-from schedc.solvers.memtime import everywhere, fit_recompute, with_policies
-from schedc.solvers.mixed import fitted_orders, policy_orders, polished
+from schedc.solvers.memtime import everywhere, with_policies
+from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
 from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
 from schedc.tolerance import Tolerance, meets
 
@@ -131,8 +131,8 @@ def recomputed_candidates(
 ) -> list[tuple[str, Timeline]]:
     """Where the problem allows recompute or offload: more orders that fit, judged, until
     ``budget`` runs out once one does. Each registry schedule built without policies, with per
-    rank the fewest microbatches recomputed that bring it within the limit (``memtime.
-    fit_recompute``, for each recompute policy the problem allows), or with everything offloaded;
+    rank the fewest microbatches recomputed that bring it within the limit (as ``memtime.
+    fit_recompute`` does, for each recompute policy the problem allows), or with everything offloaded;
     each registry order with mixed policies (``mixed.fitted_orders``: per microbatch the cheapest
     memory where the limit is passed, then relaxed); and the greedy scheduler's orders built as if
     every microbatch took one recompute policy (``mixed.policy_orders``). So a limit only recompute
@@ -167,22 +167,21 @@ def recomputed_candidates(
 
 
 def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
-    """``recomputed_candidates``' schedules, built one after another (in a Worker)."""
+    """``recomputed_candidates``' schedules, built one after another (in a Worker): the quick ones
+    (one pass over each registry order) first, the greedy scheduler's searches last."""
     kinds = problem.recomputes
-
-    def made(name: str, schedule: Schedule) -> Iterator[Schedule]:
-        if not (schedule.policies() or name in fits):  # (one that fits as it is needs no policy)
-            for kind in kinds:
-                yield fit_recompute(problem, schedule, kind, f"{name}+fit-{kind.value}")
-            if Kind.O in problem.policies:  # every activation offloaded: the least held
-                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload")
-        if kinds:
-            yield from (s for _, s in fitted_orders(problem, schedule, name))
-
+    plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
     for name, schedule in built:
-        if not schedule.copy:
+        if not schedule.copy and kinds:
+            yield from (s for _, s in fitted_orders(problem, schedule, name))
+    for name, schedule in plain_orders:  # (one that fits as it is needs no policy)
+        for kind in kinds:  # the fewest recomputed with one policy (``memtime.fit_recompute``'s, in one pass)
+            fitted = fit_mixed(problem, schedule, f"{name}+fit-{kind.value}", kinds=(kind,))
+            if fitted is not None:
+                yield fitted
+        if Kind.O in problem.policies:  # every activation offloaded: the least held
             try:
-                yield from made(name, schedule)
+                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload")
             except SchedcError:
                 continue
     if kinds:

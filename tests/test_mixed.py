@@ -164,3 +164,22 @@ def test_lightened_recomputes_what_a_schedule_keeps_and_keeps_what_it_recomputes
     some = with_policies(problem, base, {(0, 0): other})
     out = lightened(problem, some, kind)
     assert out.policies() == {**{(s, i): kind for s in range(2) for i in range(3)}, (0, 0): other}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems())
+def test_with_one_policy_the_fit_recomputes_what_fit_recompute_does(problem):
+    """Restricted to one kind, fit_mixed recomputes the very (stage, microbatch) that
+    memtime.fit_recompute does wherever it moved no W (it moves one only where no recompute helps,
+    where fit_recompute cannot fit the rank)."""
+    from schedc.solvers.memtime import fit_recompute  # (the reference, only here)
+
+    for name, schedule in orders_of(problem):
+        for kind in problem.recomputes:
+            ours = fit_mixed(problem, schedule, kinds=(kind,))
+            if ours is None:
+                continue
+            moved = any([op for op in a if op.kind not in RECOMPUTES] != list(b)
+                        for a, b in zip(ours.ranks, schedule.ranks))
+            if not moved:
+                assert ours.policies() == fit_recompute(problem, schedule, kind).policies(), (name, kind)
