@@ -61,6 +61,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 from schedc.kinds import Kind
 from schedc.problem import Problem
@@ -584,12 +585,15 @@ def best_greedy(problem: Problem, name: str) -> Schedule:
     if key not in _SEARCHED:
         if len(_SEARCHED) >= _SEARCHED_KEPT:
             del _SEARCHED[next(iter(_SEARCHED))]
-        _SEARCHED[key] = _best_greedy(problem, name)
+        *_, (_SEARCHED[key], _) = greedy_search(problem, name)
     return _SEARCHED[key].renamed(name)
 
 
-def _best_greedy(problem: Problem, name: str) -> Schedule:
-    """``best_greedy``'s search."""
+def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]]:
+    """``best_greedy``'s search, as it goes: yields (schedule, whether it fits) for each schedule
+    that beats every one before it (fitting before not fitting, then by objective and makespan),
+    the last being ``best_greedy``'s result. A caller short of time (the solver's warm start on a
+    large problem, where each variant takes seconds to build) keeps the last it got."""
     seen: dict[Policy, tuple] = {}
     tol = problem.time_tol
 
@@ -614,8 +618,19 @@ def _best_greedy(problem: Problem, name: str) -> Schedule:
             return a_obj < b_obj
         return tol.lt(a_make, b_make)
 
-    def descend(best: Policy, flags: tuple[str, ...]) -> Policy:
-        """Flip one of ``flags`` at a time from ``best``, keeping a flip that helps, until none does."""
+    top: Policy | None = None  # the best so far, over every start
+
+    def news(policy: Policy) -> Iterator[tuple[Schedule, bool]]:
+        """``policy``'s schedule if it beats every one before it."""
+        nonlocal top
+        score(policy)
+        if seen[policy][3] is not None and (top is None or better(policy, top)):
+            top = policy
+            yield seen[policy][3], not seen[policy][0]
+
+    def descend(best: Policy, flags: tuple[str, ...]):
+        """Flip one of ``flags`` at a time from ``best``, keeping a flip that helps, until none
+        does (a generator: yields the news, returns the policy it ends at)."""
         improved = True
         while improved and not optimal(best):
             improved = False
@@ -623,6 +638,7 @@ def _best_greedy(problem: Problem, name: str) -> Schedule:
                 other = replace(best, **{flag: not getattr(best, flag)})
                 if better(other, best):
                     best, improved = other, True
+                    yield from news(best)
         return best
 
     def optimal(policy: Policy) -> bool:
@@ -636,21 +652,25 @@ def _best_greedy(problem: Problem, name: str) -> Schedule:
         bound = -math.inf
     flags = flags_for(problem)
     best, other = Policy(), Policy(b_first=False, alternate=True, shallow_warmup=True)  # two starts
+    yield from news(best)
     if better(other, best):
         best = other
+        yield from news(best)
     # First the older switches alone, then all of them from there: never worse than the older search.
-    best = descend(descend(best, tuple(f for f in flags if f not in NEWER)), flags)
+    best = yield from descend(best, tuple(f for f in flags if f not in NEWER))
+    best = yield from descend(best, flags)
     # A third start, searched on its own: the paper's steady state (F and B in turn, W into the
     # bubbles they fill or to balance them, a timed warm-up) sits apart from the first two.
     if not optimal(best):
-        third = descend(replace(PAPER_LIKE, staircase="staircase" in flags, strict="strict" in flags), flags)
+        third = yield from descend(replace(PAPER_LIKE, staircase="staircase" in flags, strict="strict" in flags), flags)
         if better(third, best):
             best = third
     if seen[best][3] is None:  # every variant stalled: memory only offload can buy (the list scheduler
         # never offloads); the schedule without the limit, which the judge then finds over it
         unlimited = problem.with_changes(memory={"limit": None})
-        return greedy_schedule(unlimited, best, name)
-    return seen[best][3]
+        yield greedy_schedule(unlimited, best, name), False
+    elif best != top:  # (the news already said it otherwise)
+        yield seen[best][3], not seen[best][0]
 
 
 def reference_limit(problem: Problem, microbatches_per_rank: float) -> tuple[float, ...]:
@@ -676,6 +696,16 @@ def _capped(problem: Problem, k: float) -> Problem:
     return problem.with_changes(memory={"limit": list(limit)})
 
 
+CAPS = {"zb-greedy": None, "zb-1p": 1, "zb-2p": 2}  # the greedy registry schedules: cap in p microbatches per rank
+
+
+def capped_for(problem: Problem, name: str) -> Problem:
+    """The problem the greedy registry schedule ``name`` searches (``problem`` itself where its
+    cap changes nothing)."""
+    k = CAPS[name]
+    return problem if k is None else _capped(problem, k)
+
+
 @register(
     "zb-greedy",
     "memory-aware zero bubble: F as memory allows, B first, W into gaps, under the problem's limit",
@@ -693,7 +723,7 @@ def zb_greedy(problem: Problem) -> Schedule:
     requires=any_placement,
 )
 def zb_1p(problem: Problem) -> Schedule:
-    return best_greedy(_capped(problem, 1), "zb-1p")
+    return best_greedy(capped_for(problem, "zb-1p"), "zb-1p")
 
 
 @register(
@@ -703,4 +733,4 @@ def zb_1p(problem: Problem) -> Schedule:
     requires=any_placement,
 )
 def zb_2p(problem: Problem) -> Schedule:
-    return best_greedy(_capped(problem, 2), "zb-2p")
+    return best_greedy(capped_for(problem, "zb-2p"), "zb-2p")

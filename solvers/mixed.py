@@ -26,6 +26,8 @@ before their backward, as ``memtime.with_policies`` puts them.
 
 from __future__ import annotations
 
+import heapq
+import math
 from typing import Callable, Iterator
 
 from schedc.errors import SchedcError
@@ -67,79 +69,131 @@ def fit_mixed(
 
 
 def _fit_rank(problem: Problem, seq: list[Op], room: float, pull_w: bool, kinds: tuple[Kind, ...]) -> list[Op] | None:
-    """One rank's order made to fit ``room``: policy ops of ``kinds`` inserted before their
-    backward (or changed), W moved earlier; None when it cannot fit."""
-    tol, cost = problem.memory_tol, problem.cost
+    """One rank's order made to fit ``room``: policy ops of ``kinds`` added right before their
+    backward (or a policy op it holds changed in place), W moved earlier; None when it cannot fit.
+    One pass: the order is written out as the walk goes (a W moved earlier is written where it is
+    needed and skipped where it was), and the changes to choose from are kept by (stage, policy),
+    each group a heap by backward position, so that the cheapest is found without scanning every
+    microbatch held."""
+    tol, delta = problem.memory_tol, problem.delta
     policy = _policy_of(seq)
-    last = {(op.stage, op.mb): x for x, op in enumerate(seq) if op.kind in BACKWARDS}  # (their order never changes)
-    held: dict[Key, None] = {}  # forward run, backward not yet (insertion order: forward order)
-    pending: dict[Key, None] = {}  # backward run, W not yet (in the order the backwards ran)
+    placed = set(policy)  # (stage, microbatch) whose policy op the order holds (written where it is)
+    last = {(op.stage, op.mb): x for x, op in enumerate(seq) if op.kind in BACKWARDS}
+    options = _options(problem, kinds)
+    groups: dict[tuple[int, Kind | None], list[tuple[int, Key]]] = {}  # (stage, policy) -> heap of (-backward, key)
+    held: set[Key] = set()  # forward written, backward not yet
+    pending: dict[Key, None] = {}  # backward written, W not yet (in the order the backwards ran)
+    pulled: set[Op] = set()  # W written earlier than the order had them
+    out: list[Op] = []
     level = 0.0
     j = 0
     while j < len(seq):
         op = seq[j]
         key = (op.stage, op.mb)
-        if op.kind is Kind.F:
-            held[key] = None
-        d = problem.delta(op.kind, op.stage, policy.get(key))
+        if op in pulled:
+            j += 1
+            continue
+        if op.kind in BACKWARDS and key in policy and key not in placed:  # its new recompute, right before it
+            op = Op(policy[key], *key)
+        elif op.kind in RECOMPUTES:
+            op = Op(policy[key], *key)  # (a policy the walk changed, in the place the order had it)
+        if op.kind is Kind.F:  # (a candidate already: changing its own policy lowers what it allocates)
+            heapq.heappush(groups.setdefault((key[0], policy.get(key)), []), (-last[key], key))
+        d = delta(op.kind, op.stage, policy.get(key))
         if not tol.gt(max(level, level + d), room):
             level += d
-            if op.kind in BACKWARDS:
-                held.pop(key, None)
+            out.append(op)
+            if op.kind is Kind.F:
+                held.add(key)
+            elif op.kind in BACKWARDS:
+                held.discard(key)
                 if op.kind is Kind.B:
                     pending[key] = None
             elif op.kind is Kind.W:
                 pending.pop(key, None)
-            j += 1
+            if op.kind in RECOMPUTES:
+                placed.add(key)
+                if seq[j].kind in RECOMPUTES:
+                    j += 1
+            else:
+                j += 1
             continue
-        # Over the room at op j: free memory held across it.
-        change = _cheapest_change(problem, policy, held, op, kinds, cost, last)
+        # Over the room at op: free memory held across it (a forward's own microbatch included).
+        own = key if op.kind is Kind.F else None
+        change = _cheapest_change(groups, held, policy, options, own, op)
         if pending and (pull_w or change is None):
-            s, i = next(iter(pending))
-            w = Op(Kind.W, s, i)
-            seq.remove(w)  # (it is later than j: its key is still pending)
-            seq.insert(j, w)
+            w = Op(Kind.W, *next(iter(pending)))
+            pending.pop((w.stage, w.mb))
+            pulled.add(w)
+            out.append(w)
+            level += delta(Kind.W, w.stage)
             continue
         if change is None:
             return None
         k, new = change
         old = policy.get(k)
-        if not (op.kind is Kind.F and (op.stage, op.mb) == k):  # held since before op j: the level drops
-            level -= problem.delta(Kind.F, k[0], old) - problem.delta(Kind.F, k[0], new)
+        if k != own:  # held since before op: the level drops by what it keeps less
+            level -= delta(Kind.F, k[0], old) - delta(Kind.F, k[0], new)
+            heapq.heappush(groups.setdefault((k[0], new), []), (-last[k], k))
         policy[k] = new
-        if old is None:
-            seq.insert(seq.index(_backward_of(seq, k, j)), Op(new, *k))
-        else:
-            seq[seq.index(Op(old, *k), j)] = Op(new, *k)
-    return seq
+    return out
 
 
-def _backward_of(seq: list[Op], key: Key, after: int) -> Op:
-    s, i = key
-    return next(op for op in seq[after:] if op.kind in BACKWARDS and op.stage == s and op.mb == i)
+def _options(problem: Problem, kinds: tuple[Kind, ...]) -> dict[tuple[int, Kind | None], list[tuple[float, Kind]]]:
+    """(stage, policy) -> the changes of ``kinds`` that free memory, as (added time per unit of
+    memory freed, new policy), cheapest first."""
+    out = {}
+    for s in range(problem.n_stages):
+        for old in (None, *problem.recomputes):
+            keep = problem.delta(Kind.F, s, old)
+            rows = []
+            for k in kinds:
+                freed = keep - problem.delta(Kind.F, s, k)
+                if k != old and problem.memory_tol.gt(freed, 0.0):
+                    extra = problem.cost[k][s] - (problem.cost[old][s] if old is not None else 0.0)
+                    rows.append((extra / freed, k))
+            out[s, old] = sorted(rows, key=lambda row: row[0])
+    return out
 
 
-def _cheapest_change(problem: Problem, policy: dict[Key, Kind], held, op: Op, kinds, cost, last) -> tuple[Key, Kind] | None:
-    """Among the (stage, microbatch) held across op (and op's own, when it is a forward), the policy
-    change that frees memory there at the least added time per unit freed; among equals, the one
-    whose backward (position in ``last``) comes last. None when none frees any."""
-    own_recompute = (op.stage, op.mb) if op.kind in RECOMPUTES else None  # it brings back at op: no help
-    best, best_score = None, None
-    for key in held:
-        if key == own_recompute:
+def _cheapest_change(groups, held: set[Key], policy: dict[Key, Kind], options, own: Key | None, op: Op):
+    """Among the (stage, microbatch) held across ``op`` (and ``own``, the forward's own), the
+    policy change that frees memory there at the least added time per unit freed; among equals,
+    the one whose backward comes last. None when none frees any. (A recompute op brings its own
+    microbatch back at ``op``: changing that one's policy does not help there.)"""
+    brings_back = (op.stage, op.mb) if op.kind in RECOMPUTES else None
+    best = None
+    for (s, old), heap in groups.items():
+        rows = options.get((s, old))
+        if not rows:
             continue
-        s = key[0]
-        old = policy.get(key)
-        keep = problem.delta(Kind.F, s, old)
-        for k in kinds:
-            freed = keep - problem.delta(Kind.F, s, k)
-            if k == old or not problem.memory_tol.gt(freed, 0.0):
+        while heap and not _current(heap[0][1], s, old, held, policy, own, brings_back):
+            heapq.heappop(heap)  # (no longer held, or its policy changed: stale)
+        if not heap:
+            continue
+        if brings_back is not None and heap[0][1] == brings_back:
+            top = heapq.heappop(heap)  # (the one bringing back at op: skip it, keep it for later)
+            candidate = _first_current(heap, s, old, held, policy, own, brings_back)
+            heapq.heappush(heap, top)
+            if candidate is None:
                 continue
-            extra = cost[k][s] - (cost[old][s] if old is not None else 0.0)
-            score = (extra / freed, -last[key])
-            if best_score is None or score < best_score:
-                best, best_score = (key, k), score
-    return best
+        else:
+            candidate = heap[0]
+        score = (rows[0][0], candidate[0])
+        if best is None or score < best[0]:
+            best = (score, candidate[1], rows[0][1])
+    return None if best is None else (best[1], best[2])
+
+
+def _current(key: Key, s: int, old: Kind | None, held: set[Key], policy, own, brings_back) -> bool:
+    return (key in held or key == own) and policy.get(key) is old
+
+
+def _first_current(heap, s, old, held, policy, own, brings_back):
+    for entry in sorted(heap):
+        if entry[1] != brings_back and _current(entry[1], s, old, held, policy, own, brings_back):
+            return entry
+    return None
 
 
 def relax(problem: Problem, schedule: Schedule, name: str | None = None) -> Schedule:
@@ -161,7 +215,7 @@ def _relax_rank(problem: Problem, seq: list[Op], room: float) -> list[Op]:
     policy = _policy_of(seq)
     if not policy:
         return seq
-    peak = _peaks(problem, seq, policy)
+    peak = _RangeMax(_peaks(problem, seq, policy))
     where_f = {(op.stage, op.mb): x for x, op in enumerate(seq) if op.kind is Kind.F}
     where_rc = {(op.stage, op.mb): x for x, op in enumerate(seq) if op.kind in RECOMPUTES}
     holes = set()
@@ -171,15 +225,57 @@ def _relax_rank(problem: Problem, seq: list[Op], room: float) -> list[Op]:
         options = [None] + sorted((k for k in problem.recomputes if cost[k][s] < cost[old][s]), key=lambda k: cost[k][s])
         for new in options:
             more = problem.delta(Kind.F, s, new) - problem.delta(Kind.F, s, old)
-            if tol.le(max(peak[lo:hi]) + more, room):
-                peak[lo:hi] = [x + more for x in peak[lo:hi]]
+            if tol.le(peak.max(lo, hi) + more, room):
+                peak.add(lo, hi, more)
                 if new is None:
                     holes.add(hi)
-                    peak[hi] = float("-inf")
+                    peak.add(hi, hi + 1, -math.inf)
                 else:
                     seq[hi] = Op(new, *key)
                 break
     return [op for x, op in enumerate(seq) if x not in holes]
+
+
+class _RangeMax:
+    """A list of numbers with ``add(lo, hi, x)`` (x added to each of [lo, hi)) and ``max(lo, hi)``,
+    each in O(log n) (a segment tree with pending additions)."""
+
+    def __init__(self, values: list[float]):
+        self.n = n = max(1, len(values))
+        self.top = [-math.inf] * (4 * n)
+        self.pending = [0.0] * (4 * n)
+        self._build(1, 0, n, values)
+
+    def _build(self, node: int, lo: int, hi: int, values: list[float]) -> None:
+        if hi - lo == 1:
+            self.top[node] = values[lo] if lo < len(values) else -math.inf
+            return
+        mid = (lo + hi) // 2
+        self._build(2 * node, lo, mid, values)
+        self._build(2 * node + 1, mid, hi, values)
+        self.top[node] = max(self.top[2 * node], self.top[2 * node + 1])
+
+    def add(self, lo: int, hi: int, x: float, node: int = 1, a: int = 0, b: int | None = None) -> None:
+        b = self.n if b is None else b
+        if hi <= a or b <= lo:
+            return
+        if lo <= a and b <= hi:
+            self.top[node] += x
+            self.pending[node] += x
+            return
+        mid = (a + b) // 2
+        self.add(lo, hi, x, 2 * node, a, mid)
+        self.add(lo, hi, x, 2 * node + 1, mid, b)
+        self.top[node] = max(self.top[2 * node], self.top[2 * node + 1]) + self.pending[node]
+
+    def max(self, lo: int, hi: int, node: int = 1, a: int = 0, b: int | None = None) -> float:
+        b = self.n if b is None else b
+        if hi <= a or b <= lo:
+            return -math.inf
+        if lo <= a and b <= hi:
+            return self.top[node]
+        mid = (a + b) // 2
+        return max(self.max(lo, hi, 2 * node, a, mid), self.max(lo, hi, 2 * node + 1, mid, b)) + self.pending[node]
 
 
 def _peaks(problem: Problem, seq: list[Op], policy: dict[Key, Kind]) -> list[float]:

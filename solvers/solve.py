@@ -31,14 +31,17 @@ from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
 from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
+from schedc.solvers import greedy
 from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, with_policies
 from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
-from schedc.solvers.registry import NOT_EVALUATED, SEARCHES, evaluate, unfuse
+from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, unfuse
 from schedc.tolerance import Tolerance, meets
 
-WARM_SHARE = 0.5  # of the budget, at most, for judging registry schedules once one fits (see solve)
+WARM_SHARE = 0.5  # of the budget, at most, for the warm start once a schedule fits (see solve)
+REGISTRY_SHARE = 0.4  # of the warm start, at most, for the registry's schedules but the greedy's searches
+GREEDY_SHARE = 0.5  # of what the warm start has left then, at most, for the greedy's searches
 LOCAL_SEARCH_SHARE = 0.25  # of the budget, at most, for the local search before the backend's
 SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
 AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
@@ -58,7 +61,7 @@ class SolveResult:
     seconds: float
     binaries: int
     history: list[Progress] = field(default_factory=list)  # the search's events, seconds on its own clock
-    registry: list[tuple[str, Timeline]] = field(default_factory=list)  # the fitting registry schedules
+    registry: list[tuple[str, Timeline]] = field(default_factory=list)  # the fitting registry schedules (and the warm start)
     not_evaluated: list[str] = field(default_factory=list)  # registry schedules the time limit left out
 
     @property
@@ -109,21 +112,93 @@ class RegistryRun:
     not_evaluated: list[str]
     simulate_seconds: float
     built: list[tuple[str, Schedule]] = field(default_factory=list)  # every one built (backward split), fitting or not
+    derived: set[str] = field(default_factory=set)  # the names in ``fitting`` that are no registry schedule's
+    # nor a caller's candidate (mixed policies, W re-placed, a search cut short): the result's table leaves them out
 
 
 def evaluate_registry(
-    problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None
+    problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None,
+    greedy: Callable[[], Budget] | None = None,
 ) -> RegistryRun:
     """The registry's schedules judged for a warm start within ``budget`` (see
-    ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``)."""
-    judged = evaluate(problem, warm_start=True, budget=budget, child=in_child(problem), say=say)
-    return RegistryRun(
+    ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``).
+    With ``greedy`` (which makes a budget once the others are judged), the greedy scheduler's searches
+    (``ANYTIME``) come last and as they go (``_anytime_greedy``): on a large problem, where the
+    search outlasts its budget, the best variant found by then is a candidate (named NAME+partial;
+    NAME is not evaluated)."""
+    say = say or (lambda note: None)
+    anytime = greedy is not None
+    names = [name for name in REGISTRY if not (anytime and name in ANYTIME)]
+    judged = evaluate(problem, names, warm_start=True, budget=budget, child=in_child(problem), say=say)
+    run = RegistryRun(
         fitting=[(e.name, e.timeline) for e in judged if e.fits],
         fused=[(e.name, e.as_built) for e in judged if e.as_built is not None],
         not_evaluated=[e.name for e in judged if e.reason == NOT_EVALUATED],
         simulate_seconds=max((e.simulate_seconds for e in judged), default=0.0),
         built=[(e.name, e.schedule) for e in judged if e.schedule is not None],
     )
+    if anytime:
+        _anytime_greedy(problem, run, greedy(), say)
+    return run
+
+
+ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, as it goes, in a solve's warm start
+
+
+def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]) -> None:
+    """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
+    far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
+    one cut short joins as NAME+partial, and NAME as not evaluated."""
+    latest: dict[str, Schedule] = {}
+    done: list[str] = []
+    fitted = bool(run.fitting)
+    with Worker(_greedy_searches, (problem,), child=in_child(problem)) as worker:
+        while not (fitted and budget.expired()):  # (run here, ``next`` cannot stop an item)
+            item = worker.next(budget if fitted else None)
+            if item is LATE or item is END:
+                break
+            name, schedule, fits = item
+            if schedule is None:
+                done.append(name)
+            else:
+                latest[name], fitted = schedule, fitted or fits
+    order = {name: k for k, name in enumerate(REGISTRY)}
+    for name in ANYTIME:
+        if name not in latest:
+            run.not_evaluated.append(name)
+            continue
+        began = time.perf_counter()
+        schedule = latest[name]
+        if name not in done:
+            run.not_evaluated.append(name)
+            schedule = schedule.renamed(f"{name}+partial")
+            run.derived.add(schedule.name)
+        t = simulate(problem, schedule)
+        run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
+        say(f"warm start: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
+        run.built.append((schedule.name, schedule))
+        if t.fits:
+            run.fitting.append((schedule.name, t))
+    run.fitting.sort(key=lambda nt: order.get(nt[0], len(order)))  # (registry order: the first of equals wins)
+    run.built.sort(key=lambda nt: order.get(nt[0], len(order)))
+    run.not_evaluated.sort(key=lambda name: order[name])
+
+
+def _greedy_searches(problem: Problem) -> Iterator[tuple[str, Schedule | None, bool]]:
+    """(name, schedule, whether it fits) for each better schedule of each ``ANYTIME`` search, then
+    (name, None, False) when that search is done; a capped search whose cap changes nothing is
+    zb-greedy's (run in a Worker)."""
+    searched: dict[int, tuple[Schedule, bool]] = {}
+    for name in ANYTIME:
+        q = greedy.capped_for(problem, name)
+        if id(q) in searched:
+            schedule, fits = searched[id(q)]
+            yield name, schedule.renamed(name), fits
+        else:
+            for schedule, fits in greedy.greedy_search(q, name):
+                searched[id(q)] = schedule, fits
+                yield name, schedule, fits
+        yield name, None, False
 
 
 def recomputed_candidates(
@@ -192,7 +267,7 @@ POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polis
 
 
 def polished_candidates(
-    problem: Problem, fitting: list[tuple[str, Timeline]], budget: Budget, say: Callable[[str], None]
+    problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]
 ) -> list[tuple[str, Timeline]]:
     """The best ``POLISHED`` schedules that fit, each with its W re-placed into the gaps and (with
     recompute) every kept microbatch first recomputed the quickest way and then relaxed
@@ -200,7 +275,7 @@ def polished_candidates(
     runs out."""
     out: list[tuple[str, Timeline]] = []
     tol = problem.time_tol
-    ranked = sorted(fitting, key=lambda nt: nt[1].objective_value())
+    ranked = sorted(run.fitting, key=lambda nt: nt[1].objective_value())
     seen: set = set()
     for name, t in ranked:
         if len(seen) >= POLISHED or budget.expired():
@@ -349,10 +424,15 @@ def solve(
     # The registry may take the whole budget when the rest would be too short for a neighbourhood
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
-    run = evaluate_registry(problem, budget.share(warm_share), clock.say)
+    warm = budget.share(warm_share)
+    # The registry's schedules (the greedy scheduler's searches last, as they go, with half of what
+    # is left), then the candidates with mixed policies: each step stops at its share once one fits.
+    run = evaluate_registry(problem, warm.share(REGISTRY_SHARE), clock.say, greedy=lambda: warm.share(GREEDY_SHARE))
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
-    run.fitting.extend(recomputed_candidates(problem, run, budget.share(warm_share), clock.say))
-    run.fitting.extend(polished_candidates(problem, run.fitting, budget.share(warm_share), clock.say))
+    for step in (recomputed_candidates, polished_candidates):
+        derived = step(problem, run, warm, clock.say)
+        run.fitting.extend(derived)
+        run.derived.update(name for name, _ in derived)
     warm = best_registry_schedule(problem, run.fitting)
     if warm is None:
         raise SchedcError(
@@ -460,7 +540,7 @@ def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
         seconds=call.clock.seconds(),
         binaries=out.found.binaries,
         history=out.found.history,
-        registry=run.fitting,
+        registry=[(name, t) for name, t in run.fitting if name not in run.derived or name == warm_name],
         not_evaluated=run.not_evaluated,
     )
 

@@ -183,3 +183,19 @@ def test_with_one_policy_the_fit_recomputes_what_fit_recompute_does(problem):
                         for a, b in zip(ours.ranks, schedule.ranks))
             if not moved:
                 assert ours.policies() == fit_recompute(problem, schedule, kind).policies(), (name, kind)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=1, max_size=40), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40),
+       st.floats(-3, 3)), max_size=20))
+def test_the_range_max_tree_is_a_list(values, steps):
+    from schedc.solvers.mixed import _RangeMax  # (a helper of relax, tested alone)
+
+    tree, plain_list = _RangeMax(values), list(values)
+    for a, b, x in steps:
+        lo, hi = sorted((a % len(values), b % (len(values) + 1)))
+        tree.add(lo, hi, x)
+        plain_list[lo:hi] = [v + x for v in plain_list[lo:hi]]
+        for i in range(len(values)):
+            for j in range(i + 1, len(values) + 1):
+                assert tree.max(i, j) == pytest.approx(max(plain_list[i:j]))
