@@ -6,7 +6,9 @@ zero-bubble idea: W has no consumer, so it fills the bubbles).
 rank runs its next non-W op as soon as that op's inputs have arrived and memory admits it; else it
 runs its oldest pending W (one whose B has run): always where memory is short (the W frees what the
 op needs), and while it waits for an input either always (``fill``) or only where the W ends by the
-time the input arrives (``fit``). Whatever W are left run at the end. A non-W op never runs later
+time the input may arrive (else: an input not yet sent may come no sooner than its producer's rank
+is free plus the producer's time), so that a W never holds up work that comes back down the
+pipeline, as in the zero-bubble cool-down. Whatever W are left run at the end. A non-W op never runs later
 for a W it did not need: what runs earlier is never later than in the given order, since W feed
 nothing.
 
@@ -25,9 +27,12 @@ from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
 
 
-def lazy_w(problem: Problem, schedule: Schedule, name: str | None = None, fill: bool = True) -> Schedule | None:
-    """``schedule`` with its W re-placed (see the module's docstring); None for a schedule with a
-    copy lane or a fused backward (nothing to re-place), or one that deadlocks."""
+def lazy_w(
+    problem: Problem, schedule: Schedule, name: str | None = None, fill: bool = True, ranks: set[int] | None = None,
+) -> Schedule | None:
+    """``schedule`` with its W re-placed (see the module's docstring) on ``ranks`` (None: every
+    rank; the others keep their order); None for a schedule with a copy lane or a fused backward
+    (nothing to re-place), or one that deadlocks."""
     if schedule.copy or any(op.kind is Kind.BW for ops in schedule.ranks for op in ops):
         return None
     tol, mtol = problem.time_tol, problem.memory_tol
@@ -36,7 +41,8 @@ def lazy_w(problem: Problem, schedule: Schedule, name: str | None = None, fill: 
     where = set(schedule.ops())
     policy = schedule.policies()
     deps = {op: producers(op, n, where) for op in where}
-    plan = [[op for op in ops if op.kind is not Kind.W] for ops in schedule.ranks]
+    plan = [[op for op in ops if op.kind is not Kind.W] if ranks is None or r in ranks else list(ops)
+            for r, ops in enumerate(schedule.ranks)]
     pos = [0] * problem.ranks
     pending: list[list[Op]] = [[] for _ in range(problem.ranks)]
     left = [len(ops) for ops in schedule.ranks]
@@ -56,13 +62,24 @@ def lazy_w(problem: Problem, schedule: Schedule, name: str | None = None, fill: 
             t = max(t, done + (comm if rank_of[d.stage] != r else 0.0))
         return t
 
+    def soonest(op: Op, r: int, now: float) -> float:
+        """When ``op``'s inputs may arrive at the earliest: a producer not yet run ends no earlier
+        than its rank is free (or now) plus its own time."""
+        t = 0.0
+        for d in deps[op]:
+            done = finish.get(d)
+            if done is None:
+                done = max(now, clock[rank_of[d.stage]]) + cost[d.kind][d.stage]
+            t = max(t, done + (comm if rank_of[d.stage] != r else 0.0))
+        return t
+
     def run(op: Op, r: int, t: float) -> None:
         end = t + cost[op.kind][op.stage]
         finish[op] = clock[r] = end
         out[r].append(op)
         left[r] -= 1
         level[r] += problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb)))
-        if op.kind is Kind.B:
+        if op.kind is Kind.B and (ranks is None or r in ranks):
             pending[r].append(Op(Kind.W, op.stage, op.mb))
         heapq.heappush(heap, (end, r))
         for w in waiters.pop(op, ()):
@@ -82,7 +99,7 @@ def lazy_w(problem: Problem, schedule: Schedule, name: str | None = None, fill: 
         if tol.le(due, t) and (admits or not pending[r]):
             pos[r] += 1
             run(op, r, t)
-        elif pending[r] and (not admits or fill or tol.le(t + cost[Kind.W][pending[r][0].stage], due)):
+        elif pending[r] and (not admits or fill or tol.le(t + cost[Kind.W][pending[r][0].stage], soonest(op, r, t))):
             run(pending[r].pop(0), r, t)
         elif due < math.inf:
             clock[r] = due

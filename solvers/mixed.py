@@ -352,16 +352,21 @@ def lightened(problem: Problem, schedule: Schedule, kind: Kind, name: str | None
     return with_policies(problem, schedule, policy, name)
 
 
-def polished(problem: Problem, schedule: Schedule) -> Iterator[Schedule]:
+def polished(problem: Problem, schedule: Schedule, critical: int | None = None) -> Iterator[Schedule]:
     """Variants of a schedule that fits, to judge: its W re-placed into the gaps (``lazyw.lazy_w``,
-    both ways), and where the problem allows recompute, first every kept microbatch recomputed
-    with the quickest recompute (what frees memory for W held longer) and then relaxed."""
+    both ways, and where ``critical`` names the rank that sets the objective, on the other ranks
+    only, so that their W wait for the work coming back), and where the problem allows recompute,
+    first every kept microbatch recomputed with the quickest recompute (what frees memory for W
+    held longer), each then relaxed."""
     bases = [schedule]
     if problem.recomputes and problem.activation_room is not None and not schedule.copy:
         quick = min(problem.recomputes, key=lambda k: sum(problem.cost[k]))
         bases.append(lightened(problem, schedule, quick))
+    ways: list[tuple[bool, set[int] | None]] = [(True, None), (False, None)]
+    if critical is not None and problem.ranks > 1:
+        ways.append((False, set(range(problem.ranks)) - {critical}))
     for base in bases:
-        for fill in (True, False):
-            out = lazy_w(problem, base, f"{schedule.name}+lazy-w", fill=fill)
+        for fill, ranks in ways:
+            out = lazy_w(problem, base, f"{schedule.name}+lazy-w", fill=fill, ranks=ranks)
             if out is not None:
                 yield relax(problem, out)

@@ -267,7 +267,7 @@ POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polis
 
 
 def polished_candidates(
-    problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]
+    problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None], step: str = "warm start"
 ) -> list[tuple[str, Timeline]]:
     """The best ``POLISHED`` schedules that fit, each with its W re-placed into the gaps and (with
     recompute) every kept microbatch first recomputed the quickest way and then relaxed
@@ -284,7 +284,9 @@ def polished_candidates(
             continue
         seen.add(t.schedule.ranks)
         best = t
-        for schedule in polished(problem, t.schedule):
+        spans = [(es[-1] if problem.objective == "makespan" else es[-1] - ss[0]) if es else 0.0
+                 for ss, es in zip(t.start, t.end)]
+        for schedule in polished(problem, t.schedule, critical=max(range(problem.ranks), key=spans.__getitem__)):
             if budget.expired():
                 break
             try:
@@ -294,7 +296,7 @@ def polished_candidates(
             if v.fits and tol.lt(v.objective_value(), best.objective_value()):
                 best = v
         if best is not t:
-            say(f"warm start: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
+            say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
             out.append((best.schedule.name, best))
     return out
 
@@ -485,9 +487,15 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         t = simulate(problem, out.found.schedule.renamed("ilp"))
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = t, False
-    # What the backend left (its search ended, or gave up on a problem too large for it): the local
-    # search again from the best (a new seed), until the budget runs out or PATIENCE kicks find nothing.
+    # What the backend left (its search ended, or gave up on a problem too large for it): the best
+    # polished again (``mixed.polished``), and the local search again from there (a new seed), until
+    # the budget runs out or PATIENCE kicks find nothing.
     if settings.budget.left() >= AGAIN_MIN_SECONDS and not meets(out.best.objective_value(), settings.lower):
+        if out.best is not warm_t:
+            for name, t in polished_candidates(problem, RegistryRun([("", out.best)], [], [], 0.0),
+                                               settings.budget, clock.say, "polished"):
+                if tol.lt(t.objective_value(), out.best.objective_value()):
+                    out.best, out.from_registry = t, False
         clock.say(f"local search: {settings.budget.left():.1f} s left")
         again = improve(problem, out.best, settings.budget, enough=settings.lower, seed=1,
                         progress=clock.progress and clock.objective)

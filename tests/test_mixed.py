@@ -199,3 +199,18 @@ def test_the_range_max_tree_is_a_list(values, steps):
         for i in range(len(values)):
             for j in range(i + 1, len(values) + 1):
                 assert tree.max(i, j) == pytest.approx(max(plain_list[i:j]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems(), st.booleans(), st.integers(0, 3))
+def test_lazy_w_on_some_ranks_leaves_the_others_as_they_were(problem, fill, rank):
+    ranks = {rank % problem.ranks}
+    for name, schedule in orders_of(problem):
+        fitted = fit_mixed(problem, schedule, pull_w=True)
+        if fitted is None:
+            continue
+        out = lazy_w(problem, fitted, fill=fill, ranks=ranks)
+        assert out is not None and simulate(problem, out).fits, name
+        for r, (a, b) in enumerate(zip(fitted.ranks, out.ranks)):
+            if r not in ranks:
+                assert a == b
