@@ -118,16 +118,16 @@ class RegistryRun:
 
 def evaluate_registry(
     problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None,
-    greedy: Callable[[], Budget] | None = None,
+    greedy_budget: Callable[[], Budget] | None = None,
 ) -> RegistryRun:
     """The registry's schedules judged for a warm start within ``budget`` (see
     ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``).
-    With ``greedy`` (which makes a budget once the others are judged), the greedy scheduler's searches
+    With ``greedy_budget`` (which makes a budget once the others are judged), the greedy scheduler's searches
     (``ANYTIME``) come last and as they go (``_anytime_greedy``): on a large problem, where the
     search outlasts its budget, the best variant found by then is a candidate (named NAME+partial;
     NAME is not evaluated)."""
     say = say or (lambda note: None)
-    anytime = greedy is not None
+    anytime = greedy_budget is not None
     names = [name for name in REGISTRY if not (anytime and name in ANYTIME)]
     judged = evaluate(problem, names, warm_start=True, budget=budget, child=in_child(problem), say=say)
     run = RegistryRun(
@@ -138,7 +138,7 @@ def evaluate_registry(
         built=[(e.name, e.schedule) for e in judged if e.schedule is not None],
     )
     if anytime:
-        _anytime_greedy(problem, run, greedy(), say)
+        _anytime_greedy(problem, run, greedy_budget(), say)
     return run
 
 
@@ -426,13 +426,14 @@ def solve(
     # The registry may take the whole budget when the rest would be too short for a neighbourhood
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
-    warm = budget.share(warm_share)
+    warm_budget = budget.share(warm_share)
     # The registry's schedules (the greedy scheduler's searches last, as they go, with half of what
     # is left), then the candidates with mixed policies: each step stops at its share once one fits.
-    run = evaluate_registry(problem, warm.share(REGISTRY_SHARE), clock.say, greedy=lambda: warm.share(GREEDY_SHARE))
+    run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
+                            greedy_budget=lambda: warm_budget.share(GREEDY_SHARE))
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
     for step in (recomputed_candidates, polished_candidates):
-        derived = step(problem, run, warm, clock.say)
+        derived = step(problem, run, warm_budget, clock.say)
         run.fitting.extend(derived)
         run.derived.update(name for name, _ in derived)
     warm = best_registry_schedule(problem, run.fitting)

@@ -12,7 +12,8 @@ import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
 from schedc.kinds import Kind
 from schedc.solvers.greedy import (
-    NEWER, PAPER_LIKE, ListScheduler, Policy, flags_for, greedy_schedule, policies, reference_limit,
+    NEWER, PAPER_LIKE, ListScheduler, Policy, best_greedy, flags_for, greedy_schedule, greedy_search, policies,
+    reference_limit,
 )
 from tests.strategies import with_working, working_memory
 
@@ -174,3 +175,15 @@ def test_the_list_schedulers_ranks_end_drained(path, policy):
         assert rank.clock == rank.last_end == max(scheduler.finish[op] for op in rank.ops)
         assert problem.time_tol.eq(rank.last_end, t.end[r][-1])
         assert problem.time_tol.eq(rank.idle, sum(s - e for s, e in zip(t.start[r][1:], t.end[r])))
+
+
+@pytest.mark.parametrize("name", ["uniform", "memory_tight", "v_shape", "recompute", "skewed"])
+def test_the_search_as_it_goes_ends_at_best_greedy_and_only_gets_better(name):
+    problem = load_problem(Path(__file__).parent.parent / "examples" / "problems" / f"{name}.yaml")
+    steps = list(greedy_search(problem, "g"))
+    assert steps and steps[-1][0].ranks == best_greedy(problem, "g").ranks
+    judged = [simulate(problem, schedule) for schedule, _ in steps]
+    for (schedule, fits), t in zip(steps, judged):
+        assert fits == t.fits
+    for a, b in zip(judged, judged[1:]):  # fitting before not fitting, then no slower
+        assert (not b.fits, b.objective_value()) <= (not a.fits, a.objective_value() + 1e-9)

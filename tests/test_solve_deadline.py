@@ -218,3 +218,28 @@ def test_the_quick_memory_test_only_rejects_schedules_the_simulator_rejects(prob
             schedule = registry.unfuse(spec.build(problem))
             if registry._cannot_fit(problem, schedule):
                 assert not simulate(problem, schedule).fits, spec.name
+
+
+def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
+    """In a solve's warm start the greedy's searches run as they go: where the budget ends one
+    (here a search whose every later step is slow), its best so far is a candidate named
+    NAME+partial and the registry names are not evaluated."""
+    import schedc.solvers.greedy as greedy  # (the search the warm start runs, slowed down here)
+
+    real = greedy.greedy_search
+
+    def slow(problem, name):
+        for k, step in enumerate(real(problem, name)):
+            if k:
+                time.sleep(0.5)
+            yield step
+
+    monkeypatch.setattr(greedy, "greedy_search", slow)
+    problem = Problem.parse(TIGHT)
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.2))
+    names = [name for name, _ in run.fitting]
+    assert "zb-greedy+partial" in names and "zb-greedy" not in names
+    assert {"zb-greedy", "zb-1p", "zb-2p"} <= set(run.not_evaluated)
+    assert run.derived == {"zb-greedy+partial"}
+    whole = evaluate_registry(problem)  # without a budget: every search to its end, as compare runs them
+    assert "zb-greedy" in [name for name, _ in whole.fitting] and not whole.not_evaluated
