@@ -17,6 +17,7 @@ from schedc.solvers.lazyw import lazy_w
 from schedc.solvers.memtime import everywhere, plain, with_policies
 from schedc.solvers.mixed import as_if, fit_mixed, fitted_orders, lightened, policy_orders, polished, relax
 from schedc.solvers.registry import REGISTRY, unfuse
+from tests.strategies import small_problems
 
 ORDERS = ["1f1b", "zb-h1", "zb-h2", "gpipe", "looped-bfs", "zb-v", "v-half", "dualpipev"]
 
@@ -214,3 +215,16 @@ def test_lazy_w_on_some_ranks_leaves_the_others_as_they_were(problem, fill, rank
         for r, (a, b) in enumerate(zip(fitted.ranks, out.ranks)):
             if r not in ranks:
                 assert a == b
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems(max_microbatches=lambda p: 6), st.booleans())
+def test_lazy_w_without_recompute_keeps_every_fitting_schedule_fitting(problem, fill):
+    from schedc.solvers.solve import fitting_registry_schedules  # (the registry's schedules that fit)
+
+    for name, t in fitting_registry_schedules(problem):
+        out = lazy_w(problem, t.schedule, fill=fill)
+        if out is None:  # a fused backward
+            continue
+        assert simulate(problem, out).fits, name
+        same_order_but(t.schedule, out, {Kind.W})
