@@ -93,6 +93,7 @@ def evaluate(
     budget: Budget | None = None,
     child: bool = False,
     say: Callable[[str], None] | None = None,
+    found: bool = False,
 ) -> list[Evaluated]:
     """Every registry schedule (or each of ``names``, in that order) on ``problem``: the one pass
     that the CLI's compare, the ablation study and the solver's warm start judge them with.
@@ -104,7 +105,8 @@ def evaluate(
     is judged unless judging it (one more simulation, the longest so far) ends within what the
     budget leaves usable (``Budget.usable``: less the simulations it keeps for the caller); those
     left out come back with reason NOT_EVALUATED. Once the budget has run out the pass goes on
-    while nothing fits yet. ``child`` builds the schedules in a child process that the budget can
+    while nothing fits yet (``found``: a schedule from elsewhere fits already, so the budget stops
+    the pass from the start). ``child`` builds the schedules in a child process that the budget can
     stop mid-build (for large problems). ``say`` hears a line per schedule."""
     say = say or (lambda note: None)
     specs = [get(n) for n in (REGISTRY if names is None else names)]
@@ -118,7 +120,7 @@ def evaluate(
     with Worker(_build, (problem, applies), child=child and budget.limited) as worker:
         for name in applies:
             judging = budget.usable(sim).less(sim)  # once one fits, judge another only if it ends in time
-            fitted = any(e.fits for e in out.values())
+            fitted = found or any(e.fits for e in out.values())
             if fitted and judging.expired():
                 break
             began = time.perf_counter()

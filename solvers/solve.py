@@ -118,28 +118,52 @@ class RegistryRun:
 
 def evaluate_registry(
     problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None,
-    greedy_budget: Callable[[], Budget] | None = None,
+    greedy_budget: Callable[[], Budget] | None = None, later_budget: Callable[[], Budget] | None = None,
 ) -> RegistryRun:
     """The registry's schedules judged for a warm start within ``budget`` (see
     ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``).
-    With ``greedy_budget`` (which makes a budget once the others are judged), the greedy scheduler's searches
-    (``ANYTIME``) come last and as they go (``_anytime_greedy``): on a large problem, where the
-    search outlasts its budget, the best variant found by then is a candidate (named NAME+partial;
-    NAME is not evaluated)."""
+    With ``greedy_budget`` (which makes a budget once the schedules before are judged), the greedy
+    scheduler's searches (``ANYTIME``) come after the schedules that need no policy section, and as
+    they go (``_anytime_greedy``): on a large problem, where the search outlasts its budget, the best
+    variant found by then is a candidate (named NAME+partial; NAME is not evaluated); those that
+    recompute or offload come last, within ``later_budget`` (made then; default ``budget``)."""
     say = say or (lambda note: None)
-    anytime = greedy_budget is not None
-    names = [name for name in REGISTRY if not (anytime and name in ANYTIME)]
-    judged = evaluate(problem, names, warm_start=True, budget=budget, child=in_child(problem), say=say)
-    run = RegistryRun(
+    if greedy_budget is None:
+        return _registry_run(evaluate(problem, warm_start=True, budget=budget, child=in_child(problem), say=say))
+    # The schedules that need no policy section first, then the greedy's searches, then those that
+    # recompute or offload (their budget stops them once anything fits: on a large problem where no
+    # plain schedule fits, ZB-V's offloads alone can take minutes to place).
+    plain = problem.with_changes(recompute=None, offload=None, memory={"limit": None}) if problem.policies else problem
+    needs = {name for name in REGISTRY if REGISTRY[name].why_not(problem) is None
+             and REGISTRY[name].why_not(plain) is not None}
+    first = [name for name in REGISTRY if name not in ANYTIME and name not in needs]
+    run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say))
+    _anytime_greedy(problem, run, greedy_budget(), say)
+    if needs:
+        later = _registry_run(evaluate(problem, [name for name in REGISTRY if name in needs], warm_start=True,
+                                       budget=later_budget() if later_budget else budget,
+                                       child=in_child(problem), say=say,
+                                       found=bool(run.fitting)))
+        run.fitting += later.fitting
+        run.fused += later.fused
+        run.not_evaluated += later.not_evaluated
+        run.built += later.built
+        run.simulate_seconds = max(run.simulate_seconds, later.simulate_seconds)
+    order = {name: k for k, name in enumerate(REGISTRY)}
+    for items in (run.fitting, run.fused, run.built):  # (registry order: the first of equals wins)
+        items.sort(key=lambda nt: order.get(nt[0], len(order)))
+    run.not_evaluated.sort(key=order.__getitem__)
+    return run
+
+
+def _registry_run(judged: list) -> RegistryRun:
+    return RegistryRun(
         fitting=[(e.name, e.timeline) for e in judged if e.fits],
         fused=[(e.name, e.as_built) for e in judged if e.as_built is not None],
         not_evaluated=[e.name for e in judged if e.reason == NOT_EVALUATED],
         simulate_seconds=max((e.simulate_seconds for e in judged), default=0.0),
         built=[(e.name, e.schedule) for e in judged if e.schedule is not None],
     )
-    if anytime:
-        _anytime_greedy(problem, run, greedy_budget(), say)
-    return run
 
 
 ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, as it goes, in a solve's warm start
@@ -162,7 +186,6 @@ def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Cal
                 done.append(name)
             else:
                 latest[name], fitted = schedule, fitted or fits
-    order = {name: k for k, name in enumerate(REGISTRY)}
     for name in ANYTIME:
         if name not in latest:
             run.not_evaluated.append(name)
@@ -179,9 +202,6 @@ def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Cal
         run.built.append((schedule.name, schedule))
         if t.fits:
             run.fitting.append((schedule.name, t))
-    run.fitting.sort(key=lambda nt: order.get(nt[0], len(order)))  # (registry order: the first of equals wins)
-    run.built.sort(key=lambda nt: order.get(nt[0], len(order)))
-    run.not_evaluated.sort(key=lambda name: order[name])
 
 
 def _greedy_searches(problem: Problem) -> Iterator[tuple[str, Schedule | None, bool]]:
@@ -427,10 +447,12 @@ def solve(
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
     warm_budget = budget.share(warm_share)
-    # The registry's schedules (the greedy scheduler's searches last, as they go, with half of what
-    # is left), then the candidates with mixed policies: each step stops at its share once one fits.
+    # The registry's schedules (the greedy scheduler's searches as they go, with half of what is left,
+    # before those that need a policy section), then the candidates with mixed policies: each step
+    # stops at its share once a schedule fits.
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
-                            greedy_budget=lambda: warm_budget.share(GREEDY_SHARE))
+                            greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
+                            later_budget=lambda: warm_budget.share(REGISTRY_SHARE))
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
     for step in (recomputed_candidates, polished_candidates):
         derived = step(problem, run, warm_budget, clock.say)
