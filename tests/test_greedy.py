@@ -20,9 +20,10 @@ from tests.strategies import with_working, working_memory
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
 
 
-def at_memory_of(problem, name):
-    """The problem with every rank limited to ``name``'s largest activation peak (plus static)."""
-    peak = max(simulate(problem, solvers.build(name, problem)).peak_activation)
+def at_memory_of(problem, *names):
+    """The problem with every rank limited to the largest activation peak (plus static) of the
+    schedules ``names``."""
+    peak = max(max(simulate(problem, solvers.build(name, problem)).peak_activation) for name in names)
     return problem.with_changes(memory={"limit": [s + peak for s in problem.static_memory]})
 
 
@@ -32,7 +33,10 @@ def test_no_worse_than_handcrafted_zero_bubble_at_its_memory(path, memory_of, ri
     problem = load_problem(path)
     if solvers.get(rival).why_not(problem):
         pytest.skip(solvers.get(rival).why_not(problem))
-    limited = at_memory_of(problem, memory_of)
+    # ZB-H1 is built for 1F1B's memory, but where B frees nothing (W holds all of a
+    # microbatch's activations, as on gpt-h200) its deferred Ws need a little more: the limit is
+    # the larger of the two peaks, so that the rival always fits.
+    limited = at_memory_of(problem, memory_of, rival)
     theirs = simulate(limited, solvers.build(rival, limited))
     ours = simulate(limited, solvers.build("zb-greedy", limited))
     assert theirs.fits and ours.fits
