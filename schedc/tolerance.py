@@ -60,6 +60,13 @@ class Tolerance:
         """a equals b, up to noise."""
         return abs(a - b) <= self.eps
 
+    def key(self, a: float) -> float:
+        """A sort key for ``a`` that ties values equal up to noise: ``a`` in whole units of
+        ``eps``, so that ties are broken by the next key, not by rounding noise that depends on
+        the unit. (Two values a noise apart can still fall either side of a unit's edge, but noise
+        is far below ``eps``, so only values within noise of an edge do.)"""
+        return round(a / self.eps) if self.eps > 0 else a
+
 
 def meets(value: float, bound: float, rel: float = MEETS) -> bool:
     """``value`` (an objective) is no more than ``bound`` (a lower bound on it), up to ``rel`` of

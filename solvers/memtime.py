@@ -92,9 +92,9 @@ def _copy_lane(problem: Problem, ops: tuple[Op, ...], offloaded: set[tuple[int, 
         if op.kind in BACKWARDS and (op.stage, op.mb) in offloaded:
             latest = min(latest, times[op][1]) - cost[_RELOAD][op.stage]
             keyed.append((max(latest, sends[op.stage, op.mb]), 1, Op(_RELOAD, op.stage, op.mb)))
-    keyed.sort(key=lambda item: item[:2])
-    ends = [times[op][2] for op in ops]
     tol = problem.time_tol
+    keyed.sort(key=lambda item: (tol.key(item[0]), item[1]))
+    ends = [times[op][2] for op in ops]
     after: list[Op | None] = []
     at = -1
     for t, _, op in keyed:
@@ -180,7 +180,7 @@ def hidden_offloads(problem: Problem, schedule: Schedule, name: str | None = Non
             s, i = op.stage, op.mb
             wait = times[op][1] - times[Op(Kind.F, s, i)][2]
             if tol.ge(wait, cost[_OFFLOAD][s] + cost[_RELOAD][s]):
-                waits.append((-wait, s, i))
+                waits.append((-tol.key(wait), s, i))
     candidates = [(s, i) for _, s, i in sorted(waits)]
     policy: dict[tuple[int, int], Kind] = {}
     best, peaks = base, t0.peak_activation
