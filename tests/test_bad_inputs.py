@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ranks import PRELOAD
+
 ROOT = Path(__file__).resolve().parent.parent
 UNIFORM = ROOT / "examples" / "problems" / "uniform.yaml"
 TIMEOUT = 60.0  # seconds per case; every case here needs well under one
@@ -26,7 +28,7 @@ MEMORY = 6 * 2**30  # address space per case, bytes
 MAX_LINE = 400  # characters of the error line
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["schedc.app.cli", "click.testing"])
+_CTX.set_forkserver_preload(PRELOAD)  # the one list every forking test names (tests/ranks.py)
 
 
 # ---- the harness ----

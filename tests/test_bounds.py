@@ -83,7 +83,7 @@ def problems(draw):
     return problem
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_bound_never_above_a_schedule_that_fits(problem):
     timelines = fitting_timelines(problem)
@@ -214,7 +214,7 @@ def tiny_problems(draw):
     return problem
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_problems())
 def test_bound_never_above_the_true_optimum(problem):
     best = optimum(problem)

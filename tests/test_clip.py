@@ -12,7 +12,7 @@ import torch
 import schedc
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import lm_loss, token_batches
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 from tests.test_runtime import model, problem
 
 STEPS = 3

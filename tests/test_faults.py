@@ -14,12 +14,10 @@ import schedc
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.faults import FaultPlan, install
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import RankFailed, run_local
+from schedc.runtime.launch import RankFailed
+from tests.ranks import run_local
 
 # the ranks fork from a server that imported these once (the first optimizer imports torch._dynamo)
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "schedc.runtime.interpreter", "schedc.runtime.faults"]
-
-
 def schedule(tmp_path, name="1f1b"):
     prob = schedc.Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 2, "W": 1}})
     schedc.compile(prob, name).save(tmp_path / "s.json")
@@ -56,7 +54,7 @@ def peer_dies_before_post(rank, world, path, victim, step):
 @pytest.mark.parametrize("step", [0, 1], ids=["shape-exchange", "step"])
 def test_a_peer_that_died_before_a_post_is_named(tmp_path, victim, step):
     with pytest.raises(RankFailed) as failed:
-        run_local(peer_dies_before_post, 2, schedule(tmp_path), victim, step, timeout=240, preload=PRELOAD)
+        run_local(peer_dies_before_post, 2, schedule(tmp_path), victim, step, timeout=240)
     other = 1 - victim
     assert victim in failed.value.errors and "exited with code 1" in failed.value.errors[victim]
     got = failed.value.results[other]
@@ -79,7 +77,7 @@ def post_fails(rank, world, path, victim):
 
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_post_that_fails_is_an_error_naming_the_peer_and_the_instruction(tmp_path, victim):
-    results = run_local(post_fails, 2, schedule(tmp_path), victim, timeout=240, preload=PRELOAD)
+    results = run_local(post_fails, 2, schedule(tmp_path), victim, timeout=240)
     other = 1 - victim
     error = results[victim]["error"]
     assert results[victim]["culprit"] == other
@@ -123,8 +121,7 @@ def test_a_rank_that_never_joins_a_collective_is_named(tmp_path, how):
     # gradients it received came after), so the other rank's only call left to fail is the collective
     victim, other = 0, 1
     try:
-        results = run_local(collective_unjoined, 2, schedule(tmp_path, "zb-h1"), victim, how, timeout=240,
-                            preload=PRELOAD)
+        results = run_local(collective_unjoined, 2, schedule(tmp_path, "zb-h1"), victim, how, timeout=240)
     except RankFailed as e:
         assert how != "gather-alive" and victim in e.errors
         results = e.results

@@ -87,7 +87,7 @@ def limited_problems(draw):
     return problem.with_changes(memory={"limit": need * draw(st.floats(1, 4))})
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(limited_problems(), st.data())
 def test_every_policy_completes_within_any_feasible_limit(problem, data):
     """Every switch combination finishes (no memory deadlock, lean reservations included:

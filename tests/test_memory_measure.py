@@ -18,7 +18,7 @@ import schedc
 from schedc.app.cli import main
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.profile import make_problem, profile_stages
 

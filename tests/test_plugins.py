@@ -17,7 +17,7 @@ from schedc.app.cli import main
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.comm import TRANSPORTS
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 
 
 def train(rank, world, path, transport):

@@ -6,7 +6,7 @@ import pytest
 
 from schedc.kinds import Kind
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 from schedc.runtime.profile import MiB, StageProfile, make_problem, measure_comm, profile_stages
 from schedc.runtime.wgrad import SplitLinear
 

@@ -36,7 +36,7 @@ def channels(program):
     return out
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipeline_problems(max_microbatches=16))
 def test_lowering_every_registry_schedule_gives_a_checked_program(problem):
     for name in applicable(problem):

@@ -22,7 +22,7 @@ import schedc
 from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 
 BACKEND = "aot_eager"
 STEPS, M, BATCH = 2, 4, 8

@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 import schedc
 from schedc import Problem
 from schedc.runtime import PipelineRuntime
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 
 D = 64
 

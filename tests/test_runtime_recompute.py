@@ -21,7 +21,8 @@ import schedc.solvers as solvers
 from schedc import Problem
 from schedc.runtime import PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import RankFailed, run_local
+from schedc.runtime.launch import RankFailed
+from tests.ranks import run_local
 from schedc.schedfile import CompiledSchedule
 from tests.test_program import with_policies
 

@@ -126,7 +126,7 @@ def producers_of(op, kinds_present):
     return [("F", s, i)] + after
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipeline_problems())
 def test_every_schedule_is_complete_deadlock_free_and_respects_dependencies(problem):
     applicable = [s for s in solvers.REGISTRY.values() if s.why_not(problem) is None]

@@ -24,7 +24,7 @@ from schedc.app.cli import main
 from schedc.interop import torch_comms_rows
 from schedc.runtime import PipelineRuntime, torch_actions, torch_pipeline, torch_placement
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
-from schedc.runtime.launch import run_local
+from tests.ranks import run_local
 
 P, M = 2, 4
 CASES = [  # (schedule, chunks, placement): split and fused backward, loop, V and explicit placements
