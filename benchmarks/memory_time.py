@@ -3,6 +3,7 @@ decided together) against the schedules users run today, on the zero-bubble pape
 at memory limits from a quarter to twice 1F1B's activation memory.
 
     python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--jobs N] [--resume]
+    python benchmarks/memory_time.py --report [--write]   # the table again from a finished run's cells
     python benchmarks/memory_time.py --problems   # only (re)write examples/problems/memory-time/
 
 Sources and the model (see benchmarks/zb_paper.py for the settings themselves):
@@ -210,6 +211,9 @@ def main() -> None:
     parser.add_argument("--out", default="out/memory-time", help="where the solved schedule files go")
     parser.add_argument("--resume", action="store_true",
                         help="take the cells an earlier run of this commit (and time limit) finished in --out")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: the table (and with --write the figure) from the cells an earlier run "
+                             "finished in --out, whatever its commit")
     args = parser.parse_args()
     paths = write_problems()
     if args.problems:
@@ -229,22 +233,44 @@ def main() -> None:
     def one(item):
         cell, path = item
         saved = out_dir / f"{path.stem}.cell.json"  # each cell's result as it is done, for --resume
-        if args.resume and saved.exists():
+        if (args.resume or args.report) and saved.exists():
             kept = json.loads(saved.read_text())
-            if kept.get("commit") == commit and kept.get("time_limit") == args.time_limit:
+            if args.report or (kept.get("commit") == commit and kept.get("time_limit") == args.time_limit):
+                commits.add(kept.get("commit", "unknown"))
                 return cell, kept["result"]
         r = run_cell(path, args.time_limit, out_dir)
         saved.write_text(json.dumps({"commit": commit, "time_limit": args.time_limit, "result": r}))
+        commits.add(commit)
         print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)
         return cell, r
 
+    missing = [path.stem for _, path in chosen if not (out_dir / f"{path.stem}.cell.json").exists()]
+    if args.report and missing:
+        parser.error(f"--report: no result in {args.out} for {', '.join(missing)}: run those cells first")
+    commits: set[str] = set()
     began = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for done, (cell, r) in enumerate(pool.map(one, chosen), 1):
             results[cell] = r
             left = (time.perf_counter() - began) / done * (len(chosen) - done)
-            print(f"[{done}/{len(chosen)}] about {left / 60:.0f} min left", flush=True)
+            if not args.report:
+                print(f"[{done}/{len(chosen)}] about {left / 60:.0f} min left", flush=True)
     (out_dir / "results.json").write_text(json.dumps([[list(cell), r] for cell, r in results.items()], indent=1))
+    command = ("python benchmarks/memory_time.py --write"
+               + (f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
+               + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
+               + (f" --limits {args.limits}" if limits != set(LIMITS) else ""))
+    text = report(results, command, f"{machine()}. Commit: {', '.join(sorted(commits))}")
+    print(text)
+    if args.write and not args.only:
+        plot(results, Path(__file__).with_name("memory_time.png"))
+        write_section("memory-time", "## Memory for time: recompute and offload decided by solve\n\n" + text)
+
+
+def report(results: dict, command: str, machine: str) -> str:
+    """The results table, the cells where solve misses, and the acceptance figures at half of
+    1F1B's memory (the gains over 1F1B with full recompute, and the most any schedule could gain:
+    1 - bound / 1F1B-recompute's span)."""
     lines, misses = [], []
     for (model, m, limit, v), r in results.items():
         name = f"{model} m={m} {'V' if v else 'loop'} {limit:g}x"
@@ -253,7 +279,7 @@ def main() -> None:
         megatron = _megatron(results, model, m, limit)
         if "error" in r:
             misses.append(f"{name}: {r['error']}")
-            lines.append(f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | error: {r['error']} | | | | | |")
+            lines.append(f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | error: {r['error']} | | | | | | | |")
             continue
         span = r["span"] if r["fits"] else None
         if span is None:
@@ -261,43 +287,73 @@ def main() -> None:
         elif best and span > best[1] * (1 + 1e-9):
             misses.append(f"{name}: solve {span:.1f} slower than {best[0]} {best[1]:.1f}")
         gain = f"{100 * (1 - span / megatron):.1f}%" if span and megatron else "n/a"
+        most = f"{100 * (1 - r['bound'] / megatron):.1f}%" if r.get("bound") and megatron else "n/a"
         policies = r.get("policies") or {}
         lines.append(
             f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | "
             + (f"{span:.1f}" if span else "does not fit")
             + f" | {r.get('bound') or 0:.1f} | {100 * (r.get('gap') or 0):.2f}% | "
             + (f"{best[0]} {best[1]:.1f}" if best else "none fits")
-            + f" | {'' if megatron is None else f'{megatron:.1f}'} | {gain} | "
+            + f" | {'' if megatron is None else f'{megatron:.1f}'} | {gain} | {most} | "
             + ", ".join(f"{k} {n}" for k, n in policies.items() if n) + f" | {r['wall']:.1f} |"
         )
-    body = [
-        "Command: `python benchmarks/memory_time.py --write"
-        + (f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
-        + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
-        + (f" --limits {args.limits}" if limits != set(LIMITS) else "") + "`",
+    return "\n".join([
+        f"Command: `{command}`",
         "",
-        f"Machine: {machine()}. Commit: {commit}.",
+        f"Machine: {machine}.",
         "",
         "The zero-bubble paper's 12 settings with recompute (full, selective) and offload declared (the",
         "model is in the script's docstring), limits as multiples of 1F1B's activation memory p M_B,",
         "objective span (ms). `solve` is `schedc solve --time-limit` read back with `schedc simulate`;",
         "its bound and gap are the proven ones. Best baseline: the fastest registry schedule that fits",
-        f"(`schedc compare`); vs {MEGATRON}: how much shorter solve's span is than 1F1B with full recompute.",
+        f"(`schedc compare`); vs {MEGATRON}: how much shorter solve's span is than 1F1B with full recompute;",
+        "at most: how much shorter any schedule could be (1 - bound / its span).",
         "Figure: benchmarks/memory_time.png.",
         "",
         "| model | m | placement | limit | solve span | bound | gap | best baseline that fits |"
-        f" {MEGATRON} | solve vs {MEGATRON} | policies | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f" {MEGATRON} | solve vs {MEGATRON} | at most | policies | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *lines,
         "",
         "Cells where solve is slower than a baseline that fits, or does not fit: "
         + ("; ".join(misses) if misses else "none") + ".",
-    ]
-    text = "\n".join(body)
-    print(text)
-    if args.write and not args.only:
-        plot(results, Path(__file__).with_name("memory_time.png"))
-        write_section("memory-time", "## Memory for time: recompute and offload decided by solve\n\n" + text)
+        "",
+        *acceptance(results),
+    ])
+
+
+def acceptance(results: dict, limit: float = 0.5) -> list[str]:
+    """At ``limit``: per placement, solve's gains over 1F1B with full recompute against the issue's
+    targets (20 % loop, 35 % V), the cells below target with the most any schedule could gain
+    there, and how many cells solve beats the best baseline that fits; at every limit, the gaps."""
+    out = []
+    for v, target in ((False, 20.0), (True, 35.0)):
+        gains, below, beats, total = [], [], 0, 0
+        for (model, m, lim, vv), r in results.items():
+            megatron = _megatron(results, model, m, lim)
+            if lim != limit or vv != v or "span" not in r or not r["fits"] or not megatron:
+                continue
+            total += 1
+            gain = 100 * (1 - r["span"] / megatron)
+            gains.append(gain)
+            base = r.get("baselines") or {}
+            beats += not base or r["span"] < min(base.values()) * (1 - 1e-9)
+            if gain < target:
+                most = 100 * (1 - r["bound"] / megatron) if r.get("bound") else float("nan")
+                below.append(f"{model} m={m} {gain:.1f}% (at most {most:.1f}%)")
+        if total:
+            out.append(f"At {limit:g}x, {'V' if v else 'loop'} placement: solve is {min(gains):.1f}-{max(gains):.1f}% "
+                       f"faster than {MEGATRON} (target {target:g}%); below target: "
+                       + (", ".join(below) if below else "none")
+                       + f"; faster than the best baseline that fits on {beats} of {total}.")
+    for lim in LIMITS:
+        rows = [r for (_, _, x, _), r in results.items() if x == lim and "span" in r]
+        if rows:
+            fit = sum(r["fits"] for r in rows)
+            gaps = [100 * r["gap"] for r in rows if r.get("gap") is not None]
+            out.append(f"At {lim:g}x: solve fits on {fit} of {len(rows)} cells"
+                       + (f", proven gaps {min(gaps):.1f}-{max(gaps):.1f}%." if gaps else "."))
+    return out
 
 
 if __name__ == "__main__":
