@@ -230,9 +230,12 @@ def main() -> None:
 
     commit = _commit()
 
+    def saved_of(path: Path) -> Path:
+        return out_dir / f"{path.stem}.cell.json"  # each cell's result as it is done, for --resume
+
     def one(item):
         cell, path = item
-        saved = out_dir / f"{path.stem}.cell.json"  # each cell's result as it is done, for --resume
+        saved = saved_of(path)
         if (args.resume or args.report) and saved.exists():
             kept = json.loads(saved.read_text())
             if args.report or (kept.get("commit") == commit and kept.get("time_limit") == args.time_limit):
@@ -244,7 +247,7 @@ def main() -> None:
         print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)
         return cell, r
 
-    missing = [path.stem for _, path in chosen if not (out_dir / f"{path.stem}.cell.json").exists()]
+    missing = [path.stem for _, path in chosen if not saved_of(path).exists()]
     if args.report and missing:
         parser.error(f"--report: no result in {args.out} for {', '.join(missing)}: run those cells first")
     commits: set[str] = set()
@@ -286,8 +289,8 @@ def report(results: dict, command: str, machine: str) -> str:
             misses.append(f"{name}: solve's schedule does not fit")
         elif best and span > best[1] * (1 + 1e-9):
             misses.append(f"{name}: solve {span:.1f} slower than {best[0]} {best[1]:.1f}")
-        gain = f"{100 * (1 - span / megatron):.1f}%" if span and megatron else "n/a"
-        most = f"{100 * (1 - r['bound'] / megatron):.1f}%" if r.get("bound") and megatron else "n/a"
+        gain = f"{_shorter(span, megatron):.1f}%" if span and megatron else "n/a"
+        most = f"{_shorter(r['bound'], megatron):.1f}%" if r.get("bound") and megatron else "n/a"
         policies = r.get("policies") or {}
         lines.append(
             f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | "
@@ -322,6 +325,11 @@ def report(results: dict, command: str, machine: str) -> str:
     ])
 
 
+def _shorter(span: float, than: float) -> float:
+    """How much shorter ``span`` is than ``than``, in percent."""
+    return 100 * (1 - span / than)
+
+
 def acceptance(results: dict, limit: float = 0.5) -> list[str]:
     """At ``limit``: per placement, solve's gains over 1F1B with full recompute against the issue's
     targets (20 % loop, 35 % V), the cells below target with the most any schedule could gain
@@ -334,12 +342,12 @@ def acceptance(results: dict, limit: float = 0.5) -> list[str]:
             if lim != limit or vv != v or "span" not in r or not r["fits"] or not megatron:
                 continue
             total += 1
-            gain = 100 * (1 - r["span"] / megatron)
+            gain = _shorter(r["span"], megatron)
             gains.append(gain)
             base = r.get("baselines") or {}
             beats += not base or r["span"] < min(base.values()) * (1 - 1e-9)
             if gain < target:
-                most = 100 * (1 - r["bound"] / megatron) if r.get("bound") else float("nan")
+                most = _shorter(r["bound"], megatron) if r.get("bound") else float("nan")
                 below.append(f"{model} m={m} {gain:.1f}% (at most {most:.1f}%)")
         if total:
             out.append(f"At {limit:g}x, {'V' if v else 'loop'} placement: solve is {min(gains):.1f}-{max(gains):.1f}% "

@@ -76,6 +76,13 @@ class Timeline:
         objective = objective or self.problem.objective
         return self.makespan if objective == "makespan" else self.span
 
+    def rank_objective(self, objective: str | None = None) -> tuple[float, ...]:
+        """Per rank, what it gives the objective: its compute lane's last end (makespan) or its
+        own span; the rank with the largest sets the objective (copy lanes aside)."""
+        if (objective or self.problem.objective) == "makespan":
+            return tuple(es[-1] if es else 0.0 for es in self.end)
+        return self.rank_span
+
     def idle(self, objective: str | None = None) -> tuple[float, ...]:
         """Per rank idle time within the objective's window (the makespan, or its own span)."""
         if (objective or self.problem.objective) == "makespan":

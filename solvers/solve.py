@@ -304,8 +304,7 @@ def polished_candidates(
             continue
         seen.add(t.schedule.ranks)
         best = t
-        spans = [(es[-1] if problem.objective == "makespan" else es[-1] - ss[0]) if es else 0.0
-                 for ss, es in zip(t.start, t.end)]
+        spans = t.rank_objective()
         for schedule in polished(problem, t.schedule, critical=max(range(problem.ranks), key=spans.__getitem__)):
             if budget.expired():
                 break
