@@ -172,6 +172,7 @@ class RankState:
     # recomputed on all the rank's stages allocates at most through them (``need`` for a kept one)
     keep_pass: float = 0.0  # what one recomputed microbatch's forwards keep through its stages (with
     # the recompute that keeps least, or with cheap_target the one that costs least time)
+    keep_most: float = 0.0  # the larger of the two (the strictest reservation any recompute switch makes)
     slot: float = 0.0  # above what its forwards keep, the most one recomputed microbatch's recomputes
     # bring back (the room one of them needs; one at a time is kept free)
     kept: dict[Kind, float] = field(default_factory=dict)  # recompute kind -> what one microbatch's
@@ -199,27 +200,32 @@ class ListScheduler:
         # Recompute (problems that declare it, policy permitting): the kinds, cheapest first on each rank.
         self.lighten = problem.recomputes if policy.recompute else ()
         self.recomputed: dict[tuple[int, int], Kind] = {}  # (stage, microbatch) -> R or S, as started
+        self.memory_gated = False  # some memory gate would have kept a microbatch out under the strictest
+        # recompute switches (``admits``); while False, no recompute switch changes a decision of the pass
+        kinds = problem.recomputes
         self.ranks = [
             RankState(
                 stages=sorted(stages, reverse=policy.late_stage_first), first=min(stages), last=max(stages),
                 room=room[r], need=self._kept_need(r),
                 remaining=len(stages) * self.m * 3, depth=self.n - min(stages), stair=self.m,
-                needs={k: _pass_peak(problem, stages, k) for k in self.lighten},
+                needs={k: _pass_peak(problem, stages, k) for k in kinds},
             )
             for r, stages in enumerate(problem.rank_stages)
         ]
         for rank, stages in zip(self.ranks, problem.rank_stages):
-            if self.lighten:
-                rank.least = min(self.lighten, key=lambda k: sum(problem.delta(F_, s, k) for s in stages))
-                cheapest = min(self.lighten, key=lambda k: sum(problem.cost[k][s] for s in stages))
+            if kinds:  # (with the switch off too: ``admits`` tells whether it could have mattered)
+                rank.least = min(kinds, key=lambda k: sum(problem.delta(F_, s, k) for s in stages))
+                cheapest = min(kinds, key=lambda k: sum(problem.cost[k][s] for s in stages))
                 basis = cheapest if policy.cheap_target else rank.least
-                rank.kept = {k: sum(problem.delta(F_, s, k) for s in stages) for k in self.lighten}
+                rank.kept = {k: sum(problem.delta(F_, s, k) for s in stages) for k in kinds}
                 rank.keep_pass = rank.kept[basis]
-                rank.slot = max(rank.needs[k] - rank.kept[k] for k in self.lighten)
+                rank.keep_most = max(rank.kept[cheapest], rank.kept[rank.least])
+                rank.slot = max(rank.needs[k] - rank.kept[k] for k in kinds)
                 rank.target = rank.depth if problem.chunks == 1 else problem.ranks
         if policy.staircase and problem.chunks == 1:
             self._staircase()
         self.finish: dict[Op, float] = {}  # op -> its end, for every op run so far
+        self.arrived: dict[Op, float] = {}  # op -> when its inputs are on its rank, once they all are
         self.next_f = [0] * self.n  # per stage, the next microbatch to forward (F and B run in microbatch order)
         self.next_b = [0] * self.n
         self.heap = [(0.0, r) for r in range(problem.ranks)]  # (clock, rank): always advance the earliest rank
@@ -386,12 +392,13 @@ class ListScheduler:
         held = rank.level if self.policy.lean else rank.level + rank.reserved
         return self.mtol.le(held + need, rank.room)
 
-    def to_come(self, rank: RankState) -> float:
+    def to_come(self, rank: RankState, keep: float | None = None) -> float:
         """With recompute: the room a new microbatch leaves for the rest of the warm-up depth
-        (``target``), recomputed: their forwards' keep and one recompute's bring-back."""
+        (``target``), recomputed: their forwards' keep (``keep`` each, default the policy's) and one
+        recompute's bring-back."""
         more = self.more(rank)
         if more > 0:
-            return more * rank.keep_pass + rank.slot
+            return more * (rank.keep_pass if keep is None else keep) + rank.slot
         return rank.slot if rank.unrecomputed else 0.0  # room for the recompute still to come
 
     def more(self, rank: RankState) -> int:
@@ -420,13 +427,17 @@ class ListScheduler:
                     self.waiters.setdefault(d, []).append(r)
 
     def arrival(self, op: Op, r: int) -> float:
-        """When ``op``'s inputs are all on rank r (inf while a producer is unscheduled)."""
+        """When ``op``'s inputs are all on rank r, its own (inf while a producer is unscheduled)."""
+        t = self.arrived.get(op)
+        if t is not None:
+            return t
         t, finish, comm, stage_rank = 0.0, self.finish, self.comm, self.stage_rank
         for d in producers(op, self.n):
             done = finish.get(d)
             if done is None:
                 return math.inf
             t = max(t, done + (comm if stage_rank[d.stage] != r else 0.0))
+        self.arrived[op] = t  # (final once every producer ran)
         return t
 
     def first_arrivals(self, r: int) -> list[float]:
@@ -464,6 +475,8 @@ class ListScheduler:
                 return False
         if not memory:
             return True
+        if rank.kept and not self.memory_gated:  # (the strictest gate passes: every gate passes)
+            self.memory_gated = not self.room_for(rank, rank.need + self.to_come(rank, rank.keep_most))
         if self.lighten:  # a kept microbatch leaves room to reach the warm-up depth with recomputed ones
             return self.room_for(rank, rank.need + self.to_come(rank))
         held = rank.level if policy.lean else rank.level + rank.reserved
@@ -594,18 +607,25 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
     that beats every one before it (fitting before not fitting, then by objective and makespan),
     the last being ``best_greedy``'s result. A caller short of time (the solver's warm start on a
     large problem, where each variant takes seconds to build) keeps the last it got."""
-    seen: dict[Policy, tuple] = {}
+    seen: dict[Policy, tuple] = {}  # policy -> (over the limit, objective, makespan, schedule)
+    judged: dict[tuple, tuple] = {}  # a schedule's ops -> its (over, objective, makespan)
+    inert: set[Policy] = set()  # policies whose pass no recompute switch could change
     tol = problem.time_tol
 
     def score(policy: Policy) -> tuple:
         if policy not in seen:
+            scheduler = ListScheduler(problem, policy)
             try:
-                schedule = greedy_schedule(problem, policy, name)
+                schedule = scheduler.build(name)
             except RuntimeError:  # a variant stalled (as lean reservations can): not a candidate
                 seen[policy] = (True, math.inf, math.inf, None)
             else:
-                t = simulate(problem, schedule)
-                seen[policy] = (not t.fits, t.objective_value(), t.makespan, schedule)
+                if schedule.ranks not in judged:  # (variants often build the same schedule)
+                    t = simulate(problem, schedule)
+                    judged[schedule.ranks] = (not t.fits, t.objective_value(), t.makespan)
+                seen[policy] = (*judged[schedule.ranks], schedule)
+                if not scheduler.memory_gated:
+                    inert.add(policy)
         return seen[policy][:3]
 
     def better(a: Policy, b: Policy) -> bool:
@@ -635,6 +655,8 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
         while improved and not optimal(best):
             improved = False
             for flag in flags:
+                if flag in RECOMPUTE_FLAGS and best in inert:
+                    continue  # (the flip builds the same schedule)
                 other = replace(best, **{flag: not getattr(best, flag)})
                 if better(other, best):
                     best, improved = other, True

@@ -326,6 +326,27 @@ def test_zb_greedy_without_the_recompute_switch_is_the_schedule_without_recomput
         assert ours.ranks == greedy.greedy_schedule(bare, policy, "g").ranks
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.sampled_from([greedy.Policy(), greedy.PAPER_LIKE, greedy.Policy(lean=True),
+                                            greedy.Policy(recompute=False, cheap_target=True)]))
+def test_a_pass_no_memory_gate_held_back_is_the_same_with_any_recompute_switch(problem, policy):
+    """Where no memory gate of a pass would have kept a microbatch out under the strictest
+    recompute switches (``memory_gated`` False; greedy_search then skips those switches), each
+    recompute switch flipped builds the same schedule; a pass that recomputes was gated."""
+    scheduler = greedy.ListScheduler(problem, policy)
+    try:
+        built = scheduler.build("g")
+    except RuntimeError:
+        return
+    if built.policies():
+        assert scheduler.memory_gated
+    if scheduler.memory_gated:
+        return
+    for flag in greedy.RECOMPUTE_FLAGS:
+        other = greedy.replace(policy, **{flag: not getattr(policy, flag)})
+        assert greedy.greedy_schedule(problem, other, "g").ranks == built.ranks, flag
+
+
 def test_zb_greedy_recomputes_in_the_bubbles_below_1f1b_memory():
     """At half of 1F1B's activation memory (uniform costs, keep a quarter): zb-greedy recomputes,
     runs some recomputes ahead of their backward's gradient (in a gap), and beats both itself
