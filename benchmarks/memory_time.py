@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -239,18 +240,18 @@ def main() -> None:
         if (args.resume or args.report) and saved.exists():
             kept = json.loads(saved.read_text())
             if args.report or (kept.get("commit") == commit and kept.get("time_limit") == args.time_limit):
-                commits.add(kept.get("commit", "unknown"))
+                commits[kept.get("commit", "unknown")] += 1
                 return cell, kept["result"]
         r = run_cell(path, args.time_limit, out_dir)
         saved.write_text(json.dumps({"commit": commit, "time_limit": args.time_limit, "result": r}))
-        commits.add(commit)
+        commits[commit] += 1
         print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)
         return cell, r
 
     missing = [path.stem for _, path in chosen if not saved_of(path).exists()]
     if args.report and missing:
         parser.error(f"--report: no result in {args.out} for {', '.join(missing)}: run those cells first")
-    commits: set[str] = set()
+    commits: Counter[str] = Counter()  # commit -> cells it ran
     began = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for done, (cell, r) in enumerate(pool.map(one, chosen), 1):
@@ -259,11 +260,12 @@ def main() -> None:
             if not args.report:
                 print(f"[{done}/{len(chosen)}] about {left / 60:.0f} min left", flush=True)
     (out_dir / "results.json").write_text(json.dumps([[list(cell), r] for cell, r in results.items()], indent=1))
-    command = ("python benchmarks/memory_time.py --write"
+    command = ("python benchmarks/memory_time.py " + ("--report --write" if args.report else "--write")
                + (f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
                + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
                + (f" --limits {args.limits}" if limits != set(LIMITS) else ""))
-    text = report(results, command, f"{machine()}. Commit: {', '.join(sorted(commits))}")
+    ran = ", ".join(f"{c} ({n} cells)" if len(commits) > 1 else c for c, n in sorted(commits.items()))
+    text = report(results, command, f"{machine()}. Commit: {ran}")
     print(text)
     if args.write and not args.only:
         plot(results, Path(__file__).with_name("memory_time.png"))

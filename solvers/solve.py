@@ -42,8 +42,6 @@ from schedc.tolerance import Tolerance, meets
 WARM_SHARE = 0.5  # of the budget, at most, for the warm start once a schedule fits (see solve)
 REGISTRY_SHARE = 0.4  # of the warm start, at most, for the registry's schedules but the greedy's searches
 GREEDY_SHARE = 0.5  # of what the warm start has left then, at most, for the greedy's searches
-GREEDY_FITTED_SHARE = 0.75  # the same where a schedule without policies fits already: the limit is loose, the
-# candidates that recompute or offload to fit (after the greedy's) add little, its order search the most
 LOCAL_SEARCH_SHARE = 0.25  # of the budget, at most, for the local search before the backend's
 SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
 AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
@@ -120,13 +118,13 @@ class RegistryRun:
 
 def evaluate_registry(
     problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None,
-    greedy_budget: Callable[[bool], Budget] | None = None, later_budget: Callable[[], Budget] | None = None,
+    greedy_budget: Callable[[], Budget] | None = None, later_budget: Callable[[], Budget] | None = None,
 ) -> RegistryRun:
     """The registry's schedules judged for a warm start within ``budget`` (see
     ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``).
-    With ``greedy_budget`` (which makes a budget once the schedules before are judged, told whether
-    one of them fits), the greedy scheduler's searches (``ANYTIME``) come after the schedules that
-    need no policy section, and as they go (``_anytime_greedy``): on a large problem, where the search outlasts its budget, the best
+    With ``greedy_budget`` (which makes a budget once the schedules before are judged), the greedy
+    scheduler's searches (``ANYTIME``) come after the schedules that need no policy section, and as
+    they go (``_anytime_greedy``): on a large problem, where the search outlasts its budget, the best
     variant found by then is a candidate (named NAME+partial; NAME is not evaluated); those that
     recompute or offload come last, within ``later_budget`` (made then; default ``budget``)."""
     say = say or (lambda note: None)
@@ -140,7 +138,7 @@ def evaluate_registry(
              and REGISTRY[name].why_not(plain) is not None}
     first = [name for name in REGISTRY if name not in ANYTIME and name not in needs]
     run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say))
-    _anytime_greedy(problem, run, greedy_budget(bool(run.fitting)), say)
+    _anytime_greedy(problem, run, greedy_budget(), say)
     if needs:
         later = _registry_run(evaluate(problem, [name for name in REGISTRY if name in needs], warm_start=True,
                                        budget=later_budget() if later_budget else budget,
@@ -448,11 +446,11 @@ def solve(
     # anyway (large problems, where its schedules are slow to build and judge, are searched so).
     warm_share = WARM_SHARE if (1 - WARM_SHARE) * budget.left() >= WINDOW_MIN_SECONDS else 1.0
     warm_budget = budget.share(warm_share)
-    # The registry's schedules (the greedy scheduler's searches as they go, with half of what is left or,
-    # where a plain schedule fits already, three quarters, before those that need a policy section), then the candidates with mixed policies: each step
+    # The registry's schedules (the greedy scheduler's searches as they go, with half of what is left,
+    # before those that need a policy section), then the candidates with mixed policies: each step
     # stops at its share once a schedule fits.
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
-                            greedy_budget=lambda fits: warm_budget.share(GREEDY_FITTED_SHARE if fits else GREEDY_SHARE),
+                            greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
                             later_budget=lambda: warm_budget.share(REGISTRY_SHARE))
     run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
     for step in (recomputed_candidates, polished_candidates):

@@ -236,7 +236,7 @@ def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
 
     monkeypatch.setattr(greedy, "greedy_search", slow)
     problem = Problem.parse(TIGHT)
-    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda fits: Budget.seconds(0.2))
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.2))
     names = [name for name, _ in run.fitting]
     assert "zb-greedy+partial" in names and "zb-greedy" not in names
     assert {"zb-greedy", "zb-1p", "zb-2p"} <= set(run.not_evaluated)
