@@ -22,6 +22,10 @@ Each rank walks its instruction list in order:
   S recomputes those parts' graphs. ``O`` / ``L`` (offload / reload): the F handed what autograd
   saves to a box; O moves it to host memory, L brings it back, and the B waits for its L. See
   ``schedc.runtime.policies`` for each (and for what "host memory" is on CPU).
+- ``AR`` (data parallelism): the stage's gradients, complete after its last weight gradient, are
+  all-reduced over ``data_parallel_group`` (the stage's replicas) without waiting, one flat buffer
+  per dtype; ``STEP`` waits for them and averages (the mean loss over the replicas' batches, as
+  DDP). Over one replica the reduce is the identity.
 - ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
   one was given (otherwise the caller runs it after ``step``). With ``clip_grad_norm``, it
   clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
@@ -106,6 +110,7 @@ class _StepState:
     dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state): F ran without autograd, R due
     regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
     boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
+    reduces: list = field(default_factory=list)  # (pending all-reduce, flat buffer, its gradients, where)
 
 
 class PipelineRuntime:
@@ -117,6 +122,7 @@ class PipelineRuntime:
         *,
         device: torch.device | str | None = None,
         group: dist.ProcessGroup | None = None,
+        data_parallel_group: dist.ProcessGroup | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         clip_grad_norm: float | None = None,
         clip_mode: str = "sync",
@@ -128,7 +134,10 @@ class PipelineRuntime:
     ):
         """``compiled``: a CompiledSchedule (``schedc.load(path)``). ``stages``: this rank's stage
         modules by stage id. ``group``: the pipeline's process group (default: the world), so that
-        other parallel axes can have groups of their own. ``timeout``: seconds any wait may take.
+        other parallel axes can have groups of their own. ``data_parallel_group``: where the
+        schedule's problem has ``data_parallel``, this rank's replicas (one rank per replica, each
+        holding the same stages), over which its gradients are all-reduced; its size must be the
+        degree. ``timeout``: seconds any wait may take.
         ``clip_grad_norm``: clip to this max norm of all gradients of the whole model (every rank),
         as ``torch.nn.utils.clip_grad_norm_``, then step; a non-finite norm skips the step
         (``skip_nonfinite``). Needs ``optimizer``. ``clip_mode``: ``"sync"`` (wait for the norm
@@ -158,6 +167,16 @@ class PipelineRuntime:
             raise PipelineError(
                 f"the schedule {head.schedule!r} is for {head.n_ranks} ranks but the process group has {world}"
             )
+        degree = head.data_parallel
+        size = 1 if data_parallel_group is None else dist.get_world_size(data_parallel_group)
+        if degree > 1 and data_parallel_group is None:
+            raise PipelineError(
+                f"the schedule {head.schedule!r} all-reduces gradients over {degree} data-parallel replicas:"
+                " pass data_parallel_group (this rank's replicas, one rank per replica)")
+        if size != degree:
+            raise PipelineError(f"the schedule {head.schedule!r} is for {degree} data-parallel replica"
+                                f"{'s' if degree > 1 else ''} but data_parallel_group has {size} ranks")
+        self.dp_group = data_parallel_group if degree > 1 else None
         want = set(head.rank_stages[self.rank])
         if set(stages) != want:
             raise PipelineError(
@@ -172,7 +191,7 @@ class PipelineRuntime:
         self._ops: dict[Kind | Opcode, Callable[[_StepState, Instr, int], None]] = {  # opcode -> its method
             Kind.F: self._forward, Kind.B: self._backward_input, Kind.BW: self._backward_full, Kind.W: self._weight,
             Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.O: self._offload,
-            Kind.L: self._reload,
+            Kind.L: self._reload, Kind.AR: self._reduce,
             Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
             Opcode.STEP: self._optimizer_step,
         }
@@ -211,7 +230,10 @@ class PipelineRuntime:
         self._copy_stream = None  # CUDA: the copy lane's side stream, made at the first offload
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # stage s -> its output activation
         self._meta_key: tuple | None = None
-        self._key = f"schedc/runtime{next(_RUNTIMES)}"
+        # The store's keys: failures are counted for the whole mesh (every replica stops), reports
+        # and collective numbers per pipeline (its ranks' numbers), and per global rank for the mesh.
+        self._mesh = f"schedc/runtime{next(_RUNTIMES)}"
+        self._key = self._mesh if group is None else f"{self._mesh}/pipeline{min(dist.get_process_group_ranks(group))}"
         self._store = _default_store()
         if transport not in TRANSPORTS:
             raise PipelineError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
@@ -457,8 +479,36 @@ class PipelineRuntime:
     def _local(self, state: _StepState, instr: Instr, k: int) -> None:
         state.inbox[instr.message] = (None, state.outbox.pop(instr.message))
 
+    def _reduce(self, state: _StepState, instr: Instr, k: int) -> None:
+        """Post the all-reduce of stage ``instr.stage``'s gradients over its replicas (a sum; STEP
+        waits and averages). The gradients that exist are reduced, the same on every replica (the
+        same model and program); one flat buffer per dtype, on the transport's device."""
+        if self.dp_group is None:
+            return  # one replica: nothing to reduce
+        where = (k, instr, self.steps)
+        grads = [p.grad for p in self.params[instr.stage] if p.grad is not None]
+        for dtype in sorted({g.dtype for g in grads}, key=str):
+            mine = [g for g in grads if g.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in mine]).to(self.comm_device)
+            what = f"the gradient all-reduce of stage {instr.stage}"
+            pending = self._io.all_reduce_among(flat, self.dp_group, where, what)
+            state.reduces.append((pending, flat, mine, where))
+
+    def _await_reduces(self, state: _StepState) -> None:
+        """Wait for the posted gradient all-reduces and write the replicas' mean back."""
+        degree = self.header.data_parallel
+        for pending, flat, grads, where in state.reduces:
+            self._io.wait(pending, where)
+            flat.div_(degree)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        state.reduces.clear()
+
     def _optimizer_step(self, state: _StepState, instr: Instr, k: int) -> None:
         self._io.flush((k, instr, self.steps))
+        self._await_reduces(state)
         left = [f"{what} {sorted(held)}" for what, held in (("forwards without their R", state.dropped),
                                                              ("selective forwards without their S", state.regions),
                                                              ("offloaded activations without their B", state.boxes))
@@ -565,7 +615,7 @@ class PipelineRuntime:
         if self._store is None:
             return False
         try:
-            return self._store.add(f"{self._key}/failed", 0) > 0
+            return self._store.add(f"{self._mesh}/failed", 0) > 0
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             return False
 
@@ -579,7 +629,25 @@ class PipelineRuntime:
             return own[0]
         if reports.get(peer) is not None and reports[peer][0] is not None:
             return reports[peer]
-        return naming[0] if naming else None
+        return naming[0] if naming else self._elsewhere()
+
+    def _elsewhere(self) -> tuple[None, str] | None:
+        """With data parallelism, the report of a rank of another replica that failed by itself:
+        (None, "(global rank g, another replica's pipeline rank r) why"), else None."""
+        if self._store is None or self.dp_group is None:
+            return None
+        me = dist.get_rank()
+        for g in range(dist.get_world_size()):
+            key = f"{self._mesh}/global{g}"
+            try:
+                if g == me or not self._store.check([key]):
+                    continue
+                report = json.loads(self._store.get(key))
+            except Exception:  # noqa: BLE001 - no store, no names
+                return None
+            if report.get("own"):
+                return None, f"(global rank {g}, rank {report['rank']} of another replica's pipeline) {report['why']}"
+        return None
 
     def _report(self, culprit: int | None, why: str) -> None:
         """Tell the other ranks, through the store, which rank failed first and how."""
@@ -587,7 +655,10 @@ class PipelineRuntime:
             return
         try:
             self._store.set(f"{self._key}/rank{self.rank}", json.dumps({"culprit": culprit, "why": why}))
-            self._store.add(f"{self._key}/failed", 1)
+            if self.dp_group is not None:
+                self._store.set(f"{self._mesh}/global{dist.get_rank()}",
+                                json.dumps({"own": culprit == self.rank, "rank": self.rank, "why": why}))
+            self._store.add(f"{self._mesh}/failed", 1)
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             pass
 
@@ -717,6 +788,14 @@ class _Attributed:
 
     def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, group, where: tuple, what: str) -> Pending:
         return self._collective(lambda: self.transport.all_gather(outputs, tensor, group, where), where, what)
+
+    def all_reduce_among(self, tensor: torch.Tensor, group, where: tuple, what: str) -> Pending:
+        """A sum all-reduce over a group other than the pipeline's (a stage's data-parallel
+        replicas): not numbered among the pipeline's collectives (``_join`` names the pipeline's
+        ranks that never joined one of those)."""
+        pending = self._call(lambda: self.transport.all_reduce(tensor, group, where), where, -1, what, True)
+        pending.what = what
+        return pending
 
     def _collective(self, post: Callable[[], Pending], where: tuple, what: str) -> Pending:
         self.collectives += 1

@@ -15,7 +15,10 @@ ranks under strict rules until all finish or none can move:
 - a compute op waits until the SEND of each tensor it received has happened;
 - an offload or reload is issued and never waits (it waits only for ops earlier on its own rank:
   the compute op listed before it, what it needs, the copy before it; the order above already puts
-  them before it, and ``Schedule.check_complete`` refuses a reload listed after its backward).
+  them before it, and ``Schedule.check_complete`` refuses a reload listed after its backward);
+- a gradient all-reduce AR (with ``data_parallel``: one per stage, on its rank, after every weight
+  gradient of its stage) is issued and never waits for another pipeline rank: its partners are the
+  stage's replicas, which run the same program; the STEP after it waits for it.
 
 If the ranks stop short, the wait-for graph has a cycle, which the error names.
 """
@@ -25,14 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedc.errors import ProgramError, ScheduleError
-from schedc.kinds import ROWS, Kind, candidates, in_order, unsupported
+from schedc.kinds import GRADS, ROWS, Kind, candidates, in_order, unsupported
 from schedc.problem import Problem
 from schedc.program import DIRECTION, TENSORS, Instr, Message, Opcode, Program, consumed, produced
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, comm_lane
 
 # the op kinds the checker handles: the compute lane's and the copy lane's (a new kind is refused by
 # name until its rules are here)
-CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L})
+CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR})
 
 # kind -> per need on its own stage, the kinds that may meet it (W: B; B and BW: F), from the rows
 _SAME_STAGE = {k: tuple(candidates(need) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
@@ -98,6 +101,7 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
                     raise ProgramError(f"rank {r}: copy op {op} is issued after {a or 'nothing'} but the schedule"
                                        f" {schedule.name!r} issues it after {b or 'nothing'}")
 
+    _check_reduces(problem, program, schedule if issue else None)
     feeds = _check_dataflow(problem, program)
     buffers = _run(program, _pair(program), feeds)
     count = lambda op: tuple(sum(i.op is op for i in instrs) for instrs in program.ranks)  # noqa: E731
@@ -127,6 +131,8 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
     if isinstance(instr.op, Kind):
         if (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
             raise ProgramError(f"{where}: a compute instruction has no tensor or peer")
+        if ROWS[instr.op].per_stage and instr.mb != 0:
+            raise ProgramError(f"{where}: {ROWS[instr.op].title} is one op per stage, written with microbatch 0")
         return
     if instr.tensor not in TENSORS:
         raise ProgramError(f"{where}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
@@ -140,6 +146,48 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
                                " (peer -1)")
     elif instr.peer != peer_rank or instr.peer == r:
         raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
+
+
+def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None) -> None:
+    """With ``data_parallel``, each rank's program reduces each of its stages once, after every
+    weight gradient of the stage (and, given ``schedule``, in ``comm_lane``'s order and issue
+    points); without it, reduces nothing."""
+    comm = program.comm_order()
+    if problem.data_parallel is None:
+        if comm:
+            r = next(r for r, ops in enumerate(comm) if ops)
+            raise ProgramError(f"rank {r}: {comm[r][0]} reduces gradients, but the problem has no"
+                               " data_parallel section")
+        return
+    grads = candidates(GRADS)
+    for r, instrs in enumerate(program.ranks):
+        pending = {s: problem.microbatches for s in problem.rank_stages[r]}  # weight gradients still to run
+        reduced: set[int] = set()
+        for instr in instrs:
+            if instr.op in grads:
+                pending[instr.stage] -= 1
+            elif instr.op is Kind.AR:
+                if instr.stage in reduced:
+                    raise ProgramError(f"rank {r}: {instr.compute} is listed twice")
+                if pending[instr.stage]:
+                    raise ProgramError(f"rank {r}: {instr.compute} is issued before the last weight gradient of"
+                                       f" stage {instr.stage} ({pending[instr.stage]} still to run)")
+                reduced.add(instr.stage)
+        missing = sorted(set(problem.rank_stages[r]) - reduced)
+        if missing:
+            raise ProgramError(f"rank {r}: no gradient all-reduce of stage {missing[0]} (data_parallel needs"
+                               " one per stage)")
+    if schedule is not None:
+        want = comm_lane(problem, schedule)
+        mine = tuple(zip(comm, program.issued_after("comm")))
+        for r, (ops, after) in enumerate(mine):
+            if tuple(zip(ops, after)) != want[r]:
+                raise ProgramError(f"rank {r}: the reduces are issued as {_issued(ops, after)}, but the schedule"
+                                   f" {schedule.name!r} issues them as {_issued(*zip(*want[r]))}")
+
+
+def _issued(ops, after) -> str:
+    return ", ".join(f"{op} after {a or 'nothing'}" for op, a in zip(ops, after))
 
 
 def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:

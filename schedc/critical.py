@@ -78,6 +78,10 @@ class CriticalPath:
         """Per rank, the time its copy ops (offload O, reload L) on the chain run within the window."""
         return self._lane_time("copy")
 
+    def reduce(self) -> tuple[float, ...]:
+        """Per rank, the time its gradient all-reduces (AR, the comm lane) on the chain run within the window."""
+        return self._lane_time("comm")
+
     def comm(self) -> float:
         """The time within the window that the chain spends in transfers between ranks (the
         latencies of its data waits)."""
@@ -110,11 +114,12 @@ class CriticalPath:
         parts = ", ".join(f"rank {r} {pct(compute[r])}" for r in shown)
         what = (f"the makespan {value:.6g}" if self.objective == "makespan" else
                 f"rank {self.rank}'s span {value:.6g} ({self.window[0]:.6g} to {self.window[1]:.6g})")
-        comm, copy = self.comm(), sum(self.copy())
+        comm, copy, reduce = self.comm(), sum(self.copy()), sum(self.reduce())
         first = (f"critical path: {len(self.ops)} ops set {what}: compute {pct(sum(compute))} ({parts})"
-                 + (f", copy {pct(copy)}" if copy > 0 else "") + (f", comm {pct(comm)}" if comm > 0 else ""))
+                 + (f", copy {pct(copy)}" if copy > 0 else "") + (f", all-reduce {pct(reduce)}" if reduce > 0 else "")
+                 + (f", comm {pct(comm)}" if comm > 0 else ""))
         runs = [
-            f"rank {r}{' copy' if ROWS[ops[0].kind].lane == 'copy' else ''} "
+            f"rank {r}{'' if (lane := ROWS[ops[0].kind].lane) == 'compute' else ' ' + lane} "
             + (f"{ops[0]}" if len(ops) == 1 else f"{ops[0]} .. {ops[-1]} ({len(ops)} ops)")
             for r, ops in self.runs()
         ]
@@ -127,19 +132,21 @@ class CriticalPath:
     def summary(self) -> dict:
         """Plain data for --json: the window, compute time per rank and comm time within it, and
         every op of the chain with its times and how it waited for the one before; where the
-        schedule has a copy lane, also the copy time per rank and each op's lane."""
-        copy = bool(self.timeline.schedule.copy)
+        schedule has a copy lane, also the copy time per rank, where the problem has gradient
+        all-reduces, their time per rank, and then each op's lane."""
+        copy, reduces = bool(self.timeline.schedule.copy), bool(self.timeline.comm)
         return {
             "objective": self.objective,
             "rank": self.rank,
             "window": list(self.window),
             "compute": list(self.compute()),
             **({"copy": list(self.copy())} if copy else {}),
+            **({"all_reduce": list(self.reduce())} if reduces else {}),
             "comm": self.comm(),
             "ops": [
                 {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e,
                  "wait": None if w is None else w.kind, "latency": 0.0 if w is None else w.latency,
-                 **({"lane": ROWS[op.kind].lane} if copy else {})}
+                 **({"lane": ROWS[op.kind].lane} if copy or reduces else {})}
                 for op, (r, s, e), w in zip(self.ops, self.times, self.waits)
             ],
         }
@@ -154,17 +161,17 @@ def op_graph(timeline: Timeline) -> nx.DiGraph:
     to the last op's end when nothing else waits."""
     problem, schedule = timeline.problem, timeline.schedule
     where = schedule.locate()
-    ops = list(schedule.ops())
+    lanes = [lane_ops for per_rank in timeline.lanes.values() for lane_ops in per_rank]
+    ops = [op for lane_ops in lanes for op in lane_ops]
     index = {op: k for k, op in enumerate(ops)}
     dur = [problem.cost[op.kind][op.stage] for op in ops]
     graph = nx.DiGraph()
     for k, op in enumerate(ops):
         graph.add_node(op, duration=dur[k])
-    lanes = [lane_ops for per_rank in schedule.lanes.values() for lane_ops in per_rank]
     for lane_ops in lanes:  # first: among equal predecessors the longest path keeps the first
         for a, b in zip(lane_ops, lane_ops[1:]):
             graph.add_edge(a, b, wait="rank", latency=0.0, weight=dur[index[b]])
-    for op, anchor in schedule.anchors().items():
+    for op, anchor in timeline.anchors().items():
         graph.add_edge(anchor, op, wait="issue", latency=0.0, weight=dur[index[op]])
     for k, deps in enumerate(dependencies(problem, ops, index, where, {})):
         for d, latency in deps:
@@ -180,8 +187,9 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', not {objective!r}")
     # Every rank holds a stage, so runs compute ops; its last compute op ends it, since every copy
-    # op (an offload, its reload) comes before the backward that waits for the reload.
-    ends = [es[-1] for es in timeline.end]
+    # op (an offload, its reload) comes before the backward that waits for the reload, unless a
+    # gradient all-reduce ends after it (``Timeline.last_op``).
+    ends = list(timeline.rank_end)
     if objective == "makespan":
         rank = max(range(len(ends)), key=ends.__getitem__)
         window = (0.0, ends[rank])
@@ -189,7 +197,7 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
         spans = timeline.rank_span
         rank = max(range(len(spans)), key=spans.__getitem__)
         window = (timeline.start[rank][0], ends[rank])
-    last = timeline.schedule.ranks[rank][-1]
+    last = timeline.last_op(rank)
     graph = op_graph(timeline)
     # Every op that leads to ``last`` (all weights are positive, so a longest path ends there).
     into = graph.subgraph(nx.ancestors(graph, last) | {last})

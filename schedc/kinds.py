@@ -12,6 +12,12 @@ S selective) on the compute lane before its backward, or offloads it (O) to host
 rank's copy lane and reloads it (L) before its backward. The op of a policy kind (``KindRow.policy``)
 in a schedule chooses its (stage, microbatch)'s policy; at most one per (stage, microbatch).
 
+Gradient synchronization: with data parallelism, each stage's weight gradient is all-reduced over
+the replicas (AR) on the rank's communication lane, once per iteration, after the stage's last
+weight gradient; the optimizer step waits for it. A per-stage kind (``KindRow.per_stage``) has one
+op per stage, written with microbatch 0, on a lane no schedule lists: the simulator derives it from
+the problem (``schedc.schedule.comm_lane``), as the runtime issues the reduces.
+
 ``Kind`` is a ``str`` enum, so ``Kind.F == "F"``, schedule files keep their strings, and
 ``problem.cost[kind]`` finds the kind's costs under its name.
 """
@@ -32,6 +38,7 @@ class Kind(str, Enum):
     S = "S"  # selective recompute: the part of the forward the forward did not keep (Megatron's selective)
     O = "O"  # offload: the activation copied to host memory (copy lane), freed on the device
     L = "L"  # reload: the offloaded activation copied back before the backward (copy lane)
+    AR = "AR"  # gradient all-reduce of a stage over its data-parallel replicas (comm lane, once per stage)
 
     __str__ = str.__str__  # prints as its name ("F"), as in files and tables
     __format__ = str.__format__
@@ -43,7 +50,8 @@ class Kind(str, Enum):
 
 BACKWARD = "backward"  # in a row's ``needs``: the backward of that stage, B or (fused) BW
 SAVED = "saved"  # in a row's ``needs``: what brings the stage's activation back (R, S or L), else its F
-LANES = ("compute", "copy")  # a rank's lanes: ops on different lanes of a rank overlap in time
+GRADS = "grads"  # in a row's ``needs``: the weight gradient, W or (fused) BW, of every microbatch of the stage
+LANES = ("compute", "copy", "comm")  # a rank's lanes: ops on different lanes of a rank overlap in time
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class KindRow:
     policy: str | None = None  # the memory policy its presence chooses for its (stage, microbatch)
     comes_with: Kind | None = None  # in a schedule exactly when this kind's op of the same (stage, mb) is
     lightens: bool = False  # the forward of its (stage, microbatch) keeps only ``keep``; this op brings the rest
+    per_stage: bool = False  # one op per stage and iteration (microbatch 0), on a lane the simulator derives
 
 
 ROWS: dict[Kind, KindRow] = {
@@ -80,6 +89,8 @@ ROWS: dict[Kind, KindRow] = {
                     policy="offload"),
     Kind.L: KindRow("copy", "L (reload)", ((Kind.O, 0),), None, False, None, None, "#525252", "offload.time",
                     comes_with=Kind.O),
+    Kind.AR: KindRow("comm", "AR (gradient all-reduce)", ((GRADS, 0),), None, False, None, None, "#17becf",
+                     "data_parallel.reduce", per_stage=True),
 }
 
 BACKWARDS = frozenset(k for k, row in ROWS.items() if row.carries == "grad")  # B and BW
@@ -92,9 +103,11 @@ BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items() if row.torc
 POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, O: at most one per (stage, microbatch)
 RECOMPUTES = tuple(k for k, row in ROWS.items() if row.lightens)  # R, S: the policies run on the compute lane
 OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, O, L
+PER_STAGE = tuple(k for k, row in ROWS.items() if row.per_stage)  # AR: derived by the simulator, in no schedule
 # What a need of a row may be met by, the first the schedule holds, and what meets it in a schedule
 # without recompute or offload (split backward): BACKWARD is B or BW (B), SAVED is R, S, L or F (F).
-_MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.L, Kind.F), Kind.F)}
+_MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.L, Kind.F), Kind.F),
+           GRADS: ((Kind.W, Kind.BW), Kind.W)}
 
 
 def in_order(kinds: Iterable[Kind]) -> tuple[Kind, ...]:
@@ -106,7 +119,7 @@ def in_order(kinds: Iterable[Kind]) -> tuple[Kind, ...]:
 def candidates(need: Kind | str) -> tuple[Kind, ...]:
     """The kinds a row's need may be met by, the first a schedule holds meeting it: the kind
     itself; for BACKWARD the backward kinds (B, then the fused BW); for SAVED what brings the
-    activation back (R, S, L), else the forward F."""
+    activation back (R, S, L), else the forward F; for GRADS the weight gradients (W, then BW)."""
     return _MET_BY[need][0] if need in _MET_BY else (Kind(need),)
 
 

@@ -245,6 +245,22 @@ class Offload(_Strict):
     _time = field_validator("time", mode="before")(lambda v: _check_numbers(v, positive=True))
 
 
+class DataParallel(_Strict):
+    """Data parallelism: ``degree`` replicas of the pipeline, each stage's weight gradient
+    all-reduced over them once per iteration in ``reduce`` (per stage), on the rank's communication
+    lane beside compute; ``overlap`` issues a stage's reduce after its last weight gradient
+    (Megatron's ``--overlap-grad-reduce``), else after the rank's last compute op."""
+
+    _source = "data_parallel"
+
+    degree: int = Field(ge=1, le=1_000_000, strict=True)
+    reduce: Number = Field(description="the all-reduce of one stage's weight gradient over the replicas")
+    overlap: bool = Field(default=True, strict=True, description="issue each reduce as soon as its stage's "
+                          "gradients are complete (else all after the rank's last compute op)")
+
+    _reduce = field_validator("reduce", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+
+
 class Problem(_Strict):
     name: str = Field(default="", max_length=200)
     ranks: int = Field(ge=1, le=4096, strict=True)
@@ -256,6 +272,8 @@ class Problem(_Strict):
     memory: Memory = Memory()
     recompute: Optional[Recompute] = Field(default=None, description="lets a schedule recompute activations")
     offload: Optional[Offload] = Field(default=None, description="lets a schedule offload activations to host memory")
+    data_parallel: Optional[DataParallel] = Field(
+        default=None, description="data-parallel replicas: a gradient all-reduce per stage on a communication lane")
     objective: Literal["makespan", "span"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage, from the partitioner (informational)"
@@ -396,7 +414,8 @@ class Problem(_Strict):
     @cached_property
     def kinds(self) -> tuple[Kind, ...]:
         """The kinds of op a schedule of this problem may hold: F, B, W and BW, plus R with
-        ``recompute``, S with ``recompute.selective`` and O and L with ``offload``."""
+        ``recompute``, S with ``recompute.selective``, O and L with ``offload`` and AR with
+        ``data_parallel``."""
         return tuple(k for k, row in ROWS.items() if self._field(row.cost) is not _ABSENT)
 
     @cached_property
@@ -510,6 +529,8 @@ class Problem(_Strict):
                 out[kind] = tuple(-x for x in a)
             elif row.comes_with is not None and ROWS[row.comes_with].policy == "offload":
                 out[kind] = a
+            elif row.lane == "comm":  # (communication holds no activation)
+                out[kind] = (0.0,) * self.n_stages
             else:
                 raise unsupported(kind, "the memory model (Problem.mem)", tuple(out))
         return out
@@ -612,6 +633,8 @@ class Problem(_Strict):
         data["costs"] = {kind: times(v, time) for kind, v in data["costs"].items()}
         data["comm"] = data["comm"] * time
         data["memory"] = {key: times(v, memory) for key, v in data["memory"].items()}
+        if "data_parallel" in data:
+            data["data_parallel"]["reduce"] = times(data["data_parallel"]["reduce"], time)
         amounts = {"time": time, "keep": memory}
         for section in ("recompute", "offload"):
             if section in data:

@@ -10,6 +10,12 @@ Instructions:
   lane runs one copy at a time in issue order, and the B (or BW) of a reloaded (stage,
   microbatch) waits for its ``L`` to complete. A copy is listed right before the compute op that
   follows the one it is issued after (``Schedule.after``), as the simulator times it.
+- ``AR`` on (stage, 0), with ``data_parallel``: the stage's gradient all-reduce over the replicas,
+  issued (not waited for) where the Program lists it, as a copy is: right before the compute op
+  that follows the one it is issued after (``schedule.comm_lane``: the stage's last weight
+  gradient), or before ``STEP``; it runs on the rank's communication lane in issue order, and
+  ``STEP`` waits for every one. The replicas of a stage run the same Program, so they issue the
+  same collectives in the same order, and a reduce waits for no other rank of the pipeline.
 - ``SEND`` / ``RECV`` of a stage's forward activation (``act``, stage s to s+1) or of the gradient
   of it (``grad``, stage s+1 to s) between two ranks. ``RECV`` *posts* a receive and does not
   wait; the compute that uses the tensor waits for it. ``SEND`` may block until the peer has
@@ -45,7 +51,7 @@ from typing import NamedTuple
 from schedc.errors import ProgramError
 from schedc.kinds import BY_NAME, ROWS, Kind, candidates, check_supported
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, producers
+from schedc.schedule import Op, Schedule, comm_lane, producers
 from schedc.simulate import simulate
 
 
@@ -65,11 +71,12 @@ class Opcode(str, Enum):
 COMPUTE = tuple(k for k, row in ROWS.items() if row.lane == "compute")  # F, B, W, BW, R, S
 COPY = tuple(k for k, row in ROWS.items() if row.lane == "copy")  # O, L: issued, completed on the copy lane
 COMM = (Opcode.SEND, Opcode.RECV)
-OPCODES = (*Kind, *Opcode)  # F, B, W, BW, R, S, O, L, SEND, RECV, LOCAL, STEP
+OPCODES = (*Kind, *Opcode)  # F, B, W, BW, R, S, O, L, AR, SEND, RECV, LOCAL, STEP
 _OPCODE_OF: dict[str, Kind | Opcode] = {**BY_NAME, **{o.value: o for o in Opcode}}
 TENSORS = ("act", "grad")  # what a row's ``carries`` names
 DIRECTION = {"act": 1, "grad": -1}  # a tensor goes from stage s to s + its direction
-LOWERED = frozenset(k for k, row in ROWS.items() if row.lane in ("compute", "copy"))  # the kinds lower() handles
+LOWERED = frozenset(k for k, row in ROWS.items() if row.lane in ("compute", "copy"))  # the kinds a Schedule
+# given to lower() may hold (the communication lane's reduces it adds itself, from the problem)
 
 
 def _consumers() -> dict[tuple[str, int], tuple[Kind, ...]]:
@@ -182,17 +189,20 @@ def consumed(op: Op, n_stages: int) -> Message | None:
 @dataclass(frozen=True)
 class Header:
     """What a Program runs on, so that the runtime needs only the Program: the schedule's name,
-    the microbatches a step splits its batch into, the stage -> rank map and whether the
-    backward is split into B and W."""
+    the microbatches a step splits its batch into, the stage -> rank map, whether the backward is
+    split into B and W, and over how many data-parallel replicas each stage's gradient is
+    all-reduced (1: none)."""
 
     schedule: str
     microbatches: int
     stage_rank: tuple[int, ...]
     split_backward: bool
+    data_parallel: int = 1
 
     @classmethod
     def of(cls, problem: Problem, schedule: Schedule) -> "Header":
-        return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward)
+        degree = 1 if problem.data_parallel is None else problem.data_parallel.degree
+        return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward, degree)
 
     @property
     def n_ranks(self) -> int:
@@ -235,20 +245,28 @@ class Program:
                     for instrs in self.ranks)
         return out if any(out) else ()
 
-    def issued_after(self) -> tuple[tuple[Op | None, ...], ...]:
-        """Per rank, aligned with ``copy_order()``: the compute op listed last before each copy op
-        (None: none), the op it is issued after (a lowered Program's equals its Schedule's ``after``)."""
+    def issued_after(self, lane: str = "copy") -> tuple[tuple[Op | None, ...], ...]:
+        """Per rank, aligned with the ops of ``lane`` (copy: ``copy_order()``) in program order: the
+        compute op listed last before each (None: none), the op it is issued after (a lowered
+        Program's equals its Schedule's ``after``, and for "comm" ``schedule.comm_lane``'s)."""
         out = []
         for instrs in self.ranks:
             last, mine = None, []
             for i in instrs:
                 if isinstance(i.op, Kind):
-                    if ROWS[i.op].lane == "copy":
+                    if ROWS[i.op].lane == lane:
                         mine.append(last)
-                    else:
+                    elif ROWS[i.op].lane == "compute":
                         last = i.compute
             out.append(tuple(mine))
         return tuple(out) if any(out) else ()
+
+    def comm_order(self) -> tuple[tuple[Op, ...], ...]:
+        """Per rank, the communication lane's ops (gradient all-reduces AR) in program order; ()
+        when the program has none."""
+        out = tuple(tuple(i.compute for i in instrs if isinstance(i.op, Kind) and ROWS[i.op].lane == "comm")
+                    for instrs in self.ranks)
+        return out if any(out) else ()
 
     def listing(self, rank: int | None = None) -> str:
         """The program as text, one instruction per line."""
@@ -271,8 +289,9 @@ class Program:
 def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a
     LOCAL hand-off) right after each producing op, each RECV posted early, the copy lane's
-    offloads and reloads where the schedule issues them (see the module notes), then the
-    optimizer step. ``timeline`` is ``simulate(problem, schedule)``, computed if omitted."""
+    offloads and reloads where the schedule issues them and the gradient all-reduces where
+    ``comm_lane`` issues them (see the module notes), then the optimizer step. ``timeline`` is
+    ``simulate(problem, schedule)``, computed if omitted."""
     check_supported({op.kind for op in schedule.ops()}, "lowering", LOWERED)
     timeline = timeline or simulate(problem, schedule)
     n_stages, stage_rank = problem.n_stages, problem.stage_rank
@@ -311,25 +330,29 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
             keyed[dst_rank].append(((latest, 0, src_rank, seq), recv))
 
     ranks = []
+    reduces = comm_lane(problem, schedule)
     for r, items in enumerate(keyed):
         items.sort(key=lambda x: x[0])
         instrs = [instr for _, instr in items]
         if schedule.copy and schedule.copy[r]:
-            instrs = _with_copies(instrs, schedule.copy[r], schedule.after[r])
+            instrs = _with_issued(instrs, schedule.copy[r], schedule.after[r])
+        if reduces and reduces[r]:
+            instrs = _with_issued(instrs, *zip(*reduces[r]))
         ranks.append((*instrs, Instr(Opcode.STEP)))
     return Program(tuple(ranks), Header.of(problem, schedule))
 
 
-def _with_copies(instrs: list[Instr], copies: tuple[Op, ...], after: tuple[Op | None, ...]) -> list[Instr]:
-    """One rank's instructions with its copy lane's ops ``copies`` (in the lane's order) each listed
-    right before the compute op that follows the one it is issued after (``after``), or last."""
-    placed: dict[Op | None, list[Op]] = {}  # the compute op a copy is issued after -> those copies
-    for op, anchor in zip(copies, after):
+def _with_issued(instrs: list[Instr], issued: tuple[Op, ...], after: tuple[Op | None, ...]) -> list[Instr]:
+    """One rank's instructions with the ops of a lane beside compute, ``issued`` (copies or
+    reduces, in the lane's order), each listed right before the compute op that follows the one it
+    is issued after (``after``), or last."""
+    placed: dict[Op | None, list[Op]] = {}  # the compute op an op is issued after -> those ops
+    for op, anchor in zip(issued, after):
         placed.setdefault(anchor, []).append(op)
     out: list[Instr] = []
     pending = placed.get(None, [])
     for instr in instrs:
-        if isinstance(instr.op, Kind):
+        if isinstance(instr.op, Kind) and ROWS[instr.op].lane == "compute":
             out += [Instr(op.kind, op.stage, op.mb) for op in pending]
             pending = placed.get(instr.compute, [])
         out.append(instr)

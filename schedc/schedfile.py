@@ -13,12 +13,14 @@ offloads O and reloads L (``"schedule": {..., "copy": [[["O", stage, mb], ...], 
 per rank) and, in ``timeline``, ``"policies"``: how many (stage, microbatch) recompute, recompute
 selectively and offload (``Schedule.policy_counts``). Version 3 adds, beside the copy lane, the
 compute op each copy op is issued after (``"after": [[["F", stage, mb] or null, ...], ...]``,
-``Schedule.after``): a reload can then wait until just before its backward. A schedule is written
-in the oldest version that holds it, byte for byte as before: without recompute or offload as
-version 1, so that a schedc from before version 2 still reads it; with recompute only as version
-2; with a copy lane as version 3. An older schedc refuses a newer version with "written by a newer
-schedc". Reading takes every version; a file that holds what its version cannot is refused. A
-version 2 file's copy lane is read as it was written: each copy issued as early as it can be (the
+``Schedule.after``): a reload can then wait until just before its backward. Version 4 (issue 26)
+adds the problem's ``data_parallel`` section and the program's gradient all-reduces ``AR``,
+issued where ``schedule.comm_lane`` issues them (the schedule itself lists no reduce). A schedule
+is written in the oldest version that holds it, byte for byte as before: without recompute or
+offload as version 1, so that a schedc from before version 2 still reads it; with recompute only
+as version 2; with a copy lane as version 3; with data parallelism as version 4. An older schedc
+refuses a newer version with "written by a newer schedc". Reading takes every version; a file that
+holds what its version cannot is refused. A version 2 file's copy lane is read as it was written: each copy issued as early as it can be (the
 rule then), its program as it was lowered then.
 
 Reading checks more than the shape: the schedule must be complete for the problem, the program
@@ -51,7 +53,7 @@ from schedc.tolerance import meets
 from schedc.version import __version__
 
 FORMAT = "schedc.schedule"
-VERSION = 3  # the newest version this schedc reads and writes (see the module notes)
+VERSION = 4  # the newest version this schedc reads and writes (see the module notes)
 V1_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW})  # what a version 1 file may hold
 
 
@@ -105,7 +107,7 @@ class _Strict(Boundary):
 
 # The names a file writes: the op kinds of schedc.kinds (a schedule's ops, compute instructions)
 # and the other opcodes; loading turns them into Kind and Opcode members (Op, Instr).
-KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW, R, S, O, L
+KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW, R, S, O, L, AR
 OPCODE_NAMES = tuple(o.value for o in OPCODES)  # the kinds, then SEND, RECV, LOCAL, STEP
 POLICY_NAMES = tuple(ROWS[k].policy for k in POLICIES)  # recompute, selective, offload
 
@@ -174,7 +176,7 @@ class ScheduleFile(_Strict):
     """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
 
     format: Literal["schedc.schedule"]
-    version: Literal[1, 2, 3]
+    version: Literal[1, 2, 3, 4]
     provenance: Provenance
     problem: Problem
     schedule: ScheduleModel
@@ -212,7 +214,7 @@ def dump(compiled) -> str:
         return "[\n" + ",\n".join(ranks) + f"\n{indent}]"
 
     schedule = compiled.schedule
-    version = version_of(schedule)
+    version = version_of(schedule, compiled.problem)
     schedule_ranks = per_rank([[list(op) for op in ops] for ops in schedule.ranks], "  ")
     copy = ""
     if schedule.copy:
@@ -232,9 +234,12 @@ def dump(compiled) -> str:
     return "{\n" + ",\n".join(fields) + "\n}"
 
 
-def version_of(schedule: Schedule) -> int:
-    """The version a file of ``schedule`` is written as: 1 without recompute or offload (readable by
-    every schedc), 2 with recompute only, 3 with a copy lane (offload)."""
+def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
+    """The version a file of ``schedule`` (of ``problem``) is written as: 1 without recompute or
+    offload (readable by every schedc), 2 with recompute only, 3 with a copy lane (offload), 4 where
+    the problem has data parallelism."""
+    if problem is not None and problem.data_parallel is not None:
+        return 4
     if schedule.copy:
         return 3
     return 1 if all(op.kind in V1_KINDS for ops in schedule.ranks for op in ops) else 2
@@ -298,6 +303,9 @@ def from_data(data: Any, path: str | Path = "schedule file"):
                                        model.schedule.after)
     except ScheduleError as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
+    if problem.data_parallel is not None and version < 4:
+        raise ScheduleFileError(f"{path}: inconsistent: schedule format version {version} cannot hold a problem with"
+                                " data_parallel (version 4 does): write the file again with this schedc")
     if version_of(schedule) > version and not (version == 2 and schedule.copy):  # (2: a copy lane as it was)
         newer = next((op for op in schedule.ops() if op.kind not in V1_KINDS), None)
         what = f"op {newer}" if newer is not None else "a copy lane"

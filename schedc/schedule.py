@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple
 
 from schedc.errors import ScheduleError
-from schedc.kinds import BY_NAME, OPTIONAL, POLICIES, ROWS, Kind, candidates, plain
+from schedc.kinds import BY_NAME, GRADS, OPTIONAL, PER_STAGE, POLICIES, ROWS, Kind, candidates, plain
 from schedc.problem import Problem
 
 
@@ -274,7 +274,7 @@ def _check_policy(name: str, where: dict[Op, tuple[int, int]], s: int, i: int) -
 # both forms, then either the fused kinds or the split ones.
 _OPTIONAL = frozenset(OPTIONAL)  # R, S, O, L: where the schedule chooses a policy
 _POLICY = POLICIES  # R, S, O
-_ALWAYS = tuple(k for k, row in ROWS.items() if row.split is None and k not in _OPTIONAL)  # F
+_ALWAYS = tuple(k for k, row in ROWS.items() if row.split is None and k not in _OPTIONAL and not row.per_stage)  # F
 _SPLIT = tuple(k for k, row in ROWS.items() if row.split)  # B, W
 _FUSED = tuple(k for k, row in ROWS.items() if row.split is False)  # BW
 # kind -> its needs as (the kinds that may meet it, the first the schedule holds; the kind meeting
@@ -285,6 +285,29 @@ _USERS = {k: tuple(u for u, row in ROWS.items() if row.lane == "compute"
                   for need, offset in row.needs if offset == 0 and k in candidates(need))
           for k, row in ROWS.items() if row.lane == "copy"}
 _new = tuple.__new__  # an Op of a Kind without Op.__new__'s check: producers() runs in every simulation
+_PER_STAGE = frozenset(PER_STAGE)
+_GRADS = candidates(GRADS)  # W, BW: what a stage's reduce waits for, every microbatch's
+
+
+def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op], ...], ...]:
+    """Per rank, its communication lane as the runtime issues it: (op, the compute op it is issued
+    after), in the lane's order; empty without ``data_parallel``. Each stage's all-reduce AR(s) is
+    issued after the stage's last weight gradient (W or BW) in the rank's compute order, or, without
+    ``data_parallel.overlap``, after the rank's last compute op (the later stage first: the
+    backward's order); the lane runs them in issue order, one at a time."""
+    if problem.data_parallel is None:
+        return ()
+    out = []
+    for r, ops in enumerate(schedule.ranks):
+        last: dict[int, int] = {}  # stage -> position of its last weight gradient
+        for k, op in enumerate(ops):
+            if op.kind in _GRADS:
+                last[op.stage] = k
+        if not problem.data_parallel.overlap:
+            last = {s: len(ops) - 1 for s in last}
+        lane = sorted(last, key=lambda s: (last[s], -s))
+        out.append(tuple((_new(Op, (Kind.AR, s, 0)), ops[last[s]]) for s in lane))
+    return tuple(out)
 
 
 def _off_lane(kind: Kind, lane: str) -> str:
@@ -308,9 +331,13 @@ def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = N
     s+1 (its B, or its fused BW); W(s, i) needs B(s, i); R, S and O(s, i) need F(s, i), L(s, i) its
     O. Where a need may be met by several kinds, the first that ``where`` (the schedule's ops) holds
     meets it, else the last; without ``where``, what meets it in a split schedule without recompute
-    or offload (B, F). A need whose stage is outside the pipeline has no producer.
+    or offload (B, F). A need whose stage is outside the pipeline has no producer. A per-stage op
+    (AR) waits through its issue point instead (``comm_lane``: after its stage's last weight
+    gradient), which the schedule's order fixes: it has no producers here.
     """
     kind, s, i = op
+    if kind in _PER_STAGE:
+        return []
     deps = []
     for kinds, usual, offset in _NEEDS[kind]:
         t = s + offset

@@ -4,8 +4,11 @@ Each lane of each rank (compute, and copy where the schedule offloads) runs its 
 schedule's order. An op starts when its lane is free and every op it consumes has finished, plus
 ``problem.comm`` when the producer is on another rank, and a copy op no earlier than the end of the
 compute op it is issued after (``Schedule.after``) (a list schedule: as soon as possible, never
-reordered). Memory: F allocates its stage's activation (only what it keeps where its microbatch
-recomputes), a recompute or reload allocates what it brings back, B, W and an offload free;
+reordered). With ``data_parallel``, each rank has a communication lane too: each stage's gradient
+all-reduce AR, issued after its last weight gradient (``schedule.comm_lane``); the rank's step, so
+the makespan and its span, ends with its last reduce. Memory: F allocates its stage's activation
+(only what it keeps where its microbatch recomputes), a recompute or reload allocates what it
+brings back, B, W and an offload free;
 an allocation counts from its op's start, a free from its op's end (``Problem.delta``). On one lane
 that is the order alone; with a copy lane, the lanes' events merge by time (a free before an
 allocation at the same instant). A rank's memory is static memory plus the running sum plus its
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, producers
+from schedc.schedule import Op, Schedule, comm_lane, producers
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Timeline:
     violations: tuple[MemoryViolation, ...] = field(default=())
     copy_start: tuple[tuple[float, ...], ...] = ()  # per rank, aligned with schedule.copy (() without one)
     copy_end: tuple[tuple[float, ...], ...] = ()
+    comm: tuple[tuple[Op, ...], ...] = ()  # per rank, its communication lane's ops (``comm_lane``; () without one)
+    comm_start: tuple[tuple[float, ...], ...] = ()  # aligned with comm
+    comm_end: tuple[tuple[float, ...], ...] = ()
 
     # ---- times ----
     @property
@@ -61,12 +67,24 @@ class Timeline:
 
     @property
     def makespan(self) -> float:
-        return max((es[-1] for es in (*self.end, *self.copy_end) if es), default=0.0)
+        return max((es[-1] for es in (*self.end, *self.copy_end, *self.comm_end) if es), default=0.0)
+
+    @property
+    def rank_end(self) -> tuple[float, ...]:
+        """Per rank, when its step may run: its last compute op's end, or its last reduce's."""
+        return tuple(max(es[-1] if es else 0.0, cs[-1] if cs else 0.0)
+                     for es, cs in zip(self.end, self.comm_end or ((),) * len(self.end)))
+
+    @property
+    def exposed_reduce(self) -> tuple[float, ...]:
+        """Per rank, how long its step waits for its gradient all-reduces after its last compute op
+        (0 where they end before it, or without data parallelism)."""
+        return tuple(max(0.0, e - (es[-1] if es else 0.0)) for e, es in zip(self.rank_end, self.end))
 
     @property
     def rank_span(self) -> tuple[float, ...]:
-        """Per rank, its own first op's start to last op's end."""
-        return tuple(es[-1] - ss[0] if ss else 0.0 for ss, es in zip(self.start, self.end))
+        """Per rank, its own first op's start to its step (``rank_end``)."""
+        return tuple(e - ss[0] if ss else 0.0 for ss, e in zip(self.start, self.rank_end))
 
     @property
     def span(self) -> float:
@@ -77,10 +95,10 @@ class Timeline:
         return self.makespan if objective == "makespan" else self.span
 
     def rank_objective(self, objective: str | None = None) -> tuple[float, ...]:
-        """Per rank, what it gives the objective: its compute lane's last end (makespan) or its
+        """Per rank, what it gives the objective: its step's time (``rank_end``, makespan) or its
         own span; the rank with the largest sets the objective (copy lanes aside)."""
         if (objective or self.problem.objective) == "makespan":
-            return tuple(es[-1] if es else 0.0 for es in self.end)
+            return self.rank_end
         return self.rank_span
 
     def idle(self, objective: str | None = None) -> tuple[float, ...]:
@@ -103,14 +121,32 @@ class Timeline:
     def fits(self) -> bool:
         return not self.violations
 
+    @property
+    def lanes(self) -> dict[str, tuple[tuple[Op, ...], ...]]:
+        """lane -> per rank, its order: the schedule's lanes, then "comm" where the problem has one."""
+        return {**self.schedule.lanes, **({"comm": self.comm} if self.comm else {})}
+
+    def anchors(self) -> dict[Op, Op]:
+        """op -> the compute op it is issued after: the copies (``Schedule.after``) and the reduces
+        (``comm_lane``)."""
+        return _lanes(self.problem, self.schedule)[1]
+
+    def last_op(self, rank: int) -> Op:
+        """The op that ends ``rank``'s step (``rank_end``): its last compute op, or its last reduce."""
+        comm = self.comm[rank] if self.comm else ()
+        if comm and self.comm_end[rank][-1] > self.end[rank][-1]:
+            return comm[-1]
+        return self.schedule.ranks[rank][-1]
+
     def lane_times(self) -> dict[str, tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]]:
-        """lane -> (start, end), per rank aligned with ``schedule.lanes[lane]``."""
-        return {"compute": (self.start, self.end), **({"copy": (self.copy_start, self.copy_end)}
-                                                      if self.schedule.copy else {})}
+        """lane -> (start, end), per rank aligned with ``lanes[lane]``."""
+        return {"compute": (self.start, self.end),
+                **({"copy": (self.copy_start, self.copy_end)} if self.schedule.copy else {}),
+                **({"comm": (self.comm_start, self.comm_end)} if self.comm else {})}
 
     def op_times(self) -> dict[Op, tuple[int, float, float]]:
         """op -> (rank, start, end), every lane's."""
-        lanes = self.schedule.lanes
+        lanes = self.lanes
         return {
             op: (r, s, e)
             for lane, (starts, ends) in self.lane_times().items()
@@ -136,6 +172,7 @@ class Timeline:
             "memory_limit": list(p.memory_limit) if p.memory_limit else None,
             "fits": self.fits,
             "violations": [str(v) for v in self.violations],
+            **({"exposed_reduce": list(self.exposed_reduce)} if self.comm else {}),
         }
 
 
@@ -146,33 +183,41 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
         raise TypeError(f"simulate(problem, schedule) takes a Problem and a Schedule, got"
                         f" {type(problem).__name__} and {type(schedule).__name__}")
     where = schedule.check_complete(problem)
-    orders = _orders(schedule)
+    lanes, anchors = _lanes(problem, schedule)
+    orders = [ops for per_rank in lanes.values() for ops in per_rank]
     ops = [op for lane_ops in orders for op in lane_ops]
     index = {op: k for k, op in enumerate(ops)}
     start, end, pos = replay(
         [[index[op] for op in lane_ops] for lane_ops in orders],
-        dependencies(problem, ops, index, where, schedule.anchors()),
+        dependencies(problem, ops, index, where, anchors),
         [problem.cost[op.kind][op.stage] for op in ops],
     )
     stuck = [x for x, lane_ops in enumerate(orders) if pos[x] < len(lane_ops)]
     if stuck:
-        anchors = schedule.anchors()
         deps = {op: [(d, 0.0) for d in (*producers(op, problem.n_stages, where), *_anchor(anchors, op))] for op in ops}
-        raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(schedule, orders, pos, stuck, deps)}")
-    return _timeline(problem, schedule, start, end)
+        raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(list(lanes), orders, pos, stuck, deps)}")
+    p = problem.ranks
+    times = {lane: (start[k * p:(k + 1) * p], end[k * p:(k + 1) * p]) for k, lane in enumerate(lanes)}
+    return _timeline(problem, schedule, times, lanes.get("comm", ()))
 
 
-def _orders(schedule: Schedule) -> list[tuple[Op, ...]]:
-    """Every lane's order of every rank, each a sequential resource of ``replay``: the compute lanes
-    of ranks 0 .. p-1, then (where the schedule has one) their copy lanes."""
-    return [ops for per_rank in schedule.lanes.values() for ops in per_rank]
+def _lanes(problem: Problem, schedule: Schedule) -> tuple[dict[str, tuple[tuple[Op, ...], ...]], dict[Op, Op]]:
+    """Every lane of every rank, each a sequential resource of ``replay`` (lane -> per rank its
+    order: the schedule's compute and copy lanes, then the communication lanes ``comm_lane``
+    derives), and op -> the compute op it is issued after (copies and reduces)."""
+    lanes, anchors = dict(schedule.lanes), schedule.anchors()
+    comm = comm_lane(problem, schedule)
+    if comm:
+        lanes["comm"] = tuple(tuple(op for op, _ in ops) for ops in comm)
+        anchors.update((op, after) for ops in comm for op, after in ops)
+    return lanes, anchors
 
 
 def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
                  anchors: dict[Op, Op]) -> list[list[tuple[int, float]]]:
     """Per op (by its index in ``ops``), the indices of the ops it waits for and the latency added
-    after each one's end: its producers (``comm`` across ranks), and for a copy op the compute op
-    it is issued after (``anchors``: ``Schedule.anchors()``)."""
+    after each one's end: its producers (``comm`` across ranks), and for a copy op or a reduce the
+    compute op it is issued after (``anchors``: ``_lanes``)."""
     rank_of = problem.stage_rank
     return [
         [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
@@ -182,7 +227,7 @@ def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
 
 
 def _anchor(anchors: dict[Op, Op], op: Op) -> tuple[Op, ...]:
-    """The compute op that ``op`` is issued after, if it is a copy op issued after one."""
+    """The compute op that ``op`` is issued after, if it is a copy op or reduce issued after one."""
     a = anchors.get(op)
     return () if a is None else (a,)
 
@@ -237,11 +282,12 @@ def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
     where = schedule.check_complete(problem)
-    lanes = _orders(schedule)
+    by_lane, anchors = _lanes(problem, schedule)
+    lanes = [ops for per_rank in by_lane.values() for ops in per_rank]
     ops = [op for lane_ops in lanes for op in lane_ops]
     n = len(ops)
     index = {op: k for k, op in enumerate(ops)}
-    one = dependencies(problem, ops, index, where, schedule.anchors())
+    one = dependencies(problem, ops, index, where, anchors)
     deps = [[(d + j * n, lat) for d, lat in one[k]] for j in range(steps) for k in range(n)]
     orders = [[index[op] + j * n for j in range(steps) for op in lane_ops] for lane_ops in lanes]
     dur = [problem.cost[op.kind][op.stage] for op in ops] * steps
@@ -252,46 +298,54 @@ def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float
     return [max(end[x][(j + 1) * per[x] - 1] for x in range(len(lanes)) if per[x]) for j in range(steps)]
 
 
-def with_times(problem: Problem, schedule: Schedule, start, end, copy_start=(), copy_end=()) -> Timeline:
+def with_times(problem: Problem, schedule: Schedule, start, end, copy_start=(), copy_end=(),
+               comm_start=(), comm_end=()) -> Timeline:
     """A Timeline of ``schedule`` with given (e.g. measured) op times, aligned with
-    ``schedule.ranks`` (and ``schedule.copy``); memory as in ``simulate``."""
+    ``schedule.ranks`` (and ``schedule.copy``, and the communication lane ``comm_lane`` derives
+    where the problem has one); memory as in ``simulate``."""
     schedule.check_complete(problem)
-    for lane, (starts, ends) in {"compute": (start, end), "copy": (copy_start, copy_end)}.items():
-        for r, ops in enumerate(schedule.lanes.get(lane, ())):
-            if len(starts[r]) != len(ops) or len(ends[r]) != len(ops):
-                raise ScheduleError(f"{schedule.name}: rank {r} has {len(ops)} {lane} ops but {len(starts[r])} times")
-    return _timeline(problem, schedule, start, end, copy_start, copy_end)
+    lanes, _ = _lanes(problem, schedule)
+    times = {"compute": (start, end), "copy": (copy_start, copy_end), "comm": (comm_start, comm_end)}
+    for lane, per_rank in lanes.items():
+        starts, ends = times[lane]
+        for r, ops in enumerate(per_rank):
+            if r >= min(len(starts), len(ends)) or len(starts[r]) != len(ops) or len(ends[r]) != len(ops):
+                given = len(starts[r]) if r < len(starts) else 0
+                raise ScheduleError(f"{schedule.name}: rank {r} has {len(ops)} {lane} ops but {given} times")
+    return _timeline(problem, schedule, {lane: times[lane] for lane in lanes}, lanes.get("comm", ()))
 
 
-def _timeline(problem: Problem, schedule: Schedule, start, end, copy_start=None, copy_end=None) -> Timeline:
-    """The Timeline of ``replay``'s per-lane times (compute lanes, then copy lanes), or of the
-    compute and copy lanes' times given apart."""
-    p = problem.ranks
-    if copy_start is None:
-        start, end, copy_start, copy_end = start[:p], end[:p], start[p:], end[p:]
-    copy_start, copy_end = tuple(map(tuple, copy_start)), tuple(map(tuple, copy_end))
+def _timeline(problem: Problem, schedule: Schedule, times: dict, comm: tuple) -> Timeline:
+    """The Timeline of per-lane times (lane -> (start, end), per rank); ``comm`` the
+    communication lane's ops."""
+    as_tuples = {lane: (tuple(map(tuple, s)), tuple(map(tuple, e))) for lane, (s, e) in times.items()}
+    (start, end), (copy_start, copy_end) = as_tuples["compute"], as_tuples.get("copy", ((), ()))
+    comm_start, comm_end = as_tuples.get("comm", ((), ()))
     memory, peaks, violations = _memory(problem, schedule, start, end, copy_start, copy_end)
     return Timeline(
         problem=problem,
         schedule=schedule,
-        start=tuple(map(tuple, start)),
-        end=tuple(map(tuple, end)),
+        start=start,
+        end=end,
         memory=memory,
         peak_activation=peaks,
         violations=violations,
         copy_start=copy_start,
         copy_end=copy_end,
+        comm=comm,
+        comm_start=comm_start,
+        comm_end=comm_end,
     )
 
 
-def _describe_wait(schedule: Schedule, orders, pos, stuck, deps) -> str:
+def _describe_wait(lanes: list[str], orders, pos, stuck, deps) -> str:
     """Which lane waits on which op, and on which lane that op sits behind what."""
-    p = len(schedule.ranks)
+    p = len(orders) // len(lanes)
     lane_of = {op: x for x, ops in enumerate(orders) for op in ops}
     index = {op: k for ops in orders for k, op in enumerate(ops)}
 
     def name(x: int) -> str:
-        return f"rank {x % p}" + (" (copy lane)" if x >= p else "")
+        return f"rank {x % p}" + (f" ({lanes[x // p]} lane)" if x >= p else "")
 
     parts = []
     for x in stuck:

@@ -47,6 +47,14 @@ against the recompute and copy work a limit forces (``_forced``), the warm-up wi
 owe a recompute (``_warm_up``), and how many microbatches of a stage may be in flight at once
 (``_in_flight``).
 
+With ``data_parallel``, nothing waits for a gradient all-reduce but the rank's step, and a rank's
+last compute op is the last weight gradient of one of its stages (a W or BW ends each microbatch's
+work on a stage, and the rank's other ops precede their own stage's): its step comes at least one
+reduce of its stages after its compute ends, all of them when the reduces wait for the end
+(``overlap`` off). So each term above, derived without the reduces, rises by that tail of the rank
+whose step it bounds (``Bound.rank``; a term of no one rank's by the least tail over the ranks,
+``_sync_tail``).
+
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
 fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
 Every value is a sum, maximum or ratio of costs, so it scales with the unit of time, and the term
@@ -61,7 +69,7 @@ from dataclasses import dataclass
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.problem import Problem
 
-BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L)  # the op kinds the terms are proven for
+BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR)  # the kinds the terms hold for
 POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 
@@ -70,6 +78,7 @@ JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch 
 class Bound:
     value: float
     reason: str  # which term binds, in one sentence
+    rank: int | None = None  # the rank whose step (its end, or its span) the term bounds; None: some rank's
 
 
 def lower_bound(problem: Problem, objective: str | None = None) -> Bound:
@@ -93,6 +102,8 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     check_supported(problem.cost, "the lower bounds", BOUNDED)
+    if problem.data_parallel is not None:
+        return _with_sync(problem, objective)
     problem = _relaxed(problem)
     if problem.policies:
         return _policy_bounds(problem, objective)
@@ -105,6 +116,26 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
         idle = [_idle(problem, ch, k, "span") for k in ranks]
         out += [_pair_bound(problem, ch, ranks, idle, r) for r in range(problem.ranks)]
     return [b for b in out if b is not None]
+
+
+def _sync_tail(problem: Problem) -> list[float]:
+    """Per rank, the least time from its last compute op's end to its step: one reduce of its
+    stages (the cheapest), or all of them in turn where they wait for the end (no ``overlap``)."""
+    reduce = problem.cost[Kind.AR]
+    whole = not problem.data_parallel.overlap
+    return [(sum if whole else min)(reduce[s] for s in stages) for stages in problem.rank_stages]
+
+
+def _with_sync(problem: Problem, objective: str) -> list[Bound]:
+    """The terms of ``problem`` without its reduces, each raised by its rank's tail (a term of no
+    one rank's: by the least over the ranks; see the module notes)."""
+    tail = _sync_tail(problem)
+    least = min(tail)
+    out = []
+    for b in all_bounds(problem.with_changes(data_parallel=None), objective):
+        more = least if b.rank is None else tail[b.rank]
+        out.append(Bound(b.value + more, f"{b.reason}, then at least {more:g} of gradient all-reduce", b.rank))
+    return out
 
 
 def _relaxed(problem: Problem) -> Problem:
@@ -291,7 +322,8 @@ def _rank_bound(problem: Problem, ch: _Chains, k: _Rank, r: int, objective: str)
                 f"tail {tail:g} (after its last B the chain to stage 0's W needs {ch.down[k.lo]:g};"
                 f" memory defers W work {k.knap_w:g})"
             )
-    return Bound(k.work + idle + tail, f"rank {r}: " + " + ".join(parts))
+    # (with a tail the term bounds the makespan through stage 0's rank, not rank r's own end)
+    return Bound(k.work + idle + tail, f"rank {r}: " + " + ".join(parts), r if tail == 0 else None)
 
 
 def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r: int) -> Bound | None:
@@ -374,7 +406,7 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
             f"rank {r}: its span holds rank {q}'s first op to {cut}: rank {q} starts >= {lead:g} after rank {r}"
             f" (forward chain) + rank {q}'s work {k.work:g} {held}{idle_text}"
         )
-    return Bound(value, f"{text} + {chain:g} from there to rank {r}'s last op ({onward})")
+    return Bound(value, f"{text} + {chain:g} from there to rank {r}'s last op ({onward})", r)
 
 
 def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
@@ -400,6 +432,7 @@ def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) ->
         start + held,
         f"rank {r}: {lead}memory-time {held:g} (activation held x time {area:g}"
         f" over room {cap - problem.memory_tol.eps:g})",
+        r,
     )
 
 
@@ -484,7 +517,7 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
     return Bound(value, (
         f"rank {r}: {lead}at most {k + 1} microbatches of stage {s} in flight (the room holds one whole and"
         f" {k} kept), so {rounds} rounds of forward, round trip and B ({length:g} each), then W"
-    ))
+    ), r)
 
 
 def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
@@ -536,7 +569,7 @@ def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
     return Bound(value, (
         f"rank {r}: work {work:g} + warm-up idle {max(0.0, first_b - knap):g} (first B cannot start before"
         f" {first_b:g}; memory admits forwards worth {knap:g} net of the recomputes they owe)"
-    ))
+    ), r)
 
 
 def _policy_options(problem: Problem, ch: _Chains, s: int) -> list[tuple[str, float, float, float, float]]:
@@ -636,7 +669,7 @@ def _forced(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | No
         f"rank {r}: memory for time: weighing memory-time (held {area:g} over room"
         f" {cap - problem.memory_tol.eps:g}), work {work:g} plus recompute {rc:g}, and copies {cp:g}"
         f" ({mu[0]:g} / {mu[1]:g} / {mu[2]:g}; policies {policies})"
-    ))
+    ), r)
 
 
 def _product(options: list[list]) -> list[tuple]:

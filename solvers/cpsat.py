@@ -12,7 +12,11 @@ disjunctive scheduling directly instead of through big-M binaries:
   order is the rank's order and this is exactly the simulator's check (frees that end when an F
   starts come before it in the order and count before it, as in the simulator);
 - objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the earliest
-  start on rank r).
+  start on rank r);
+- gradient all-reduces (``data_parallel``): per stage a start on its rank's communication lane
+  (a ``NoOverlap`` of its own; with ``overlap`` off, the later stage first), after every W of the
+  stage (off: after every compute op of the rank), each ending by C (plus the rank's first start,
+  for span); durations rounded down as the ops' are.
 
 Memory for time (a problem with ``recompute`` or ``offload``): each (stage, microbatch) and policy
 the problem allows has a presence literal (at most one per pair) and optional intervals: R or S on
@@ -190,6 +194,7 @@ def _time_scale(problem: Problem) -> _Scale:
     cost, n = problem.cost, problem.n_stages
     kinds = [k for k in (*KINDS, *OPTIONAL) if k in problem.kinds]
     raw = [cost[k][s] for k in kinds for s in range(n)] + [problem.comm]
+    raw += list(cost[Kind.AR]) if Kind.AR in problem.kinds else []  # (a reduce may take 0: not the shortest)
     shortest = min(cost[k][s] for k in kinds for s in range(n))
     fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
     while shortest * fallback < 1:
@@ -226,6 +231,8 @@ class _CpModel:
         self.on_rank: list[list[int]] = [[] for _ in range(problem.ranks)]
         for k, op in enumerate(self.ops):
             self.on_rank[problem.stage_rank[op.stage]].append(k)
+        dp = problem.data_parallel
+        self.reduce_dur = [] if dp is None else [self.time.down(x) for x in problem.cost[Kind.AR]]
         hint, hint_obj, horizon = self._hint(warm_t, comm)
 
         self.cp = cp_model.CpModel()
@@ -250,12 +257,16 @@ class _CpModel:
                 for op in self.ops]
         dur, rank_of = self.dur, self.problem.stage_rank
         sinks = [k for k, op in enumerate(self.ops) if op.kind == Kind.W]  # every other op feeds one on its rank
+        # (rank, end) of the last ops: each W, and each gradient all-reduce (``_reduces``)
+        ends = [(rank_of[self.ops[k].stage], hint[k] + dur[k]) for k in sinks]
+        self.reduce_hint = {op.stage: self.time.down(s) for op, (_, s, _) in times.items() if op.kind == Kind.AR}
+        ends += [(rank_of[s], x + self.reduce_dur[s]) for s, x in self.reduce_hint.items()]
         if not self.span:
-            hint_obj = max(hint[k] + dur[k] for k in sinks)
+            hint_obj = max(end for _, end in ends)
             return hint, hint_obj, hint_obj
         first_hint = [min(hint[k] for k in ks) for ks in self.on_rank]
-        hint_obj = max(hint[k] + dur[k] - first_hint[rank_of[self.ops[k].stage]] for k in sinks)
-        horizon = max(self.problem.ranks * (hint_obj + comm), max(hint[k] + dur[k] for k in sinks))
+        hint_obj = max(end - first_hint[r] for r, end in ends)
+        horizon = max(self.problem.ranks * (hint_obj + comm), max(end for _, end in ends))
         return hint, hint_obj, horizon
 
     def _intervals(self, budget: Budget, edges, earliest: list[int], latest: list[int]) -> None:
@@ -366,8 +377,37 @@ class _CpModel:
             for k in ks:
                 if self.ops[k].kind == Kind.W:
                     cp.add(C >= start[k] + dur[k] - (base if span else 0))
+            if self.problem.data_parallel is not None:
+                self._reduces(r, ks, C, base, horizon)
         cp.minimize(C)
         return C
+
+    def _reduces(self, r: int, ks: list[int], C, base, horizon: int) -> None:
+        """Rank r's gradient all-reduces: each after every W of its stage (``overlap`` off: after
+        every compute op of the rank, the later stage first), one at a time, each ending by C (from
+        the rank's first start, for span)."""
+        cp, start, dur, problem = self.cp, self.start, self.dur, self.problem
+        overlap = problem.data_parallel.overlap
+        stages = problem.rank_stages[r]
+        lane, at = [], {}
+        for s in stages:
+            a = at[s] = cp.new_int_var(0, horizon, f"ar{s}")
+            cp.add_hint(a, self.reduce_hint[s])
+            for k in ks:
+                op = self.ops[k]
+                if ROWS[op.kind].lane != "compute" or (overlap and (op.kind != Kind.W or op.stage != s)):
+                    continue
+                row = cp.add(a >= start[k] + dur[k])
+                if k in self.present:
+                    row.only_enforce_if(self.present[k])
+            lane.append(cp.new_fixed_size_interval_var(a, self.reduce_dur[s], f"i_ar{s}"))
+            cp.add(C >= a + self.reduce_dur[s] - (base if self.span else 0))
+        if overlap:
+            cp.add_no_overlap(lane)
+        else:
+            later_first = sorted(stages, reverse=True)
+            for s, t in zip(later_first, later_first[1:]):
+                cp.add(at[t] >= at[s] + self.reduce_dur[s])
 
     # ---- back to schedc's units ----
 

@@ -14,7 +14,12 @@ ops on one rank whose order no dependency fixes, a binary "a before b". Constrai
   stays within the limit (a linear function of the same binaries); and the activation held
   integrated over time fits under the limit over the rank's window (a cut in the start times);
 - objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
-  a variable below every start on the rank).
+  a variable below every start on the rank);
+- gradient all-reduces (``data_parallel``): per stage a start time on its rank's communication
+  lane, after every W of the stage (with ``overlap`` off, after every op of the rank), the lane's
+  reduces one at a time (a binary per pair of a rank's stages; off: the later stage first), each
+  ending by C (plus the rank's first start, for span). The lane's order is free in the model; the
+  simulator runs them in issue order, which on one lane with release times ends no later.
 
 Memory for time (a problem that declares ``recompute``): a binary z per (stage, microbatch) and
 recompute policy (R, and S with ``recompute.selective``; at most one of them per pair). Each R and
@@ -168,8 +173,13 @@ class _Model:
             self._memory_rows()
         slack = 1e-6 * max(1.0, abs(lower))  # float noise must not make the model infeasible
         self.C = self.lp.add_variable("C", lowBound=lower - slack, upBound=horizon + slack)
+        self.first_start: list = []  # per rank, its first start (a variable; ``_rank_rows``)
         for r, ks in enumerate(self.on_rank):
             self._rank_rows(r, ks, min(earliest[k] for k in ks))
+        self.reduce_start: dict[int, pulp.LpVariable] = {}  # stage -> its all-reduce's start
+        self.reduce_before: dict[tuple[int, int], pulp.LpVariable] = {}  # (s, t), s < t: 1 if s's goes first
+        if problem.data_parallel is not None:
+            self._reduce_rows(2 * horizon + sum(problem.cost[Kind.AR]))
         self.lp += self.C
 
     def length(self, k: int):
@@ -258,6 +268,7 @@ class _Model:
         problem, start, dur, first = self.problem, self.start, self.dur, self._first
         # The rank's first start, whichever op that is: at most every start on the rank.
         first_start = self.lp.add_variable(f"first{r}", lowBound=earliest_start)
+        self.first_start.append(first_start)
         for o in ks:
             self.lp += first_start <= start[o]
         origin = 0 if problem.objective == "makespan" else first_start
@@ -287,6 +298,38 @@ class _Model:
                 held += [f * (start[kb] - start[kf]), (f + b) * (start[kw] - start[kb])]
         window_length = self.C if problem.objective == "span" else self.C - first_start
         self.lp += pulp.lpSum(held) <= problem.activation_room[r] * window_length
+
+    def _reduce_rows(self, big: float) -> None:
+        """Per rank, its stages' all-reduces: each after every W of its stage (``overlap`` off: after
+        every op of the rank), one at a time on the lane, each ending by C (from the rank's first
+        start, for span). ``big``: more than any start can be, for the pairs' big-M rows."""
+        import pulp
+
+        problem, start, dur, first = self.problem, self.start, self.dur, self._first
+        reduce = problem.cost[Kind.AR]
+        overlap = problem.data_parallel.overlap
+        for r, ks in enumerate(self.on_rank):
+            stages = problem.rank_stages[r]
+            origin = 0 if problem.objective == "makespan" else self.first_start[r]
+            for s in stages:
+                a = self.reduce_start[s] = self.lp.add_variable(f"ar{s}", lowBound=0)
+                waits = [k for k in ks if not overlap or (self.ops[k].kind == Kind.W and self.ops[k].stage == s)]
+                for o in waits:
+                    # What it waits for that runs after o runs before it: a sum-of-durations cut (the
+                    # W of a stage share their B's binaries and have no rows of their own).
+                    after = pulp.lpSum(dur[b] * first(o, b) for b in waits if b != o) if o in self.free else 0
+                    self.lp += a >= start[o] + self.length(o) + after
+                self.lp += self.C >= a + reduce[s] - origin
+            if not overlap:  # all issued at the rank's end: the later stage first
+                for s, t in zip(sorted(stages, reverse=True), sorted(stages, reverse=True)[1:]):
+                    self.lp += self.reduce_start[t] >= self.reduce_start[s] + reduce[s]
+                continue
+            for x, s in enumerate(stages):
+                for t in stages[x + 1:]:
+                    y = self.reduce_before[s, t] = self.lp.add_variable(f"ay{s}_{t}", cat="Binary")
+                    a, b = self.reduce_start[s], self.reduce_start[t]
+                    self.lp += b >= a + reduce[s] - big * (1 - y)
+                    self.lp += a >= b + reduce[t] - big * y
 
     def _policy_memory_time(self, r: int, ks: list[int], first_start) -> None:
         """The memory-time cut where the model holds recompute ops: the rank's level integrated
@@ -332,6 +375,10 @@ class _Model:
             y.setInitialValue(1 if key[a] < key[b] else 0)
         for k, z in self.chosen.items():
             z.setInitialValue(1 if self.ops[k] in spans else 0)
+        for s, a in self.reduce_start.items():
+            a.setInitialValue(times[Op(Kind.AR, s, 0)])
+        for (s, t), y in self.reduce_before.items():
+            y.setInitialValue(1 if times[Op(Kind.AR, s, 0)] < times[Op(Kind.AR, t, 0)] else 0)
         self.C.setInitialValue(timeline.objective_value())
 
     def schedule(self, name: str) -> Schedule | None:

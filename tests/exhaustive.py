@@ -12,6 +12,10 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
 - memory: per rank, walking its order from ``static_memory[r]`` plus ``working_memory[r]`` (what
   an op needs while it runs, held on top of the level), each op adds its delta; the level after
   every F must stay within ``memory_limit[r]``;
+- data parallelism (``data_parallel``): each stage's gradient all-reduce, on its rank's own lane,
+  starts once that lane is free and the stage's last W has ended (without ``overlap``, the rank's
+  last op), the reduces of a rank in that order (ties: the later stage first); a rank ends with its
+  last op or its last reduce, whichever is later;
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start),
   both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
   may do better starting late on purpose (see ``span_with_delays``, the least span of given
@@ -51,7 +55,8 @@ another order that is searched is at least as good.
   ops: min head(S) + work(S) + the shortest of their longest paths onward to an op on r (S
   taken as the ops whose onward path is at least tau, for each tau). Makespan: max over r;
   span: over started ranks, that end minus the first start (else the rank's own work or path).
-- Dominance: nodes with the same placed ops (per rank, as sets) and the same pending ops have
+- Dominance (not with data parallelism, where a W's end counts even though no op consumes it):
+  nodes with the same placed ops (per rank, as sets) and the same pending ops have
   the same memory levels and the same completions; for makespan a node whose relevant times
   (rank free times, ends of timed ops that feed untimed ones) are all >= those of a node already
   visited is dropped. For span the first starts must match and every rank must have started
@@ -113,7 +118,9 @@ class _Search:
         p, m, n = problem.ranks, problem.microbatches, problem.n_stages
         stage_rank = problem.stage_rank
         comm = problem.comm
+        dp = problem.data_parallel
         raw = [problem.cost[k][s] for k in KINDS for s in range(n)] + [comm]
+        raw += list(problem.cost["AR"]) if dp is not None else []
         scale = _integer_scale(raw)
         if scale is None:
             self.scale, conv, self.eps = 1, float, 1e-9
@@ -121,6 +128,11 @@ class _Search:
             self.scale, conv, self.eps = scale, (lambda x: round(x * scale)), 0
         self.objective, self.deadline, self.budget = objective, deadline, budget
         self.p = p
+        # Data parallelism: per stage its reduce's duration, whether it waits only for its own W.
+        self.reduce = None if dp is None else [conv(x) for x in problem.cost["AR"]]
+        self.overlap = dp is not None and dp.overlap
+        self.rank_stage_list = [[s for s in range(n) if stage_rank[s] == r] for r in range(p)]
+        self.n, self.m = n, m
 
         # Ops are numbered o = (kind * n + stage) * m + mb.
         def op(k, s, i):
@@ -349,6 +361,8 @@ class _Search:
         )
 
     def _dominated(self):
+        if self.reduce is not None:
+            return False
         timed, end, succ_mask = self.timed, self.end, self.succ_mask
         untimed = ~timed
         times = tuple(self.free) + tuple([e for o, e in enumerate(end) if e is not None and succ_mask[o] & untimed])
@@ -442,9 +456,23 @@ class _Search:
         return [(o, not notready) for notready, _, _, o in out]
 
     def _value(self):
+        ends = self.free if self.reduce is None else [self._rank_end(r) for r in range(self.p)]
         if self.objective == "makespan":
-            return max(self.free)
-        return max(self.free[r] - self.first[r] for r in range(self.p))
+            return max(ends)
+        return max(ends[r] - self.first[r] for r in range(self.p))
+
+    def _rank_end(self, r):
+        """Rank r's end with its reduces: each issued at its stage's last W's end (or the rank's
+        end), run one at a time in issue order."""
+        n, m = self.n, self.m
+        issued = []
+        for s in self.rank_stage_list[r]:
+            last_w = max(self.end[(2 * n + s) * m + i] for i in range(m))
+            issued.append((last_w if self.overlap else self.free[r], -s))
+        lane = 0
+        for t, minus_s in sorted(issued):
+            lane = max(lane, t) + self.reduce[-minus_s]
+        return max(self.free[r], lane)
 
 
 # ---- span when ranks may start late on purpose ----

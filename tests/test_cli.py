@@ -13,6 +13,7 @@ from schedc import load_problem, simulate
 from schedc.app.cli import main
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
+GPT = next(p for p in EXAMPLES if p.stem == "gpt-h200")  # one chunk per rank: every loop schedule applies
 
 
 def run(*args, ok=True):
@@ -44,7 +45,7 @@ def test_compare_lists_every_registry_schedule_and_json_matches_simulate(path):
 
 
 def test_compare_subset_memory_override_and_fit_column(tmp_path):
-    path = EXAMPLES[0]
+    path = GPT
     out = run("compare", path, "--schedules", "gpipe,1f1b", "--memory-limit", "1000").output
     assert "zb-h1" not in out and "yes" in out
     tight = next(p for p in EXAMPLES if p.stem == "memory_tight")
@@ -54,7 +55,7 @@ def test_compare_subset_memory_override_and_fit_column(tmp_path):
 
 
 def test_simulate_table_and_json():
-    path = EXAMPLES[0]
+    path = GPT
     out = run("simulate", path, "-s", "zb-h1").output
     assert "makespan" in out and "bubble" in out and "rank" in out
     data = json.loads(run("simulate", path, "--schedule", "1f1b", "--json").output)
@@ -74,11 +75,11 @@ def test_schedules_and_bubble():
 
 def test_show_writes_figure_and_trace(tmp_path):
     png, trace = tmp_path / "g.png", tmp_path / "t.json"
-    run("show", EXAMPLES[0], "-s", "zb-h1", "-o", png, "--trace", trace)
+    run("show", GPT, "-s", "zb-h1", "-o", png, "--trace", trace)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(trace.read_text())["traceEvents"]
     plot = tmp_path / "cmp.svg"
-    run("compare", EXAMPLES[0], "--plot", plot)
+    run("compare", GPT, "--plot", plot)
     assert plot.read_text().lstrip().startswith("<?xml")
 
 
@@ -105,7 +106,7 @@ def test_bad_problem_files_exit_2_with_one_line(tmp_path, name, command):
 
 
 def test_other_mistakes_exit_2():
-    path = EXAMPLES[0]
+    path = GPT
     for args, words in [
         (["simulate", path, "-s", "nope"], "unknown schedule 'nope'"),
         (["compare", "missing.yaml"], "cannot read"),

@@ -104,12 +104,15 @@ def test_every_schedule_trains_exactly_like_one_process(p, v, placement, m, tmp_
 # ---- faults ----
 
 
-def faulty_runtime(rank, path, victim, how, timeout):
+def faulty_runtime(rank, path, victim, how, timeout, pipeline_rank=None, **runtime):
     """A runtime whose stage on rank ``victim`` raises ValueError (``how="raise"``) or kills its
-    process (``"kill"``) on the 2nd forward of step 2 (one shape probe, 4 forwards in step 1)."""
+    process (``"kill"``) on the 2nd forward of step 2 (one shape probe, 4 forwards in step 1).
+    ``pipeline_rank``: the rank of the schedule this process runs (default ``rank``); ``runtime``:
+    more arguments of PipelineRuntime (its groups in a mesh)."""
     compiled = schedc.load(path)
     prob = compiled.problem
-    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages))
+            if s in prob.rank_stages[rank if pipeline_rank is None else pipeline_rank]}
     calls = []
 
     def hook(module, args):
@@ -121,7 +124,7 @@ def faulty_runtime(rank, path, victim, how, timeout):
 
     for mod in mine.values():
         mod.register_forward_pre_hook(hook)
-    return PipelineRuntime(compiled, mine, lm_loss, timeout=timeout), prob
+    return PipelineRuntime(compiled, mine, lm_loss, timeout=timeout, **runtime), prob
 
 
 def failing(rank, world, path, victim, how, timeout):

@@ -85,10 +85,11 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
             fmt(t.rank_span[r]),
             fmt(t.peak_memory[r]),
             fmt(limits[r]) if limits else "-",
+            *([fmt(t.exposed_reduce[r])] if t.comm else []),
         ]
         for r in range(prob.ranks)
     ]
-    print_table(["rank", "busy", "idle", "span", "peak mem", "limit"], rows)
+    print_table(["rank", "busy", "idle", "span", "peak mem", "limit", *(["all-reduce after"] if t.comm else [])], rows)
     if prob.policies:
         click.echo(f"{t.schedule.name}: {policies_line(prob, t.schedule)}")
     click.echo(critical.describe())

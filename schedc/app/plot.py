@@ -44,7 +44,7 @@ def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
     for r in range(p.ranks):
         events = sorted(
             (s if d > 0 else e, 1 if d > 0 else 0, d)
-            for lane, per_rank in schedule.lanes.items()
+            for lane, per_rank in timeline.lanes.items()
             for op, s, e in zip(per_rank[r], times[lane][0][r], times[lane][1][r])
             for d in (p.delta(op.kind, op.stage, policy.get((op.stage, op.mb))),)
         )
@@ -61,22 +61,23 @@ def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
 
 def write_trace(timeline: Timeline, path: str | Path) -> None:
     """Write a Chrome / Perfetto trace (one cost unit shown as one millisecond): a track per rank
-    (``tid`` r) and, where the schedule offloads, a track per rank for its copy lane (``tid`` p + r,
+    (``tid`` r) and, for each other lane of the timeline (the copy lane where the schedule offloads,
+    the comm lane of the gradient all-reduces), a track per rank (``tid`` k p + r for the k-th lane,
     "rank r copy", sorted under its rank's track), and a memory counter per rank."""
     name = timeline.schedule.name
     p = timeline.problem.ranks
-    copy = bool(timeline.schedule.copy)
+    lanes = timeline.lanes
     events: list[dict] = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
     times = timeline.lane_times()
-    for lane, per_rank in timeline.schedule.lanes.items():
+    for k, (lane, per_rank) in enumerate(lanes.items()):
         starts, ends = times[lane]
         for r, ops in enumerate(per_rank):
-            tid = r if lane == "compute" else p + r
+            tid = k * p + r
             events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
                            "args": {"name": f"rank {r}" if lane == "compute" else f"rank {r} {lane}"}})
-            if copy:  # the copy track right under its rank's
+            if len(lanes) > 1:  # the side lanes' tracks right under their rank's
                 events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid,
-                               "args": {"sort_index": 2 * r + (lane != "compute")}})
+                               "args": {"sort_index": len(lanes) * r + k}})
             for op, s, e in zip(ops, starts[r], ends[r]):
                 events.append({
                     "name": f"{op.kind}{op.mb}", "cat": op.kind, "ph": "X", "pid": 0, "tid": tid,
@@ -135,7 +136,7 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
             ax.set_xlim(0, t_max * 1.02)
         ax_g.set_title(_block_title(tl), fontsize=10, loc="left")
     axes[-1].set_xlabel("time")
-    kinds = in_order({op.kind for t in timelines for op in t.schedule.ops()})
+    kinds = in_order({op.kind for t in timelines for per_rank in t.lanes.values() for ops in per_rank for op in ops})
     handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in kinds]
     if any(t.problem.chunks > 1 for t in timelines):
         handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
@@ -165,13 +166,18 @@ def policy_text(counts: dict[str, int]) -> str:
 
 
 # The rows of a rank in a Gantt chart, as (bottom, top) around the rank's y: the compute lane's
-# boxes fill it; where the schedule has a copy lane, that lane is a thin row under the compute boxes.
-_ROWS_ALONE = {"compute": (-0.4, 0.4)}
-_ROWS_WITH_COPY = {"compute": (-0.4, 0.22), "copy": (0.26, 0.44)}
+# boxes fill it; each other lane (copy, comm) the timeline has is a thin row under the compute boxes.
+_SIDE_ROW, _GAP = 0.18, 0.04
 
 
 def _lane_rows(tl: Timeline) -> dict[str, tuple[float, float]]:
-    return _ROWS_WITH_COPY if tl.schedule.copy else _ROWS_ALONE
+    sides = [lane for lane in tl.lanes if lane != "compute"]
+    top = 0.4 if not sides else 0.44 - len(sides) * (_SIDE_ROW + _GAP)
+    rows = {"compute": (-0.4, top)}
+    for k, lane in enumerate(sides):
+        lo = top + _GAP + k * (_SIDE_ROW + _GAP)
+        rows[lane] = (lo, lo + _SIDE_ROW)
+    return rows
 
 
 def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
@@ -182,14 +188,14 @@ def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
     rows = _lane_rows(tl)
     times = tl.lane_times()
     boxes, colors, labels = [], [], []
-    for lane, per_rank in tl.schedule.lanes.items():
+    for lane, per_rank in tl.lanes.items():
         lo, hi = rows[lane]
         starts, ends = times[lane]
         for r, ops in enumerate(per_rank):
             for op, s, e in zip(ops, starts[r], ends[r]):
                 boxes.append([(s, r + lo), (e, r + lo), (e, r + hi), (s, r + hi)])
                 colors.append(_shade(KIND_COLORS[op.kind], op.stage // p.ranks, p.chunks))
-                if lane == "compute":  # the copy row is too thin for text
+                if lane == "compute":  # the other rows are too thin for text
                     labels.append((s, e, r, str(op.mb), colors[-1]))
     widths = sorted(e - s for s, e, *_ in labels)
     median_pt = widths[len(widths) // 2] * pt_per_unit if widths else 0.0
