@@ -15,7 +15,8 @@ torch's own schedules are built in ``schedc.runtime.torch_schedules`` (it import
 
 ``torch_comms_rows(program)`` writes a lowered Program in torch's other format, "compute_comms":
 the compute cells plus schedc's own sends and receives (``0SEND_F3``, ``1RECV_F3``, ``1SEND_B3``,
-``0RECV_B3``) in the Program's order, and ``0REDUCE_GRAD`` after each stage's last backward. torch
+``0RECV_B3``) in the Program's order, and ``0REDUCE_GRAD`` after each stage's last backward (where
+the problem has ``data_parallel``: where the Program lists the stage's all-reduce ``AR``). torch
 infers the stage-to-rank mapping from where each stage's actions are, so the placement (V or
 explicit) travels with the file; ``schedc.runtime.torch_export`` runs it with torch's runtime.
 """
@@ -53,7 +54,7 @@ def refuse_untorchable(ops: Iterable[Op], name: str) -> None:
     """Raise a one-line ScheduleError if ``ops`` (a schedule's, or a Program's compute ops) hold a
     kind torch's IR has no action for (``KindRow.torch`` None: recompute, offload, reload), saying
     how many of each the schedule ``name`` holds."""
-    counts = Counter(op.kind for op in ops if ROWS[op.kind].torch is None)
+    counts = Counter(op.kind for op in ops if ROWS[op.kind].torch is None and not ROWS[op.kind].per_stage)
     if not counts:
         return
     kinds = in_order(counts)
@@ -81,20 +82,24 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     stage; a RECV ``{s}RECV_F{mb}`` / ``{s}RECV_B{mb}`` where the Program posts it, ``s`` the
     receiving stage; ``{s}REDUCE_GRAD`` after stage s's last backward (W or BW) and the send that
     follows it (torch scales, and data-parallel reduces, the gradients there, as its own lowering
-    does). Hand-offs between stages on one rank and the optimizer step have no cell: torch's
+    does), or, where the Program holds gradient all-reduces (``AR``, data parallelism), in their
+    place. Hand-offs between stages on one rank and the optimizer step have no cell: torch's
     runtime hands off inside F and B, and the caller steps."""
     name = program.header.schedule if program.header is not None else "program"
     refuse_untorchable((i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)), name)
     rows = []
+    reduces = any(i.op is Kind.AR for instrs in program.ranks for i in instrs)
     for instrs in program.ranks:
-        last_backward = {i.stage: k for k, i in enumerate(instrs) if i.op in _LAST_OF_STAGE}
+        last_backward = {} if reduces else {i.stage: k for k, i in enumerate(instrs) if i.op in _LAST_OF_STAGE}
         row: list[str] = []
         pending: int | None = None  # a stage whose REDUCE_GRAD waits for its last backward's send
         for k, instr in enumerate(instrs):
             if pending is not None and not (instr.op is Opcode.SEND and instr.stage == pending):
                 row.append(f"{pending}REDUCE_GRAD")
                 pending = None
-            if isinstance(instr.op, Kind):
+            if instr.op is Kind.AR:
+                row.append(f"{instr.stage}REDUCE_GRAD")
+            elif isinstance(instr.op, Kind):
                 row.append(instr.compute.to_torch())
                 if last_backward.get(instr.stage) == k:
                     pending = instr.stage

@@ -15,6 +15,7 @@ import schedc
 from schedc import Problem, solvers
 from schedc.check import check
 from schedc.errors import ProblemError, ProgramError, ScheduleFileError
+from schedc.interop import torch_comms_rows
 from schedc.kinds import Kind
 from schedc.program import Instr, Program, lower
 from schedc.schedule import Op, Schedule, comm_lane
@@ -213,3 +214,16 @@ def test_solve_orders_for_the_reduces_and_meets_its_bound():
     best = min(simulate(problem, solvers.build(name, problem)).makespan for name in applicable(problem))
     assert result.timeline.comm and problem.time_tol.le(result.objective, best)
     assert problem.time_tol.le(result.bound, result.objective)
+
+
+def test_torchs_compute_comms_csv_reduces_where_the_program_does():
+    """torch's compute_comms format has REDUCE_GRAD: with data parallelism each stage's cell is
+    where the program issues its all-reduce, once per stage, in the lane's order (without it,
+    after the stage's last backward, as before)."""
+    problem = _dp(overlap=False)
+    program = lower(problem, solvers.build("zb-v", problem))
+    rows = torch_comms_rows(program)
+    for r, row in enumerate(rows):
+        cells = [c for c in row if c.endswith("REDUCE_GRAD")]
+        assert cells == [f"{op.stage}REDUCE_GRAD" for op in program.comm_order()[r]]
+        assert row.index(cells[0]) > max(k for k, c in enumerate(row) if "W" in c)  # at the end: after every W
