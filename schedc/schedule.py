@@ -299,15 +299,21 @@ def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op]
         return ()
     out = []
     for r, ops in enumerate(schedule.ranks):
-        last: dict[int, int] = {}  # stage -> position of its last weight gradient
-        for k, op in enumerate(ops):
-            if op.kind in _GRADS:
-                last[op.stage] = k
-        if not problem.data_parallel.overlap:
-            last = {s: len(ops) - 1 for s in last}
+        # stage -> the position of the last op its reduce waits for
+        last = {s: max(k for k, op in enumerate(ops) if reduce_waits_for(problem, s, op))
+                for s in problem.rank_stages[r]}
         lane = sorted(last, key=lambda s: (last[s], -s))
         out.append(tuple((_new(Op, (Kind.AR, s, 0)), ops[last[s]]) for s in lane))
     return tuple(out)
+
+
+def reduce_waits_for(problem: Problem, stage: int, op: Op) -> bool:
+    """Whether ``stage``'s all-reduce is issued no earlier than the end of ``op``, an op of its rank:
+    every weight gradient of the stage (W or BW), or, without ``data_parallel.overlap``, every
+    compute op of the rank (the one rule of ``comm_lane``, the ILP's and CP-SAT's rows)."""
+    if ROWS[op.kind].lane != "compute":
+        return False
+    return not problem.data_parallel.overlap or (op.kind in _GRADS and op.stage == stage)
 
 
 def _off_lane(kind: Kind, lane: str) -> str:

@@ -64,7 +64,7 @@ from typing import Callable
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, reduce_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.common import COPY_LANE, Found, Progress, Settings, longest_paths, order_edges, register_backend
 from schedc.solvers.deadline import Budget
@@ -394,8 +394,7 @@ class _CpModel:
             a = at[s] = cp.new_int_var(0, horizon, f"ar{s}")
             cp.add_hint(a, self.reduce_hint[s])
             for k in ks:
-                op = self.ops[k]
-                if ROWS[op.kind].lane != "compute" or (overlap and (op.kind != Kind.W or op.stage != s)):
+                if not reduce_waits_for(problem, s, self.ops[k]):
                     continue
                 row = cp.add(a >= start[k] + dur[k])
                 if k in self.present:

@@ -53,7 +53,7 @@ from pathlib import Path
 from schedc.errors import SchedcError
 from schedc.kinds import RECOMPUTES, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, reduce_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
@@ -313,7 +313,7 @@ class _Model:
             origin = 0 if problem.objective == "makespan" else self.first_start[r]
             for s in stages:
                 a = self.reduce_start[s] = self.lp.add_variable(f"ar{s}", lowBound=0)
-                waits = [k for k in ks if not overlap or (self.ops[k].kind == Kind.W and self.ops[k].stage == s)]
+                waits = [k for k in ks if reduce_waits_for(problem, s, self.ops[k])]
                 for o in waits:
                     # What it waits for that runs after o runs before it: a sum-of-durations cut (the
                     # W of a stage share their B's binaries and have no rows of their own).
