@@ -18,7 +18,11 @@ ranks under strict rules until all finish or none can move:
   them before it, and ``Schedule.check_complete`` refuses a reload listed after its backward);
 - a gradient all-reduce AR (with ``data_parallel``: one per stage, on its rank, after every weight
   gradient of its stage) is issued and never waits for another pipeline rank: its partners are the
-  stage's replicas, which run the same program; the STEP after it waits for it.
+  stage's replicas, which run the same program; the STEP after it waits for it;
+- a collective RS (with ``replicas``: the gradient sum of a model stage's copies, one per stage,
+  after every weight gradient of its stage) is issued and never holds up compute; the
+  communication lanes run on their own, and every member of a collective must come to it with
+  nothing before it that waits for a member at another collective (``_check_collectives``).
 
 If the ranks stop short, the wait-for graph has a cycle, which the error names.
 """
@@ -31,11 +35,11 @@ from schedc.errors import ProgramError, ScheduleError
 from schedc.kinds import GRADS, ROWS, Kind, candidates, in_order, unsupported
 from schedc.problem import Problem
 from schedc.program import DIRECTION, TENSORS, Instr, Message, Opcode, Program, consumed, produced
-from schedc.schedule import Op, Schedule, comm_lane
+from schedc.schedule import Op, Schedule, comm_lane, members
 
 # the op kinds the checker handles: the compute lane's and the copy lane's (a new kind is refused by
 # name until its rules are here)
-CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR})
+CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS})
 
 # kind -> per need on its own stage, the kinds that may meet it (W: B; B and BW: F), from the rows
 _SAME_STAGE = {k: tuple(candidates(need) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
@@ -137,8 +141,9 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
     if instr.tensor not in TENSORS:
         raise ProgramError(f"{where}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
     msg = instr.message
-    if not 0 <= instr.peer_stage < n or msg.dst != msg.src + DIRECTION[msg.tensor]:
-        raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{DIRECTION[msg.tensor]:+d}")
+    depth = problem.pipeline_stages
+    if not 0 <= instr.peer_stage < n or msg.dst != msg.src + DIRECTION[msg.tensor] or msg.dst // depth != msg.src // depth:
+        raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{DIRECTION[msg.tensor]:+d} of its pipeline")
     peer_rank = stage_rank[instr.peer_stage]
     if instr.op is Opcode.LOCAL:
         if peer_rank != r or instr.peer != -1:
@@ -149,41 +154,78 @@ def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
 
 
 def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None) -> None:
-    """With ``data_parallel``, each rank's program reduces each of its stages once, after every
-    weight gradient of the stage (and, given ``schedule``, in ``comm_lane``'s order and issue
-    points); without it, reduces nothing."""
+    """Each per-stage op the problem has (AR with ``data_parallel``, RS with ``replicas``) listed
+    once per stage on its rank, after every weight gradient of its stage (and, given ``schedule``,
+    in ``comm_lane``'s order and issue points); none the problem does not have; and the
+    collectives (RS) issued in an order that lets every group meet (``_check_collectives``)."""
     comm = program.comm_order()
-    if problem.data_parallel is None:
-        if comm:
-            r = next(r for r, ops in enumerate(comm) if ops)
-            raise ProgramError(f"rank {r}: {comm[r][0]} reduces gradients, but the problem has no"
-                               " data_parallel section")
+    kinds = [k for k in problem.kinds if ROWS[k].per_stage]
+    for r, ops in enumerate(comm):
+        for op in ops:
+            if op.kind not in kinds:
+                section = ROWS[op.kind].cost.split(".", 1)[0]
+                raise ProgramError(f"rank {r}: {op} ({ROWS[op.kind].title}) needs the problem's {section} section,"
+                                   " which it does not give")
+    if not kinds:
         return
     grads = candidates(GRADS)
     for r, instrs in enumerate(program.ranks):
         pending = {s: problem.microbatches for s in problem.rank_stages[r]}  # weight gradients still to run
-        reduced: set[int] = set()
+        done: set[Op] = set()
         for instr in instrs:
             if instr.op in grads:
                 pending[instr.stage] -= 1
-            elif instr.op is Kind.AR:
-                if instr.stage in reduced:
-                    raise ProgramError(f"rank {r}: {instr.compute} is listed twice")
+            elif instr.op in kinds:
+                op = instr.compute
+                if op in done:
+                    raise ProgramError(f"rank {r}: {op} is listed twice")
                 if pending[instr.stage]:
-                    raise ProgramError(f"rank {r}: {instr.compute} is issued before the last weight gradient of"
+                    raise ProgramError(f"rank {r}: {op} is issued before the last weight gradient of"
                                        f" stage {instr.stage} ({pending[instr.stage]} still to run)")
-                reduced.add(instr.stage)
-        missing = sorted(set(problem.rank_stages[r]) - reduced)
-        if missing:
-            raise ProgramError(f"rank {r}: no gradient all-reduce of stage {missing[0]} (data_parallel needs"
-                               " one per stage)")
+                done.add(op)
+        for kind in kinds:
+            missing = [s for s in problem.rank_stages[r] if Op(kind, s, 0) not in done]
+            if missing:
+                raise ProgramError(f"rank {r}: no {ROWS[kind].title} of stage {missing[0]} (the problem's"
+                                   f" {ROWS[kind].cost.split('.', 1)[0]} needs one per stage)")
+    _check_collectives(problem, comm)
     if schedule is not None:
         want = comm_lane(problem, schedule)
         mine = tuple(zip(comm, program.issued_after("comm")))
         for r, (ops, after) in enumerate(mine):
             if tuple(zip(ops, after)) != want[r]:
-                raise ProgramError(f"rank {r}: the reduces are issued as {_issued(ops, after)}, but the schedule"
-                                   f" {schedule.name!r} issues them as {_issued(*zip(*want[r]))}")
+                raise ProgramError(f"rank {r}: the gradient syncs are issued as {_issued(ops, after)}, but the"
+                                   f" schedule {schedule.name!r} issues them as {_issued(*zip(*want[r]))}")
+
+
+def _check_collectives(problem: Problem, comm: tuple[tuple[Op, ...], ...]) -> None:
+    """Run the communication lanes alone (nothing on a compute lane waits for them): each rank's in
+    program order, an AR as soon as it comes (its partners are the stage's data-parallel replicas,
+    which run the same program), a collective once every member of its group, on whichever rank,
+    has come to it. Raise ProgramError naming the ranks that wait for each other if the lanes stop
+    short: ranks that list two collectives in different orders."""
+    pc = [0] * len(comm)
+    rank_of = problem.stage_rank
+
+    def ready(r: int) -> bool:
+        op = comm[r][pc[r]]
+        return all(pc[q := rank_of[m.stage]] < len(comm[q]) and comm[q][pc[q]] == m for m in members(problem, op))
+
+    moved = True
+    while moved:
+        moved = False
+        for r in range(len(comm)):
+            while pc[r] < len(comm[r]) and ready(r):
+                op = comm[r][pc[r]]
+                for m in members(problem, op):  # its members (on other ranks: Problem) go with it
+                    pc[rank_of[m.stage]] += 1
+                pc[r] += 1
+                moved = True
+    stuck = [r for r in range(len(comm)) if pc[r] < len(comm[r])]
+    if stuck:
+        parts = [f"rank {r} at {comm[r][pc[r]]}" for r in stuck]
+        raise ProgramError(f"deadlock on the communication lanes: {', '.join(parts)} wait for members of their"
+                           " collectives that are at another one (every member must issue its collectives in one order)")
 
 
 def _issued(ops, after) -> str:
@@ -193,7 +235,7 @@ def _issued(ops, after) -> str:
 def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
     """Every message moves exactly once, after its producer ran, and reaches its consumer first.
     Returns, per rank, compute index -> index of the RECV that brings its input."""
-    n = problem.n_stages
+    n = problem.pipeline_stages
     held = {i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)}  # every op it runs
     moved: dict[Message, str] = {}
     feeds: list[dict[int, int]] = []

@@ -18,6 +18,11 @@ weight gradient; the optimizer step waits for it. A per-stage kind (``KindRow.pe
 op per stage, written with microbatch 0, on a lane no schedule lists: the simulator derives it from
 the problem (``schedc.schedule.comm_lane``), as the runtime issues the reduces.
 
+Replicas: a bidirectional problem runs several copies of the pipeline (``Problem.replicas``); the
+copies of one model stage sit on different ranks, and their gradients are summed (RS) before the
+step by a collective of those ranks (``KindRow.group``: the stages that take part, one op each,
+which start together and end together).
+
 ``Kind`` is a ``str`` enum, so ``Kind.F == "F"``, schedule files keep their strings, and
 ``problem.cost[kind]`` finds the kind's costs under its name.
 """
@@ -39,6 +44,8 @@ class Kind(str, Enum):
     O = "O"  # offload: the activation copied to host memory (copy lane), freed on the device
     L = "L"  # reload: the offloaded activation copied back before the backward (copy lane)
     AR = "AR"  # gradient all-reduce of a stage over its data-parallel replicas (comm lane, once per stage)
+    RS = "RS"  # gradient sum of a stage's copies in the pipelines of a bidirectional problem (a collective
+    # of the ranks holding them, on their comm lanes, once per stage)
 
     __str__ = str.__str__  # prints as its name ("F"), as in files and tables
     __format__ = str.__format__
@@ -72,6 +79,8 @@ class KindRow:
     comes_with: Kind | None = None  # in a schedule exactly when this kind's op of the same (stage, mb) is
     lightens: bool = False  # the forward of its (stage, microbatch) keeps only ``keep``; this op brings the rest
     per_stage: bool = False  # one op per stage and iteration (microbatch 0), on a lane the simulator derives
+    group: str | None = None  # a collective: the problem's stage groups whose members run it together
+    # (``Problem.sync_groups``), one op per member stage, all starting when the last member is ready
 
 
 ROWS: dict[Kind, KindRow] = {
@@ -91,6 +100,8 @@ ROWS: dict[Kind, KindRow] = {
                     comes_with=Kind.O),
     Kind.AR: KindRow("comm", "AR (gradient all-reduce)", ((GRADS, 0),), None, False, None, None, "#17becf",
                      "data_parallel.reduce", per_stage=True),
+    Kind.RS: KindRow("comm", "RS (replica gradient sum)", ((GRADS, 0),), None, False, None, None, "#bcbd22",
+                     "replicas.sync", per_stage=True, group="replicas"),
 }
 
 BACKWARDS = frozenset(k for k, row in ROWS.items() if row.carries == "grad")  # B and BW
@@ -103,7 +114,8 @@ BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items() if row.torc
 POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, O: at most one per (stage, microbatch)
 RECOMPUTES = tuple(k for k, row in ROWS.items() if row.lightens)  # R, S: the policies run on the compute lane
 OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, O, L
-PER_STAGE = tuple(k for k, row in ROWS.items() if row.per_stage)  # AR: derived by the simulator, in no schedule
+PER_STAGE = tuple(k for k, row in ROWS.items() if row.per_stage)  # AR, RS: derived by the simulator, in no schedule
+COLLECTIVES = tuple(k for k, row in ROWS.items() if row.group)  # RS: run together by the ranks of a stage group
 # What a need of a row may be met by, the first the schedule holds, and what meets it in a schedule
 # without recompute or offload (split backward): BACKWARD is B or BW (B), SAVED is R, S, L or F (F).
 _MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.L, Kind.F), Kind.F),

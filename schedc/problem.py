@@ -261,6 +261,23 @@ class DataParallel(_Strict):
     _reduce = field_validator("reduce", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
 
 
+class Replicas(_Strict):
+    """Copies of the whole pipeline on the same ranks (a bidirectional placement: Chimera, DualPipe,
+    BitPipe): ``count`` pipelines, each running the problem's ``microbatches`` of its own. Pipeline
+    k holds stages k*L .. k*L + L - 1 (L = ranks x chunks: ``Problem.pipeline_stages``); with the
+    named placements an odd pipeline is placed as pipeline 0 mirrored (rank r -> p - 1 - r), so a rank
+    holds stage r of one direction and stage p - 1 - r of the other. The copies of one model stage
+    sum their weight gradients before the step (RS), a collective of the ranks that hold them, in
+    ``sync`` (per model stage)."""
+
+    _source = "replicas"
+
+    count: int = Field(ge=2, le=8, strict=True, description="pipelines (2: two directions)")
+    sync: Number = Field(default=0.0, description="summing the weight gradients of one model stage's copies")
+
+    _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+
+
 class Problem(_Strict):
     name: str = Field(default="", max_length=200)
     ranks: int = Field(ge=1, le=4096, strict=True)
@@ -274,6 +291,8 @@ class Problem(_Strict):
     offload: Optional[Offload] = Field(default=None, description="lets a schedule offload activations to host memory")
     data_parallel: Optional[DataParallel] = Field(
         default=None, description="data-parallel replicas: a gradient all-reduce per stage on a communication lane")
+    replicas: Optional[Replicas] = Field(
+        default=None, description="copies of the pipeline on the same ranks (bidirectional), or their count")
     objective: Literal["makespan", "span"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage, from the partitioner (informational)"
@@ -291,6 +310,11 @@ class Problem(_Strict):
     def _comm(cls, v: Any) -> Any:
         return _check_numbers(v, nonnegative=True)
 
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replica_count(cls, v: Any) -> Any:
+        return {"count": v} if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("placement", mode="before")
     @classmethod
     def _placement_shape(cls, v: Any) -> Any:
@@ -300,10 +324,10 @@ class Problem(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":
-        pairs = self.ranks * self.chunks * self.microbatches
+        pairs = self.n_stages * self.microbatches
         if pairs > MAX_STAGE_MICROBATCHES:
             raise ValueError(
-                f"ranks x chunks x microbatches is {pairs}, above the {MAX_STAGE_MICROBATCHES} that schedc"
+                f"ranks x chunks x microbatches{' x replicas' if self.replicas else ''} is {pairs}, above the {MAX_STAGE_MICROBATCHES} that schedc"
                 " handles (every pass holds each op in memory): fewer microbatches, or several problems"
             )
         # Touch every derived array: each raises a ValueError naming the field.
@@ -335,8 +359,9 @@ class Problem(_Strict):
                     )
         self._per_rank("memory.static", self.memory.static)
         self.stage_working  # read once here so a memory.working of the wrong length is refused now
-        if self.stage_blocks is not None and len(self.stage_blocks) != self.n_stages:
-            raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.n_stages} stages")
+        if self.stage_blocks is not None and len(self.stage_blocks) not in (self.pipeline_stages, self.n_stages):
+            raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.pipeline_stages}"
+                             " stages")
         limits = self.memory_limit
         if limits is not None:
             for r, limit in enumerate(limits):
@@ -355,9 +380,25 @@ class Problem(_Strict):
 
     @property
     def n_stages(self) -> int:
+        """Every stage of every pipeline: ``pipelines * pipeline_stages``."""
+        return self.pipelines * self.ranks * self.chunks
+
+    @property
+    def pipelines(self) -> int:
+        """How many copies of the pipeline run (``replicas.count``; 1 without replicas)."""
+        return 1 if self.replicas is None else self.replicas.count
+
+    @property
+    def pipeline_stages(self) -> int:
+        """The stages of one pipeline (ranks x chunks): a microbatch's chain, the model's stages.
+        Stage s is stage ``s % pipeline_stages`` of the model in pipeline ``s // pipeline_stages``."""
         return self.ranks * self.chunks
 
     def _per_stage(self, field: str, value: Number) -> tuple[float, ...]:
+        """A per-stage field: a scalar for every stage, one value per stage of the model (the same
+        in every pipeline) or, with replicas, one per stage of every pipeline."""
+        if isinstance(value, list) and self.pipelines > 1 and len(value) == self.pipeline_stages:
+            value = value * self.pipelines
         return _broadcast(field, value, self.n_stages, "stages")
 
     def _per_rank(self, field: str, value: Number) -> tuple[float, ...]:
@@ -366,13 +407,12 @@ class Problem(_Strict):
     @cached_property
     def stage_rank(self) -> tuple[int, ...]:
         """stage -> rank."""
-        p, v, n = self.ranks, self.chunks, self.n_stages
+        p, v, n, length = self.ranks, self.chunks * self.pipelines, self.n_stages, self.pipeline_stages
         pl = self.placement
-        if pl == "loop":
-            return tuple(s % p for s in range(n))
-        if pl == "v":
-            return tuple((s % p) if (s // p) % 2 == 0 else p - 1 - s % p for s in range(n))
-        if pl and all(isinstance(x, list) for x in pl):  # rank -> stages
+        if pl in ("loop", "v"):  # pipeline 0's; an odd pipeline mirrored
+            one = [s % p if pl == "loop" or (s // p) % 2 == 0 else p - 1 - s % p for s in range(length)]
+            result = tuple(r if k % 2 == 0 else p - 1 - r for k in range(self.pipelines) for r in one)
+        elif pl and all(isinstance(x, list) for x in pl):  # rank -> stages
             if len(pl) != p:
                 raise ValueError(f"placement lists stages for {len(pl)} ranks, but ranks is {p}")
             owner: dict[int, int] = {}
@@ -385,22 +425,32 @@ class Problem(_Strict):
                     owner[s] = r
             missing = sorted(set(range(n)) - set(owner))
             if missing:
-                raise ValueError(f"placement misses stages {missing} (there are {n} = ranks x chunks)")
+                raise ValueError(f"placement misses stages {missing} (there are {n} = ranks x chunks"
+                                 f"{' x replicas' if self.pipelines > 1 else ''})")
             result = tuple(owner[s] for s in range(n))
         else:  # stage -> rank
             if len(pl) != n:
                 raise ValueError(
-                    f"placement has {len(pl)} entries but there are {n} stages (ranks {p} x chunks {v});"
+                    f"placement has {len(pl)} entries but there are {n} stages (ranks {p} x chunks {self.chunks}"
+                    f"{f' x replicas {self.pipelines}' if self.pipelines > 1 else ''});"
                     f" it {'misses' if len(pl) < n else 'has extra'} stages"
                 )
             for s, r in enumerate(pl):
                 if not 0 <= r < p:
                     raise ValueError(f"placement puts stage {s} on rank {r}, outside 0..{p - 1}")
             result = tuple(pl)
+        for j in range(length if self.pipelines > 1 else 0):
+            copies = [result[s] for s in range(j, n, length)]
+            if len(set(copies)) < len(copies):
+                r = next(r for r in copies if copies.count(r) > 1)
+                raise ValueError(f"placement puts two copies of model stage {j} (stages"
+                                 f" {', '.join(str(s) for s in range(j, n, length) if result[s] == r)}) on rank {r}:"
+                                 " with replicas, a rank holds at most one copy of each model stage")
         for r in range(p):
             held = result.count(r)
             if held != v:
-                raise ValueError(f"placement gives rank {r} {held} stages, but chunks is {v}")
+                raise ValueError(f"placement gives rank {r} {held} stages, but chunks is {self.chunks}"
+                                 + (f" (x {self.pipelines} replicas: {v})" if self.pipelines > 1 else ""))
         return result
 
     @cached_property
@@ -411,11 +461,23 @@ class Problem(_Strict):
             out[r].append(s)
         return tuple(tuple(x) for x in out)
 
+    def pipeline_of(self, stage: int) -> int:
+        return stage // self.pipeline_stages
+
+    @cached_property
+    def sync_groups(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """A collective's group name (``KindRow.group``) -> its groups of stages, each run together
+        by the ranks holding its members: "replicas", per model stage, its copies in every pipeline
+        (none without replicas)."""
+        length = self.pipeline_stages
+        return {"replicas": tuple(tuple(range(j, self.n_stages, length)) for j in range(length))
+                if self.replicas is not None else ()}
+
     @cached_property
     def kinds(self) -> tuple[Kind, ...]:
         """The kinds of op a schedule of this problem may hold: F, B, W and BW, plus R with
-        ``recompute``, S with ``recompute.selective``, O and L with ``offload`` and AR with
-        ``data_parallel``."""
+        ``recompute``, S with ``recompute.selective``, O and L with ``offload``, AR with
+        ``data_parallel`` and RS with ``replicas``."""
         return tuple(k for k, row in ROWS.items() if self._field(row.cost) is not _ABSENT)
 
     @cached_property
@@ -603,24 +665,28 @@ class Problem(_Strict):
         Whatever the order, some microbatch's forwards of all the rank's stages are held at once
         (the backward of its earliest stage needs the later ones done): static memory plus the
         rank's working memory plus one microbatch through the rank's stages, forwards ascending,
-        backward+weight descending. Where the problem allows recompute or offload, each stage
+        backward+weight descending (with replicas, the most over the pipelines: a microbatch runs
+        through the stages of its own). Where the problem allows recompute or offload, each stage
         holds the least any policy keeps between its forward and its backward (``least_kept``),
         and its whole activation during its forward (an offload frees it after) and from what
         brings it back (R, S or L) to its weight gradient.
         """
-        stages = self.rank_stages[rank]
         f, b, w = self.mem_deltas
-        level = peak = 0.0
-        for s in stages:
-            peak = max(peak, level + f[s])
-            level += self.least_kept(s)
-        for s in reversed(stages):
-            level += f[s] - self.least_kept(s)
-            peak = max(peak, level)
-            level += b[s]
-            peak = max(peak, level)
-            level += w[s]
-        return self.static_memory[rank] + self.working_memory[rank] + peak
+        peaks = []
+        for k in range(self.pipelines):
+            stages = [s for s in self.rank_stages[rank] if self.pipeline_of(s) == k]
+            level = peak = 0.0
+            for s in stages:
+                peak = max(peak, level + f[s])
+                level += self.least_kept(s)
+            for s in reversed(stages):
+                level += f[s] - self.least_kept(s)
+                peak = max(peak, level)
+                level += b[s]
+                peak = max(peak, level)
+                level += w[s]
+            peaks.append(peak)
+        return self.static_memory[rank] + self.working_memory[rank] + max(peaks)
 
     def scaled(self, time: float = 1.0, memory: float = 1.0) -> "Problem":
         """The same problem in other units: every cost and ``comm`` times ``time``, every memory
@@ -633,8 +699,9 @@ class Problem(_Strict):
         data["costs"] = {kind: times(v, time) for kind, v in data["costs"].items()}
         data["comm"] = data["comm"] * time
         data["memory"] = {key: times(v, memory) for key, v in data["memory"].items()}
-        if "data_parallel" in data:
-            data["data_parallel"]["reduce"] = times(data["data_parallel"]["reduce"], time)
+        for section, key in (("data_parallel", "reduce"), ("replicas", "sync")):
+            if section in data:
+                data[section][key] = times(data[section][key], time)
         amounts = {"time": time, "keep": memory}
         for section in ("recompute", "offload"):
             if section in data:

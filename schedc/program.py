@@ -167,20 +167,21 @@ class Instr(_InstrFields):
         return out
 
 
-def produced(op: Op, n_stages: int) -> Message | None:
+def produced(op: Op, depth: int) -> Message | None:
     """What a compute op sends on, its row's ``carries``: F's activation forward, B's (or BW's)
-    gradient backward; nothing from the stage at that end of the pipeline, or for W."""
+    gradient backward; nothing from the stage at that end of its pipeline (``depth`` stages each),
+    or for W."""
     tensor = ROWS[op.kind].carries
     if tensor is None:
         return None
     dst = op.stage + DIRECTION[tensor]
-    return Message(tensor, op.mb, op.stage, dst) if 0 <= dst < n_stages else None
+    return Message(tensor, op.mb, op.stage, dst) if 0 <= dst and dst // depth == op.stage // depth else None
 
 
-def consumed(op: Op, n_stages: int) -> Message | None:
+def consumed(op: Op, depth: int) -> Message | None:
     """What a compute op receives: the result of its producer on another stage, the tensor that
     producer's row carries (F(s): the activation of s-1; B/BW(s): the gradient from s+1)."""
-    for d in producers(op, n_stages):
+    for d in producers(op, depth):
         if d.stage != op.stage:
             return Message(ROWS[d.kind].carries, op.mb, d.stage, op.stage)
     return None
@@ -189,20 +190,28 @@ def consumed(op: Op, n_stages: int) -> Message | None:
 @dataclass(frozen=True)
 class Header:
     """What a Program runs on, so that the runtime needs only the Program: the schedule's name,
-    the microbatches a step splits its batch into, the stage -> rank map, whether the backward is
-    split into B and W, and over how many data-parallel replicas each stage's gradient is
-    all-reduced (1: none)."""
+    the microbatches a step splits its batch into (per pipeline), the stage -> rank map, whether
+    the backward is split into B and W, over how many data-parallel replicas each stage's gradient
+    is all-reduced (1: none), and how many copies of the pipeline run on the ranks (``pipelines``:
+    2 in a bidirectional schedule; stage s is stage s % (n_stages / pipelines) of the model)."""
 
     schedule: str
     microbatches: int
     stage_rank: tuple[int, ...]
     split_backward: bool
     data_parallel: int = 1
+    pipelines: int = 1
 
     @classmethod
     def of(cls, problem: Problem, schedule: Schedule) -> "Header":
         degree = 1 if problem.data_parallel is None else problem.data_parallel.degree
-        return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward, degree)
+        return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward, degree,
+                   problem.pipelines)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """The stages of one pipeline: the model's."""
+        return self.n_stages // self.pipelines
 
     @property
     def n_ranks(self) -> int:
@@ -294,7 +303,7 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     ``simulate(problem, schedule)``, computed if omitted."""
     check_supported({op.kind for op in schedule.ops()}, "lowering", LOWERED)
     timeline = timeline or simulate(problem, schedule)
-    n_stages, stage_rank = problem.n_stages, problem.stage_rank
+    depth, stage_rank = problem.pipeline_stages, problem.stage_rank
     times = timeline.op_times()
     where = schedule.locate()
     keyed: list[list[tuple[tuple, Instr]]] = [[] for _ in schedule.ranks]
@@ -306,7 +315,7 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
         for i, op in enumerate(ops):
             _, start, end = times[op]
             keyed[r].append(((start, 2), Instr(op.kind, op.stage, op.mb)))
-            msg = produced(op, n_stages)
+            msg = produced(op, depth)
             if msg is None:
                 continue
             dst_rank = stage_rank[msg.dst]

@@ -15,10 +15,13 @@ selectively and offload (``Schedule.policy_counts``). Version 3 adds, beside the
 compute op each copy op is issued after (``"after": [[["F", stage, mb] or null, ...], ...]``,
 ``Schedule.after``): a reload can then wait until just before its backward. Version 4 (issue 26)
 adds the problem's ``data_parallel`` section and the program's gradient all-reduces ``AR``,
-issued where ``schedule.comm_lane`` issues them (the schedule itself lists no reduce). A schedule
+issued where ``schedule.comm_lane`` issues them (the schedule itself lists no reduce). Version 5
+(issue 26) adds the problem's ``replicas`` section (bidirectional pipelines: stages of every
+pipeline, microbatches per pipeline) and the program's replica gradient sums ``RS``. A schedule
 is written in the oldest version that holds it, byte for byte as before: without recompute or
 offload as version 1, so that a schedc from before version 2 still reads it; with recompute only
-as version 2; with a copy lane as version 3; with data parallelism as version 4. An older schedc
+as version 2; with a copy lane as version 3; with data parallelism as version 4; with replicas as
+version 5. An older schedc
 refuses a newer version with "written by a newer schedc". Reading takes every version; a file that
 holds what its version cannot is refused. A version 2 file's copy lane is read as it was written: each copy issued as early as it can be (the
 rule then), its program as it was lowered then.
@@ -53,7 +56,7 @@ from schedc.tolerance import meets
 from schedc.version import __version__
 
 FORMAT = "schedc.schedule"
-VERSION = 4  # the newest version this schedc reads and writes (see the module notes)
+VERSION = 5  # the newest version this schedc reads and writes (see the module notes)
 V1_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW})  # what a version 1 file may hold
 
 
@@ -176,7 +179,7 @@ class ScheduleFile(_Strict):
     """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
 
     format: Literal["schedc.schedule"]
-    version: Literal[1, 2, 3, 4]
+    version: Literal[1, 2, 3, 4, 5]
     provenance: Provenance
     problem: Problem
     schedule: ScheduleModel
@@ -237,7 +240,9 @@ def dump(compiled) -> str:
 def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
     """The version a file of ``schedule`` (of ``problem``) is written as: 1 without recompute or
     offload (readable by every schedc), 2 with recompute only, 3 with a copy lane (offload), 4 where
-    the problem has data parallelism."""
+    the problem has data parallelism, 5 where it has replicas."""
+    if problem is not None and problem.replicas is not None:
+        return 5
     if problem is not None and problem.data_parallel is not None:
         return 4
     if schedule.copy:
@@ -303,9 +308,10 @@ def from_data(data: Any, path: str | Path = "schedule file"):
                                        model.schedule.after)
     except ScheduleError as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
-    if problem.data_parallel is not None and version < 4:
-        raise ScheduleFileError(f"{path}: inconsistent: schedule format version {version} cannot hold a problem with"
-                                " data_parallel (version 4 does): write the file again with this schedc")
+    for section, needs in (("data_parallel", 4), ("replicas", 5)):
+        if getattr(problem, section) is not None and version < needs:
+            raise ScheduleFileError(f"{path}: inconsistent: schedule format version {version} cannot hold a problem"
+                                    f" with {section} (version {needs} does): write the file again with this schedc")
     if version_of(schedule) > version and not (version == 2 and schedule.copy):  # (2: a copy lane as it was)
         newer = next((op for op in schedule.ops() if op.kind not in V1_KINDS), None)
         what = f"op {newer}" if newer is not None else "a copy lane"

@@ -291,29 +291,56 @@ _GRADS = candidates(GRADS)  # W, BW: what a stage's reduce waits for, every micr
 
 def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op], ...], ...]:
     """Per rank, its communication lane as the runtime issues it: (op, the compute op it is issued
-    after), in the lane's order; empty without ``data_parallel``. Each stage's all-reduce AR(s) is
-    issued after the stage's last weight gradient (W or BW) in the rank's compute order, or, without
-    ``data_parallel.overlap``, after the rank's last compute op (the later stage first: the
-    backward's order); the lane runs them in issue order, one at a time."""
-    if problem.data_parallel is None:
+    after), in the lane's order; empty without ``data_parallel`` or ``replicas``. Each stage's
+    all-reduce AR(s) is issued after the stage's last weight gradient (W or BW) in the rank's compute
+    order, or, without ``data_parallel.overlap``, after the rank's last compute op (the later stage
+    first: the backward's order). A collective (RS: the gradient sum of a model stage's copies) is
+    issued after its stage's last weight gradient too, but every member rank issues the collectives
+    in one order, the model's later stage first, so each also after the one before it on its rank
+    (ranks that issued them in different orders would wait for each other forever). The lane runs
+    them in issue order, one at a time."""
+    kinds = [k for k in problem.kinds if ROWS[k].per_stage]
+    if not kinds:
         return ()
+    length = problem.pipeline_stages
     out = []
     for r, ops in enumerate(schedule.ranks):
-        # stage -> the position of the last op its reduce waits for
-        last = {s: max(k for k, op in enumerate(ops) if reduce_waits_for(problem, s, op))
-                for s in problem.rank_stages[r]}
-        lane = sorted(last, key=lambda s: (last[s], -s))
-        out.append(tuple((_new(Op, (Kind.AR, s, 0)), ops[last[s]]) for s in lane))
+        stages = problem.rank_stages[r]
+        items = []  # (issue position, then the later stage first, the collectives in their one order; op)
+        if Kind.AR in kinds:
+            items += [((max(k for k, op in enumerate(ops) if reduce_waits_for(problem, s, op)), -s, 0),
+                       _new(Op, (Kind.AR, s, 0))) for s in stages]
+        # stage -> the position of its last weight gradient
+        grads = {s: max(k for k, op in enumerate(ops) if op.kind in _GRADS and op.stage == s) for s in stages}
+        for kind in kinds:
+            if ROWS[kind].group is None:
+                continue
+            at = -1
+            for s in sorted(stages, key=lambda s: (-(s % length), s)):
+                at = max(at, grads[s])
+                items.append(((at, -(s % length), 1), _new(Op, (kind, s, 0))))
+        items.sort(key=lambda item: item[0])
+        out.append(tuple((op, ops[key[0]]) for key, op in items))
     return tuple(out)
 
 
 def reduce_waits_for(problem: Problem, stage: int, op: Op) -> bool:
     """Whether ``stage``'s all-reduce is issued no earlier than the end of ``op``, an op of its rank:
     every weight gradient of the stage (W or BW), or, without ``data_parallel.overlap``, every
-    compute op of the rank (the one rule of ``comm_lane``, the ILP's and CP-SAT's rows)."""
+    compute op of the rank (the rule of ``comm_lane`` for AR, the ILP's and CP-SAT's rows)."""
     if ROWS[op.kind].lane != "compute":
         return False
     return not problem.data_parallel.overlap or (op.kind in _GRADS and op.stage == stage)
+
+
+def members(problem: Problem, op: Op) -> tuple[Op, ...]:
+    """The ops of a collective ``op`` (RS) on the other stages of its group (``Problem.sync_groups``),
+    which start with it; () for any other op."""
+    group = ROWS[op.kind].group
+    if group is None:
+        return ()
+    return tuple(_new(Op, (op.kind, t, 0)) for g in problem.sync_groups[group] if op.stage in g
+                 for t in g if t != op.stage)
 
 
 def _off_lane(kind: Kind, lane: str) -> str:
@@ -328,7 +355,7 @@ def _not_declared(kind: Kind) -> str:
     return f"op kind {kind.value!r} ({ROWS[kind].title}) needs the problem's '{section}' section, which it does not give"
 
 
-def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = None) -> list[Op]:
+def producers(op: Op, depth: int, where: dict[Op, tuple[int, int]] | None = None) -> list[Op]:
     """The ops whose results ``op`` consumes (data dependencies, not rank order): the one rule
     of "which op waits for which" that the simulator, the heuristics, lowering and the checker use.
 
@@ -337,8 +364,9 @@ def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = N
     s+1 (its B, or its fused BW); W(s, i) needs B(s, i); R, S and O(s, i) need F(s, i), L(s, i) its
     O. Where a need may be met by several kinds, the first that ``where`` (the schedule's ops) holds
     meets it, else the last; without ``where``, what meets it in a split schedule without recompute
-    or offload (B, F). A need whose stage is outside the pipeline has no producer. A per-stage op
-    (AR) waits through its issue point instead (``comm_lane``: after its stage's last weight
+    or offload (B, F). A need whose stage is outside the op's pipeline (``depth`` stages each:
+    ``Problem.pipeline_stages``; stage s is in pipeline s // depth) has no producer. A per-stage op
+    (AR, RS) waits through its issue point instead (``comm_lane``: after its stage's last weight
     gradient), which the schedule's order fixes: it has no producers here.
     """
     kind, s, i = op
@@ -347,7 +375,7 @@ def producers(op: Op, n_stages: int, where: dict[Op, tuple[int, int]] | None = N
     deps = []
     for kinds, usual, offset in _NEEDS[kind]:
         t = s + offset
-        if 0 <= t < n_stages:
+        if 0 <= t and t // depth == s // depth:
             if len(kinds) > 1 and where is not None:
                 for k in kinds[:-1]:
                     if _new(Op, (k, t, i)) in where:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from schedc.errors import ScheduleError
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, comm_lane, producers
+from schedc.schedule import Op, Schedule, comm_lane, members, producers
 
 
 @dataclass(frozen=True)
@@ -187,14 +187,13 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     orders = [ops for per_rank in lanes.values() for ops in per_rank]
     ops = [op for lane_ops in orders for op in lane_ops]
     index = {op: k for k, op in enumerate(ops)}
+    deps = dependencies(problem, ops, index, where, anchors, lanes.get("comm", ()))
     start, end, pos = replay(
-        [[index[op] for op in lane_ops] for lane_ops in orders],
-        dependencies(problem, ops, index, where, anchors),
-        [problem.cost[op.kind][op.stage] for op in ops],
+        [[index[op] for op in lane_ops] for lane_ops in orders], deps, [problem.cost[op.kind][op.stage] for op in ops]
     )
     stuck = [x for x, lane_ops in enumerate(orders) if pos[x] < len(lane_ops)]
     if stuck:
-        deps = {op: [(d, 0.0) for d in (*producers(op, problem.n_stages, where), *_anchor(anchors, op))] for op in ops}
+        deps = {op: [(ops[d], 0.0) for d, _ in waits] for op, waits in zip(ops, deps)}
         raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(list(lanes), orders, pos, stuck, deps)}")
     p = problem.ranks
     times = {lane: (start[k * p:(k + 1) * p], end[k * p:(k + 1) * p]) for k, lane in enumerate(lanes)}
@@ -214,16 +213,34 @@ def _lanes(problem: Problem, schedule: Schedule) -> tuple[dict[str, tuple[tuple[
 
 
 def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
-                 anchors: dict[Op, Op]) -> list[list[tuple[int, float]]]:
+                 anchors: dict[Op, Op], comm: tuple[tuple[Op, ...], ...] = ()) -> list[list[tuple[int, float]]]:
     """Per op (by its index in ``ops``), the indices of the ops it waits for and the latency added
-    after each one's end: its producers (``comm`` across ranks), and for a copy op or a reduce the
-    compute op it is issued after (``anchors``: ``_lanes``)."""
-    rank_of = problem.stage_rank
+    after each one's end: its producers (``comm`` across ranks), for a copy op or a reduce the
+    compute op it is issued after (``anchors``: ``_lanes``), and for a collective what its members
+    on other ranks wait for (``_together``: ``comm`` is the communication lanes)."""
+    rank_of, depth = problem.stage_rank, problem.pipeline_stages
+    together = _together(problem, comm, anchors) if comm else {}
     return [
         [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
-         for d in (*producers(op, problem.n_stages, where), *_anchor(anchors, op))]
+         for d in (*producers(op, depth, where), *_anchor(anchors, op))]
+        + [(index[d], 0.0) for d in together.get(op, ())]
         for op in ops
     ]
+
+
+def _together(problem: Problem, comm: tuple[tuple[Op, ...], ...], anchors: dict[Op, Op]) -> dict[Op, list[Op]]:
+    """Collective op -> what its members (each on another rank: ``Problem``) wait for: each one's
+    issue point and the op before it on its lane, so that all members start together, when the last
+    is ready."""
+    before = {op: ops[k - 1] for ops in comm for k, op in enumerate(ops) if k}
+    out: dict[Op, list[Op]] = {}
+    for ops in comm:
+        for op in ops:
+            waits = [d for other in members(problem, op) for d in (anchors.get(other), before.get(other))
+                     if d is not None]
+            if waits:
+                out[op] = waits
+    return out
 
 
 def _anchor(anchors: dict[Op, Op], op: Op) -> tuple[Op, ...]:
@@ -287,7 +304,7 @@ def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float
     ops = [op for lane_ops in lanes for op in lane_ops]
     n = len(ops)
     index = {op: k for k, op in enumerate(ops)}
-    one = dependencies(problem, ops, index, where, anchors)
+    one = dependencies(problem, ops, index, where, anchors, by_lane.get("comm", ()))
     deps = [[(d + j * n, lat) for d, lat in one[k]] for j in range(steps) for k in range(n)]
     orders = [[index[op] + j * n for j in range(steps) for op in lane_ops] for lane_ops in lanes]
     dur = [problem.cost[op.kind][op.stage] for op in ops] * steps

@@ -55,6 +55,12 @@ reduce of its stages after its compute ends, all of them when the reduces wait f
 whose step it bounds (``Bound.rank``; a term of no one rank's by the least tail over the ranks,
 ``_sync_tail``).
 
+With ``replicas`` (pipelines in opposite directions on the same ranks), the chains run along each
+stage's own pipeline, and a rank holds stages of several pipelines, so facts 1 and 2 hold per
+pipeline only: the terms are then those that need neither (``_bidirectional_bounds``: work,
+memory-time, critical path), weaker than for one pipeline. The replica gradient sums RS join the
+reduces' tail: the stage whose weight gradient ends last on a rank still has its syncs to run.
+
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
 fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
 Every value is a sum, maximum or ratio of costs, so it scales with the unit of time, and the term
@@ -69,7 +75,7 @@ from dataclasses import dataclass
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.problem import Problem
 
-BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR)  # the kinds the terms hold for
+BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS)  # the kinds the terms hold for
 POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 
@@ -102,9 +108,11 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     check_supported(problem.cost, "the lower bounds", BOUNDED)
-    if problem.data_parallel is not None:
+    if problem.data_parallel is not None or (problem.replicas is not None and any(problem.cost[Kind.RS])):
         return _with_sync(problem, objective)
     problem = _relaxed(problem)
+    if problem.replicas is not None:
+        return _bidirectional_bounds(problem, objective)
     if problem.policies:
         return _policy_bounds(problem, objective)
     ch = _Chains(problem)
@@ -119,23 +127,50 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
 
 
 def _sync_tail(problem: Problem) -> list[float]:
-    """Per rank, the least time from its last compute op's end to its step: one reduce of its
-    stages (the cheapest), or all of them in turn where they wait for the end (no ``overlap``)."""
-    reduce = problem.cost[Kind.AR]
-    whole = not problem.data_parallel.overlap
-    return [(sum if whole else min)(reduce[s] for s in stages) for stages in problem.rank_stages]
+    """Per rank, the least time from its last compute op's end to its step: the syncs (AR, RS) of
+    the stage whose weight gradient ends last (the cheapest stage's), and all the reduces in turn
+    where they wait for the end (no ``data_parallel.overlap``); they share the rank's lane."""
+    zero = (0.0,) * problem.n_stages
+    reduce, replica = problem.cost.get(Kind.AR, zero), problem.cost.get(Kind.RS, zero)
+    whole = problem.data_parallel is not None and not problem.data_parallel.overlap
+    return [(sum(reduce[s] for s in stages) if whole else 0.0)
+            + min((0.0 if whole else reduce[s]) + replica[s] for s in stages) for stages in problem.rank_stages]
 
 
 def _with_sync(problem: Problem, objective: str) -> list[Bound]:
-    """The terms of ``problem`` without its reduces, each raised by its rank's tail (a term of no
+    """The terms of ``problem`` without its syncs, each raised by its rank's tail (a term of no
     one rank's: by the least over the ranks; see the module notes)."""
     tail = _sync_tail(problem)
     least = min(tail)
+    inner = problem.with_changes(data_parallel=None, **({"replicas": {"sync": 0.0}} if problem.replicas else {}))
     out = []
-    for b in all_bounds(problem.with_changes(data_parallel=None), objective):
+    for b in all_bounds(inner, objective):
         more = least if b.rank is None else tail[b.rank]
-        out.append(Bound(b.value + more, f"{b.reason}, then at least {more:g} of gradient all-reduce", b.rank))
+        out.append(Bound(b.value + more, f"{b.reason}, then at least {more:g} of gradient sync", b.rank))
     return out
+
+
+def _bidirectional_bounds(problem: Problem, objective: str) -> list[Bound]:
+    """With replicas, the terms that need no fact about one chain per rank (a rank holds stages of
+    several pipelines, so neither its first backward nor its last forward is known): per rank its
+    work, after the earliest its first forward can start (makespan); per rank memory-time (each
+    pair holds its activation from its forward to its backward, through its own pipeline's round
+    trip); and the critical path of one microbatch, each along its own pipeline's chains. Without
+    a memory limit's terms where the problem allows recompute or offload (a limit can be bought
+    with time there)."""
+    ch = _Chains(problem)
+    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
+    m = problem.microbatches
+    out = []
+    for r, stages in enumerate(problem.rank_stages):
+        work = m * sum(F[s] + B[s] + W[s] for s in stages)
+        start = min(ch.head[s] for s in stages) if objective == "makespan" else 0.0
+        lead = f"start no earlier than {start:g} + " if start > 0 else ""
+        out.append(Bound(start + work, f"rank {r}: {lead}work {work:g}", r))
+        if not problem.policies:
+            out.append(_memory_time_bound(problem, ch, r, objective))
+    out.append(_critical_path(problem, ch, objective))
+    return [b for b in out if b is not None]
 
 
 def _relaxed(problem: Problem) -> Problem:
@@ -160,19 +195,24 @@ def _relaxed(problem: Problem) -> Problem:
 
 
 class _Chains:
+    """head, rt and down (the module notes) per stage, each along the stage's own pipeline (with
+    replicas, the first stage of each pipeline starts its chains)."""
+
     def __init__(self, problem: Problem):
-        n, sr, comm = problem.n_stages, problem.stage_rank, problem.comm
+        n, sr, comm, depth = problem.n_stages, problem.stage_rank, problem.comm, problem.pipeline_stages
         F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
         d = [comm if sr[s] != sr[s + 1] else 0.0 for s in range(n - 1)]  # d[s] = d(s, s+1)
+        first = [s % depth == 0 for s in range(n)]  # the first stage of its pipeline
         self.head = [0.0] * n
         for s in range(1, n):
-            self.head[s] = self.head[s - 1] + F[s - 1] + d[s - 1]
+            self.head[s] = 0.0 if first[s] else self.head[s - 1] + F[s - 1] + d[s - 1]
         self.rt = [0.0] * n
         for s in range(n - 2, -1, -1):
-            self.rt[s] = self.rt[s + 1] + F[s + 1] + B[s + 1] + 2 * d[s]
-        self.down = [W[0]] * n
+            self.rt[s] = 0.0 if first[s + 1] else self.rt[s + 1] + F[s + 1] + B[s + 1] + 2 * d[s]
+        self.down = [W[s] if first[s] else 0.0 for s in range(n)]
         for s in range(1, n):
-            self.down[s] = self.down[s - 1] + B[s - 1] + d[s - 1]
+            if not first[s]:
+                self.down[s] = self.down[s - 1] + B[s - 1] + d[s - 1]
 
 
 def _cap(problem: Problem, r: int) -> float:
@@ -425,7 +465,7 @@ def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) ->
     area = m * sum(mF[s] * (F[s] + ch.rt[s] + B[s]) + mW[s] * W[s] for s in stages)
     if area <= 0:
         return None
-    start = ch.head[stages[0]] if objective == "makespan" else 0.0
+    start = min(ch.head[s] for s in stages) if objective == "makespan" else 0.0
     held = area / cap
     lead = f"start no earlier than {start:g} + " if start > 0 else ""
     return Bound(

@@ -90,12 +90,12 @@ def order_edges(
     pos = {op: k for ops in in_order.ranks for k, op in enumerate(ops)} if isinstance(in_order, Schedule) else None
     edges = []
     for op in ops:
-        for d in producers(op, problem.n_stages, index):
+        for d in producers(op, problem.pipeline_stages, index):
             edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
         if op.mb == 0:
             continue
         prev = op._replace(mb=op.mb - 1)
-        if (op.kind == Kind.F and op.stage == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
+        if (op.kind == Kind.F and op.stage % problem.pipeline_stages == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
             edges.append((index[prev], index[op], 0.0))
     return edges
 

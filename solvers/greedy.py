@@ -192,6 +192,7 @@ class ListScheduler:
         self.problem, self.policy = problem, policy
         self.tol, self.mtol = problem.time_tol, problem.memory_tol
         self.n, self.m = problem.n_stages, problem.microbatches
+        self.depth = problem.pipeline_stages
         self.comm, self.stage_rank = problem.comm, problem.stage_rank
         self.cost, self.mem = problem.cost, problem.mem
         self.f_cost, self.w_cost, self.f_mem = problem.cost[Kind.F], problem.cost[Kind.W], problem.mem[Kind.F]
@@ -422,7 +423,7 @@ class ListScheduler:
             heapq.heappush(self.heap, (self.ranks[r].clock, r))
             return
         for op in wakers:
-            for d in producers(op, self.n):
+            for d in producers(op, self.depth):
                 if d not in self.finish:
                     self.waiters.setdefault(d, []).append(r)
 
@@ -432,7 +433,7 @@ class ListScheduler:
         if t is not None:
             return t
         t, finish, comm, stage_rank = 0.0, self.finish, self.comm, self.stage_rank
-        for d in producers(op, self.n):
+        for d in producers(op, self.depth):
             done = finish.get(d)
             if done is None:
                 return math.inf
@@ -544,10 +545,12 @@ def _pass_peak(problem: Problem, stages, kind: Kind | None) -> float:
 
 def _round_trips(problem: Problem) -> list[float]:
     """Per stage s, from the end of F(s, i) to the earliest start of B(s, i): up through the later
-    stages and back."""
+    stages of its pipeline and back."""
     f, b, stage_rank = problem.cost[Kind.F], problem.cost[Kind.B], problem.stage_rank
     round_trip = [0.0] * problem.n_stages
     for s in range(problem.n_stages - 2, -1, -1):
+        if (s + 1) % problem.pipeline_stages == 0:  # the last stage of its pipeline
+            continue
         hop = problem.comm if stage_rank[s] != stage_rank[s + 1] else 0.0
         round_trip[s] = round_trip[s + 1] + f[s + 1] + b[s + 1] + 2 * hop
     return round_trip
@@ -555,10 +558,12 @@ def _round_trips(problem: Problem) -> list[float]:
 
 def _forward_heads(problem: Problem) -> list[float]:
     """Per stage, the earliest start of F(s, 0) if the forward chain runs without a wait (the last
-    stage's included)."""
+    stage's included), along its own pipeline."""
     f, stage_rank = problem.cost[Kind.F], problem.stage_rank
     head = [0.0] * problem.n_stages
     for s in range(1, problem.n_stages):
+        if s % problem.pipeline_stages == 0:  # the first stage of its pipeline
+            continue
         head[s] = head[s - 1] + f[s - 1] + (problem.comm if stage_rank[s - 1] != stage_rank[s] else 0.0)
     return head
 

@@ -36,7 +36,7 @@ def lazy_w(
     if schedule.copy or any(op.kind is Kind.BW for ops in schedule.ranks for op in ops):
         return None
     tol, mtol = problem.time_tol, problem.memory_tol
-    n, comm, rank_of, cost = problem.n_stages, problem.comm, problem.stage_rank, problem.cost
+    n, comm, rank_of, cost = problem.pipeline_stages, problem.comm, problem.stage_rank, problem.cost
     rooms = problem.activation_room or (math.inf,) * problem.ranks
     where = set(schedule.ops())
     policy = schedule.policies()

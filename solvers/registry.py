@@ -25,8 +25,13 @@ class ScheduleSpec:
     summary: str
     split_backward: bool  # True: separate B and W ops; False: fused BW
     requires: Callable[[Problem], str | None]  # why it does not apply, or None
+    bidirectional: bool = False  # runs the pipelines of a problem with replicas (else one pipeline)
 
     def why_not(self, problem: Problem) -> str | None:
+        if self.bidirectional and problem.replicas is None:
+            return "runs two pipelines in opposite directions: needs replicas (replicas: 2)"
+        if not self.bidirectional and problem.replicas is not None:
+            return f"runs one pipeline, and the problem has {problem.pipelines} (replicas)"
         return self.requires(problem)
 
 
@@ -38,11 +43,12 @@ REGISTRY: dict[str, ScheduleSpec] = {}
 SEARCHES: dict[str, Callable[..., Any]] = {}
 
 
-def register(name: str, summary: str, *, split_backward: bool, requires: Callable[[Problem], str | None]):
+def register(name: str, summary: str, *, split_backward: bool, requires: Callable[[Problem], str | None],
+             bidirectional: bool = False):
     def wrap(fn: Builder) -> Builder:
         if name in REGISTRY:
             raise ValueError(f"schedule {name!r} registered twice")
-        REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires)
+        REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires, bidirectional)
         return fn
 
     return wrap

@@ -5,7 +5,8 @@ placement, costs, memory deltas, static and working memory and limits, comm, obj
 model, so a bug shared with the simulator or the ILP cannot hide here. The model:
 
 - ops F(s, i), B(s, i), W(s, i) for every stage s and microbatch i, on rank ``stage_rank[s]``;
-- F(s, i) needs F(s-1, i); B(s, i) needs F(s, i) and B(s+1, i); W(s, i) needs B(s, i); a result
+- F(s, i) needs F(s-1, i); B(s, i) needs F(s, i) and B(s+1, i); W(s, i) needs B(s, i), where
+  s-1 and s+1 are in the same pipeline (with replicas, stages k*L .. k*L + L - 1); a result
   reaches another rank ``comm`` after its producer ends, its own rank at once;
 - a schedule is one total order per rank; every op starts as soon as possible: at the latest of
   the end of the op before it on its rank and the arrival of each input (cyclic waits: infeasible);
@@ -116,6 +117,9 @@ def _integer_scale(values):
 class _Search:
     def __init__(self, problem, objective, deadline, budget, in_order=False):
         p, m, n = problem.ranks, problem.microbatches, problem.n_stages
+        depth = problem.pipeline_stages  # with replicas, stage s is in pipeline s // depth
+        if problem.replicas is not None and (any(problem.cost["RS"]) or objective == "span"):
+            raise ValueError("the replica gradient sums (RS) are not modelled here: only replicas with sync 0, makespan")
         stage_rank = problem.stage_rank
         comm = problem.comm
         dp = problem.data_parallel
@@ -153,9 +157,9 @@ class _Search:
                     self.cost[o] = conv(problem.cost[kind][s])
                     self.mem[o] = problem.mem[kind][s]
                     if kind == "F":
-                        producers = [op(0, s - 1, i)] if s > 0 else []
+                        producers = [op(0, s - 1, i)] if s % depth > 0 else []
                     elif kind == "B":
-                        producers = [op(0, s, i)] + ([op(1, s + 1, i)] if s + 1 < n else [])
+                        producers = [op(0, s, i)] + ([op(1, s + 1, i)] if (s + 1) % depth > 0 else [])
                     else:
                         producers = [op(1, s, i)]
                     for d in producers:

@@ -213,7 +213,7 @@ def first(instrs, op):
         (lambda d: d["program"][0].pop(0), "inconsistent: compute ops: 1 ops missing: F0@s0"),
         (lambda d: d["program"][2].insert(0, d["program"][2].pop(d["program"][2].index(first(d["program"][2], "SEND")))),
          "inconsistent: rank 2: SEND .* comes before the op that computes it"),
-        (lambda d: d.__setitem__("version", 5), "written by a newer schedc \\(schedule format version 5"),
+        (lambda d: d.__setitem__("version", 6), "written by a newer schedc \\(schedule format version 6"),
         (lambda d: d.__setitem__("version", "1"), "version must be a positive integer"),
         (lambda d: d.pop("program"), "program: Field required"),
         (lambda d: d.__setitem__("progam", []), "unknown field 'progam' \\(did you mean 'program'\\?\\)"),

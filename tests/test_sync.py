@@ -150,7 +150,7 @@ def test_the_schedule_file_keeps_the_reduces_and_refuses_edits(tmp_path):
         rank.insert(0, rank.pop(k))
 
     assert "before the last weight gradient" in edited(first_reduce_to_front)
-    assert "no gradient all-reduce of stage" in edited(
+    assert "no AR (gradient all-reduce) of stage" in edited(
         lambda d: d["program"][1].pop(next(k for k, i in enumerate(d["program"][1]) if i["op"] == "AR")))
     assert "version 3 cannot hold a problem with data_parallel" in edited(lambda d: d.__setitem__("version", 3))
 
@@ -161,7 +161,7 @@ def test_the_checker_refuses_reduces_without_data_parallel_and_twice():
     program = lower(plain, schedule)
     ranks = [list(instrs) for instrs in program.ranks]
     ranks[0].insert(len(ranks[0]) - 1, Instr("AR", 0, 0))
-    with pytest.raises(ProgramError, match="reduces gradients, but the problem has no data_parallel section"):
+    with pytest.raises(ProgramError, match="needs the problem.s data_parallel section, which it does not give"):
         check(plain, Program.from_lists(ranks))
     program = lower(_dp(), schedule)
     ranks = [list(instrs) for instrs in program.ranks]

@@ -1,7 +1,7 @@
 """Answers do not depend on the unit of time or of memory (issue 14).
 
 The same problem written in seconds instead of milliseconds (every cost, comm, recompute, copy and
-reduce time times c), or in other memory units (every delta, static memory, limit and kept amount
+reduce and replica-sync time times c), or in other memory units (every delta, static memory, limit and kept amount
 times k), must give every registry
 schedule the same order on every rank, with every time (or memory amount) scaled by c (or k),
 and the solver the same objective scaled: no comparison may use an absolute epsilon.
@@ -50,6 +50,8 @@ def in_time_unit(problem: Problem, c: float) -> Problem:
     costs = {kind: _times(v, c) for kind, v in problem.costs.model_dump(exclude_none=True).items()}
     dp = problem.data_parallel
     sync = {} if dp is None else {"data_parallel": {"reduce": _times(dp.reduce, c)}}
+    if problem.replicas is not None:
+        sync["replicas"] = {"sync": _times(problem.replicas.sync, c)}
     return problem.with_changes(costs=costs, comm=problem.comm * c, **_policies(problem, "time", c), **sync)
 
 

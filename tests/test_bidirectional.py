@@ -1,0 +1,174 @@
+"""Replicas: pipelines in opposite directions on the same ranks (Chimera, DualPipe), their gradient
+sums RS (a collective of the ranks that hold a model stage's copies), and the schedules, bounds,
+lowering, checker and schedule file that know them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedc
+from schedc.check import check
+from schedc.errors import ProblemError, ProgramError, ScheduleFileError
+from schedc.problem import Problem
+from schedc.program import Instr, Program, lower
+from schedc.schedule import Op, comm_lane
+from schedc.simulate import simulate
+from schedc.solvers.bounds import lower_bound
+from schedc.solvers.registry import REGISTRY, build, evaluate
+from tests.exhaustive import exhaustive_optimum
+
+
+def _bidir(p=4, m=2, **extra) -> Problem:
+    return Problem.parse({"ranks": p, "microbatches": m, "costs": {"F": 1, "B": 1, "W": 1}, "replicas": 2, **extra})
+
+
+def test_replicas_place_the_second_pipeline_mirrored_and_tile_per_stage_lists():
+    p = _bidir(costs={"F": [1, 2, 3, 4], "B": 1, "W": 1}, replicas={"count": 2, "sync": [1, 2, 3, 4]})
+    assert p.n_stages == 8 and p.pipeline_stages == 4 and p.pipelines == 2
+    assert p.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert p.rank_stages[0] == (0, 7)  # model stage 0 of one direction, model stage 3 of the other
+    assert p.cost["F"] == (1, 2, 3, 4) * 2 and p.cost["RS"] == (1, 2, 3, 4) * 2
+    assert p.sync_groups["replicas"] == ((0, 4), (1, 5), (2, 6), (3, 7))
+    v = Problem.parse({"ranks": 2, "microbatches": 2, "chunks": 2, "placement": "v", "replicas": 2,
+                       "costs": {"F": 1, "B": 1, "W": 1}})
+    assert v.stage_rank == (0, 1, 1, 0, 1, 0, 0, 1)  # the V, and the V mirrored
+    # A microbatch holds the stages of its own pipeline only: the least memory is one pipeline's pass.
+    assert _bidir().min_memory(0) == Problem.parse({"ranks": 4, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}}).min_memory(0)
+    assert p.scaled(time=2).cost["RS"] == (2, 4, 6, 8) * 2
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"ranks": 3}, "two copies of model stage 1 .stages 1, 4. on rank 1"),
+    ({"replicas": 1}, "replicas.count: Input should be greater than or equal to 2"),
+    ({"replicas": {"count": 2, "sync": -1}}, "replicas.sync: must be >= 0"),
+    ({"replicas": {"count": 2, "snyc": 1}}, "unknown field 'replicas.snyc' .did you mean 'sync'"),
+    ({"placement": [0, 1, 2, 3]}, "placement has 4 entries but there are 8 stages .ranks 4 x chunks 1 x replicas 2"),
+    ({"costs": {"F": [1, 2, 3], "B": 1, "W": 1}}, "costs.F has 3 values but there are 8 stages"),
+])
+def test_bad_replicas_are_refused_in_one_line(change, message):
+    data = {"ranks": 4, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}, "replicas": 2, **change}
+    with pytest.raises(ProblemError, match=message) as e:
+        Problem.parse(data)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("d", [2, 4, 6, 8])
+@pytest.mark.parametrize("per_direction", [1, 2])
+def test_chimera_meets_its_published_bubble(d, per_direction):
+    """Chimera (Li and Hoefler, SC'21): D stages, N = k * D microbatches in all (N / 2 each way),
+    forward and (fused) backward of equal cost: each rank idles D - 2 forward times, so the
+    iteration takes 2N + D - 2, against 1F1B's 2N + 2(D - 1) on the same N."""
+    n = per_direction * d
+    both = Problem.parse({"ranks": d, "microbatches": n // 2, "costs": {"F": 1, "B": 0.5, "W": 0.5}, "replicas": 2})
+    t = simulate(both, build("chimera", both))
+    assert t.makespan == 2 * n + d - 2
+    one = Problem.parse({"ranks": d, "microbatches": n, "costs": {"F": 1, "B": 0.5, "W": 0.5}})
+    assert simulate(one, build("1f1b", one)).makespan == 2 * n + 2 * (d - 1)
+    # Its memory: the p + 1 activations DualPipe and Chimera are known for (p where each way has fewer).
+    assert max(t.peak_activation) == min(d + 1, d + n // 2 - 1) or max(t.peak_activation) <= d + 1
+    assert simulate(both, build("bidir-zb", both)).makespan <= t.makespan
+
+
+def test_one_pipeline_schedules_refuse_replicas_and_the_bidirectional_ones_need_them():
+    both, one = _bidir(), Problem.parse({"ranks": 4, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}})
+    reasons = {e.name: e.reason for e in evaluate(both)}
+    assert reasons["chimera"] is None and reasons["bidir-zb"] is None
+    assert reasons["1f1b"] == "runs one pipeline, and the problem has 2 (replicas)"
+    assert all(REGISTRY[n].why_not(one) for n in ("chimera", "bidir-zb"))
+    with pytest.raises(schedc.ScheduleError, match="needs replicas"):
+        build("chimera", one)
+
+
+def test_the_copies_of_a_stage_sum_their_gradients_together_after_both_weight_gradients():
+    p = _bidir(replicas={"count": 2, "sync": [1, 2, 3, 4]})
+    schedule = build("bidir-zb", p)
+    t = simulate(p, schedule)
+    times = t.op_times()
+    ends = {op: e for op, (_, _, e) in times.items()}
+    for group in p.sync_groups["replicas"]:
+        starts = {times[Op("RS", s, 0)][1] for s in group}
+        assert len(starts) == 1  # every member starts at once
+        last_w = max(ends[Op("W", s, i)] for s in group for i in range(p.microbatches))
+        assert starts.pop() >= last_w
+    # On every rank the collectives come in one order (the model's later stage first).
+    for ops in comm_lane(p, schedule):
+        model = [op.stage % 4 for op, _ in ops]
+        assert model == sorted(model, reverse=True)
+    assert t.makespan == max(t.rank_end) and t.makespan > max(e[-1] for e in t.end)
+
+
+def test_the_checker_refuses_collectives_issued_in_two_orders():
+    p = _bidir(replicas={"count": 2, "sync": 1})
+    schedule = build("chimera", p)
+    program = lower(p, schedule)
+    assert check(p, program, schedule).instructions
+    ranks = [list(instrs) for instrs in program.ranks]
+    # Rank 0 holds model stages 0 and 3, as rank 3 does: move its first sync (model stage 3's) after
+    # its second, and the two ranks wait for each other forever.
+    k = [i for i, instr in enumerate(ranks[0]) if instr.op == "RS"]
+    ranks[0].insert(k[1], ranks[0].pop(k[0]))
+    with pytest.raises(ProgramError, match="deadlock on the communication lanes"):
+        check(p, Program.from_lists(ranks, program.header))
+    ranks = [list(instrs) for instrs in program.ranks]
+    ranks[1] = [i for i in ranks[1] if i.op != "RS"]
+    with pytest.raises(ProgramError, match=r"no RS \(replica gradient sum\) of stage"):
+        check(p, Program.from_lists(ranks, program.header))
+    plain = Problem.parse({"ranks": 4, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}})
+    one = lower(plain, build("1f1b", plain))
+    ranks = [list(instrs) for instrs in one.ranks]
+    ranks[0].insert(len(ranks[0]) - 1, Instr("RS", 0, 0))
+    with pytest.raises(ProgramError, match="needs the problem's replicas section"):
+        check(plain, Program.from_lists(ranks, one.header))
+
+
+def test_the_schedule_file_keeps_replicas_as_version_5(tmp_path):
+    compiled = schedc.compile(_bidir(replicas={"count": 2, "sync": 0.5}, data_parallel={"degree": 2, "reduce": 1}),
+                              "bidir-zb")
+    path = tmp_path / "b.json"
+    compiled.save(path)
+    data = json.loads(path.read_text())
+    assert data["version"] == 5 and data["problem"]["replicas"] == {"count": 2, "sync": 0.5}
+    loaded = schedc.load(path)
+    assert loaded.timeline.makespan == compiled.timeline.makespan
+    assert loaded.program.header.pipelines == 2 and loaded.program.header.pipeline_stages == 4
+    data["version"] = 4
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScheduleFileError, match="cannot hold a problem with replicas .version 5 does"):
+        schedc.load(path)
+
+
+def test_bounds_hold_against_the_exhaustive_optimum_of_small_bidirectional_problems():
+    """Sync 0 (the oracle does not model RS): the bound never passes the optimum."""
+    cases = [
+        {"ranks": 2, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}},
+        {"ranks": 2, "microbatches": 1, "costs": {"F": [1, 3], "B": [2, 1], "W": 1}, "comm": 1},
+        {"ranks": 2, "microbatches": 2, "costs": {"F": [2, 1], "B": 1, "W": [1, 2]}, "memory": {"limit": 3}},
+    ]
+    for data in cases:
+        p = Problem.parse({**data, "replicas": 2})
+        best, _ = exhaustive_optimum(p, time_budget=60)
+        bound = lower_bound(p).value
+        assert bound <= best + 1e-9, (data, bound, best)
+        found = min(simulate(p, build(n, p)).makespan for n in ("chimera", "bidir-zb"))
+        assert best <= found + 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.sampled_from([2, 4]), m=st.integers(1, 4), f=st.lists(st.integers(1, 3), min_size=4, max_size=4),
+       sync=st.sampled_from([0, 1]), reduce=st.sampled_from([None, 0.5, 2]), comm=st.sampled_from([0, 0.5]))
+def test_bidirectional_schedules_lower_check_and_stay_above_the_bound(p, m, f, sync, reduce, comm):
+    data = {"ranks": p, "microbatches": m, "costs": {"F": f[:p], "B": 1, "W": 1}, "comm": comm,
+            "replicas": {"count": 2, "sync": sync}}
+    if reduce is not None:
+        data["data_parallel"] = {"degree": 2, "reduce": reduce}
+    problem = Problem.parse(data)
+    bound = lower_bound(problem).value
+    for name in ("chimera", "bidir-zb"):
+        schedule = build(name, problem)
+        t = simulate(problem, schedule)
+        assert t.makespan >= bound - 1e-9
+        check(problem, lower(problem, schedule, t), schedule)
