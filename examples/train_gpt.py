@@ -77,12 +77,13 @@ def main() -> None:
     compiled = schedc.load(args.schedule)
     problem = compiled.problem
     model = gpt()
-    sizes = problem.stage_blocks or uniform(len(model.blocks), problem.n_stages)
+    sizes = problem.stage_blocks or uniform(len(model.blocks), problem.pipeline_stages)
     parts = cut(model.blocks, sizes)
-    mine = {s: parts[s].to(device) for s in problem.rank_stages[rank]}
+    # (with replicas, stage s is a copy of model stage s % L: every rank built the same model)
+    mine = {s: parts[s % problem.pipeline_stages].to(device) for s in problem.rank_stages[rank]}
     optimizer = torch.optim.Adam([p for m in mine.values() for p in m.parameters()], lr=args.lr)
     rt = PipelineRuntime(compiled, mine, lm_loss, device=device, trace=bool(args.trace))
-    last = problem.n_stages - 1 in mine
+    last = any(s % problem.pipeline_stages == problem.pipeline_stages - 1 for s in mine)
 
     data = token_batches(args.steps, BATCH, seq_len=CONFIG["seq_len"], vocab=CONFIG["vocab"], seed=1)
     losses, times = [], []

@@ -26,6 +26,13 @@ Each rank walks its instruction list in order:
   all-reduced over ``data_parallel_group`` (the stage's replicas) without waiting, one flat buffer
   per dtype; ``STEP`` waits for them and averages (the mean loss over the replicas' batches, as
   DDP). Over one replica the reduce is the identity.
+- ``RS`` (replicas: two pipelines in opposite directions, Chimera or DualPipe): the stage's
+  gradients are summed with those of its copies, the same model stage in the other pipelines, on
+  other ranks of the pipeline group: an all-reduce over a group of those ranks (made at
+  construction, by them alone), posted without waiting; ``STEP`` waits for it. Each pipeline runs
+  ``microbatches`` of the batch (pipeline k the k-th part), the loss of each scaled by 1 / (its
+  pipelines x microbatches), so the copies' summed gradients are the whole batch's mean loss's,
+  and the copies, started equal, stay equal.
 - ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
   one was given (otherwise the caller runs it after ``step``). With ``clip_grad_norm``, it
   clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
@@ -110,7 +117,7 @@ class _StepState:
     dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state): F ran without autograd, R due
     regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
     boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
-    reduces: list = field(default_factory=list)  # (pending all-reduce, flat buffer, its gradients, where)
+    reduces: list = field(default_factory=list)  # (stage, posted or None: at STEP, group, divisor, where, what)
 
 
 class PipelineRuntime:
@@ -137,7 +144,9 @@ class PipelineRuntime:
         other parallel axes can have groups of their own. ``data_parallel_group``: where the
         schedule's problem has ``data_parallel``, this rank's replicas (one rank per replica, each
         holding the same stages), over which its gradients are all-reduced; its size must be the
-        degree. ``timeout``: seconds any wait may take.
+        degree. With replicas (two pipelines in opposite directions), ``stages`` holds this rank's
+        stages of every pipeline, stage s a copy of model stage s % L (L stages per pipeline) whose
+        parameters start equal to its copies' on the other ranks. ``timeout``: seconds any wait may take.
         ``clip_grad_norm``: clip to this max norm of all gradients of the whole model (every rank),
         as ``torch.nn.utils.clip_grad_norm_``, then step; a non-finite norm skips the step
         (``skip_nonfinite``). Needs ``optimizer``. ``clip_mode``: ``"sync"`` (wait for the norm
@@ -191,7 +200,7 @@ class PipelineRuntime:
         self._ops: dict[Kind | Opcode, Callable[[_StepState, Instr, int], None]] = {  # opcode -> its method
             Kind.F: self._forward, Kind.B: self._backward_input, Kind.BW: self._backward_full, Kind.W: self._weight,
             Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.O: self._offload,
-            Kind.L: self._reload, Kind.AR: self._reduce,
+            Kind.L: self._reload, Kind.AR: self._reduce, Kind.RS: self._replica_sum,
             Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
             Opcode.STEP: self._optimizer_step,
         }
@@ -201,8 +210,13 @@ class PipelineRuntime:
             if instr.op not in self._ops:
                 runs = in_order(k for k in self._ops if isinstance(k, Kind))
                 raise PipelineError(str(unsupported(instr.op, "the runtime", runs)))
-        self.last = head.n_stages - 1
-        self.m = head.microbatches
+        self.depth = head.pipeline_stages  # stage s is stage s % depth of the model, in pipeline s // depth
+        self.m = head.microbatches  # per pipeline
+        self.batches = head.microbatches * head.pipelines  # the microbatches a step splits its batch into
+        if head.pipelines > 1 and clip_grad_norm is not None:
+            raise PipelineError(f"the schedule {head.schedule!r} runs {head.pipelines} pipelines (replicas):"
+                                " clip_grad_norm does not support them yet (each model stage's copies would be"
+                                " counted once per copy); clip outside the runtime, or use one pipeline")
         first = next(iter(self.stages.values()))
         params = list(first.parameters())
         self.device = indexed(device) if device is not None else (params[0].device if params else torch.device("cpu"))
@@ -219,6 +233,7 @@ class PipelineRuntime:
                                   " computed at B and its W does not do them: compile it without fullgraph=True"
                                   " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
+        self.copies = self._replica_groups(group) if head.pipelines > 1 else {}
         self.selective: dict[int, list[nn.Module]] = {}  # stage -> its parts marked for selective recompute
         for s in sorted({s for (s, _), kind in self.policy.items() if kind is Kind.S}):
             self.selective[s] = enable_selective(self.stages[s])
@@ -309,8 +324,8 @@ class PipelineRuntime:
             self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
     def _step(self, inputs, targets):
-        xs = self._split("inputs", inputs) if 0 in self.stages else None
-        ys = self._split("targets", targets) if self.last in self.stages else None
+        xs = self._split("inputs", inputs) if any(map(self._first, self.stages)) else None
+        ys = self._split("targets", targets) if any(map(self._last, self.stages)) else None
         self._exchange_meta(xs)
         self.events = []
         state = _StepState(xs, ys)
@@ -344,7 +359,9 @@ class PipelineRuntime:
 
     def _forward(self, state: _StepState, instr: Instr, k: int) -> None:
         s, mb = instr.stage, instr.mb
-        x = state.xs[mb].to(self.device) if s == 0 else self._take(state.inbox, Message("act", mb, s - 1, s), instr, k)
+        first = self._first(s)
+        x = state.xs[self._batch_index(s, mb)].to(self.device) if first else self._take(
+            state.inbox, Message("act", mb, s - 1, s), instr, k)
         policy = self.policy.get((s, mb))
         if policy is Kind.R:  # keep only the input and the random state; R runs it again with autograd
             rng = capture_rng(self.device)
@@ -352,13 +369,13 @@ class PipelineRuntime:
                 self._output(state, s, mb, self._call_stage(s, x))
             state.dropped[(s, mb)] = (x, rng)
             return
-        if s > 0 and x.is_floating_point():
+        if not first and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         if policy is Kind.O:
-            box = Offloaded(self.device, self._not_ours(s, x if s == 0 else None), self._copy_lane())
+            box = Offloaded(self.device, self._not_ours(s, x if first else None), self._copy_lane())
             with torch.autograd.graph.saved_tensors_hooks(box.pack, box.unpack):
                 out = self._output(state, s, mb, self._call_stage(s, x))
-            state.boxes[(s, mb)] = (box, x if s > 0 else None)
+            state.boxes[(s, mb)] = (box, None if first else x)
         elif policy is Kind.S:
             regions: list[Region] = []
             with dropping(self.selective[s], regions):
@@ -366,37 +383,51 @@ class PipelineRuntime:
             state.regions[(s, mb)] = regions
         else:
             out = self._output(state, s, mb, self._call_stage(s, x))
-        state.saved[(s, mb)] = (x if s > 0 else None, _without_data(out))
+        state.saved[(s, mb)] = (None if first else x, _without_data(out))
+
+    def _first(self, s: int) -> bool:
+        """Whether stage ``s`` is the first of its pipeline (it reads the user's inputs)."""
+        return s % self.depth == 0
+
+    def _last(self, s: int) -> bool:
+        """Whether stage ``s`` is the last of its pipeline (it computes the loss)."""
+        return s % self.depth == self.depth - 1
+
+    def _batch_index(self, s: int, mb: int) -> int:
+        """Which of the step's microbatches microbatch ``mb`` of stage ``s``'s pipeline is."""
+        return s // self.depth * self.m + mb
 
     def _output(self, state: _StepState, s: int, mb: int, y):
         """What a forward of stage ``s`` leaves for its backward: the last stage's loss (scaled by
-        1/m; recorded), else the output ``y``, whose values go to the outbox for the next stage."""
-        if s == self.last:
-            loss = self.loss_fn(y, self._target(state, mb))
+        1/m over every pipeline's m; recorded), else the output ``y``, whose values go to the outbox for
+        the next stage."""
+        if self._last(s):
+            loss = self.loss_fn(y, self._target(state, s, mb))
             state.losses.append(loss.detach())
-            return loss / self.m
+            return loss / self.batches
         if not isinstance(y, torch.Tensor):
             raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
         state.outbox[Message("act", mb, s, s + 1)] = y.detach()
         return y
 
-    def _target(self, state: _StepState, mb: int) -> torch.Tensor:
-        """Microbatch ``mb``'s targets on this rank's device, where the loss is computed (the caller
-        may pass them on the host, as the inputs)."""
-        return state.ys[mb].to(self.device)
+    def _target(self, state: _StepState, s: int, mb: int) -> torch.Tensor:
+        """The targets of microbatch ``mb`` of stage ``s``'s pipeline on this rank's device, where the
+        loss is computed (the caller may pass them on the host, as the inputs)."""
+        return state.ys[self._batch_index(s, mb)].to(self.device)
 
     def _recompute(self, state: _StepState, instr: Instr, k: int) -> None:
         """R: the forward again, with autograd, from the kept input and with the first run's random
         numbers; what it saves is held for the B (and, split, the W) as an ordinary F's is."""
         s, mb = instr.stage, instr.mb
         x, rng = state.dropped.pop((s, mb))
-        if s > 0 and x.is_floating_point():
+        first = self._first(s)
+        if not first and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         with replaying_rng(rng, self.device):
             y = self._call_stage(s, x)
-            out = self.loss_fn(y, self._target(state, mb)) / self.m if s == self.last else y
+            out = self.loss_fn(y, self._target(state, s, mb)) / self.batches if self._last(s) else y
         del y
-        state.saved[(s, mb)] = (x if s > 0 else None, _without_data(out))
+        state.saved[(s, mb)] = (None if first else x, _without_data(out))
 
     def _recompute_selective(self, state: _StepState, instr: Instr, k: int) -> None:
         """S: the marked parts of the stage again, with autograd, from their kept inputs."""
@@ -455,13 +486,13 @@ class PipelineRuntime:
             box, _ = state.boxes.pop((s, mb))
             box.ready()
             del box
-        grad = None if s == self.last else self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
+        grad = None if self._last(s) else self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
         inputs = [x] if x is not None and x.requires_grad else []
         if split:
             self.store.backward_input((s, mb), out, grad, inputs, self.params[s])
         else:
             self.store.backward_full(out, grad, inputs, self.params[s])
-        if s > 0:
+        if not self._first(s):
             state.outbox[Message("grad", mb, s, s - 1)] = x.grad
 
     def _weight(self, state: _StepState, instr: Instr, k: int) -> None:
@@ -485,25 +516,54 @@ class PipelineRuntime:
         same model and program); one flat buffer per dtype, on the transport's device."""
         if self.dp_group is None:
             return  # one replica: nothing to reduce
+        self._sum_gradients(state, instr, k, self.dp_group, self.header.data_parallel,
+                            f"the gradient all-reduce of stage {instr.stage}")
+
+    def _replica_sum(self, state: _StepState, instr: Instr, k: int) -> None:
+        """Post the sum of stage ``instr.stage``'s gradients with its copies' (the same model stage in
+        the other pipelines, on other ranks); STEP waits for it."""
+        group, ranks = self.copies[instr.stage]
+        self._sum_gradients(state, instr, k, group, 1, f"the gradient sum of stage {instr.stage} with its copies"
+                            f" on ranks {', '.join(map(str, ranks))}")
+
+    def _sum_gradients(self, state: _StepState, instr: Instr, k: int, group, divisor: int, what: str) -> None:
+        """Post the sum of stage ``instr.stage``'s gradients over ``group`` (STEP waits and divides by
+        ``divisor``). The gradients that exist are summed, the same on every member (the same model
+        stage and program); one flat buffer per dtype, on the transport's device. Where a sum of
+        the same stage is still in flight (data parallelism and replicas: AR and RS), this one
+        must start from its result, so it is posted at STEP, once that one has been written back
+        (the simulator runs it on the communication lane right after; here it is not overlapped)."""
         where = (k, instr, self.steps)
-        grads = [p.grad for p in self.params[instr.stage] if p.grad is not None]
+        if any(item[0] == instr.stage for item in state.reduces):
+            state.reduces.append((instr.stage, None, group, divisor, where, what))
+            return
+        state.reduces.append((instr.stage, self._post_sum(instr.stage, group, where, what), group, divisor, where, what))
+
+    def _post_sum(self, stage: int, group, where: tuple, what: str) -> list:
+        """Post the all-reduces of stage ``stage``'s gradients over ``group``: (pending, flat buffer,
+        its gradients) per dtype."""
+        grads = [p.grad for p in self.params[stage] if p.grad is not None]
+        posted = []
         for dtype in sorted({g.dtype for g in grads}, key=str):
             mine = [g for g in grads if g.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in mine]).to(self.comm_device)
-            what = f"the gradient all-reduce of stage {instr.stage}"
-            pending = self._io.all_reduce_among(flat, self.dp_group, where, what)
-            state.reduces.append((pending, flat, mine, where))
+            posted.append((self._io.all_reduce_among(flat, group, where, what), flat, mine))
+        return posted
 
     def _await_reduces(self, state: _StepState) -> None:
-        """Wait for the posted gradient all-reduces and write the replicas' mean back."""
-        degree = self.header.data_parallel
-        for pending, flat, grads, where in state.reduces:
-            self._io.wait(pending, where)
-            flat.div_(degree)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+        """Wait for the posted gradient sums, in the order they were issued (one lane), and write
+        each back: the data-parallel replicas' mean, the copies' sum; post those left for the step."""
+        for stage, posted, group, divisor, where, what in state.reduces:
+            if posted is None:
+                posted = self._post_sum(stage, group, where, what)
+            for pending, flat, grads in posted:
+                self._io.wait(pending, where)
+                if divisor != 1:
+                    flat.div_(divisor)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
         state.reduces.clear()
 
     def _optimizer_step(self, state: _StepState, instr: Instr, k: int) -> None:
@@ -530,16 +590,37 @@ class PipelineRuntime:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
+    def _replica_groups(self, group) -> dict[int, tuple[dist.ProcessGroup, tuple[int, ...]]]:
+        """Per stage of this rank, the process group of the ranks holding its model stage's copies
+        (and those pipeline ranks), over which RS sums their gradients. Each group is made by its
+        members alone (``use_local_synchronization``), in the order of the model's stages, so that
+        other pipelines of a data-parallel mesh make theirs alike."""
+        head = self.header
+        world = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        out = {}
+        made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        for j in range(self.depth):
+            ranks = tuple(sorted({head.stage_rank[s] for s in range(j, head.n_stages, self.depth)}))
+            if self.rank not in ranks:
+                continue
+            if ranks not in made:
+                made[ranks] = dist.new_group([world[r] for r in ranks], use_local_synchronization=True)
+            for s in range(j, head.n_stages, self.depth):
+                if head.stage_rank[s] == self.rank:
+                    out[s] = (made[ranks], ranks)
+        return out
+
     def _split(self, what: str, batch):
         if batch is None:
-            raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last}: step() needs {what}")
+            which = "the first stage of a pipeline" if what == "inputs" else "the last stage of a pipeline"
+            raise PipelineError(f"rank {self.rank} holds {which}: step() needs {what}")
         if not isinstance(batch, torch.Tensor) or batch.dim() == 0:
             raise PipelineError(f"{what}: expected a tensor with a batch dimension, got {type(batch).__name__}"
                                 + (" of 0 dimensions" if isinstance(batch, torch.Tensor) else ""))
         n = batch.shape[0]
-        if n == 0 or n % self.m:
-            raise PipelineError(f"{what}: batch of {n} does not split into {self.m} equal, non-empty microbatches")
-        return batch.chunk(self.m)
+        if n == 0 or n % self.batches:
+            raise PipelineError(f"{what}: batch of {n} does not split into {self.batches} equal, non-empty microbatches")
+        return batch.chunk(self.batches)
 
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
         pending, tensor = inbox.pop(msg)
@@ -691,8 +772,12 @@ class PipelineRuntime:
                 )
             return
         stage_rank, here = self.header.stage_rank, self.rank
-        x = xs[0].to(self.device) if xs is not None else None
-        for s in range(self.last):
+        x = None
+        for s in range(self.header.n_stages):
+            if self._last(s):
+                continue
+            if self._first(s):  # each pipeline's chain starts from the inputs
+                x = xs[0].to(self.device) if xs is not None else None
             src, dst = stage_rank[s], stage_rank[s + 1]
             meta_instr = Instr(Opcode.SEND, s, -1, "act", dst, s + 1)  # names the exchange in errors
             if src == here:

@@ -28,8 +28,8 @@ def _time_on_rank(rank: int, world: int, model_ref: str, paths: list[str], steps
         compiled = load(path)
         prob = compiled.problem
         model = load_model_spec(model_ref)
-        parts = cut(model.blocks, prob.stage_blocks or uniform(len(model.blocks), prob.n_stages))
-        mine = {s: parts[s] for s in prob.rank_stages[rank]}
+        parts = cut(model.blocks, prob.stage_blocks or uniform(len(model.blocks), prob.pipeline_stages))
+        mine = {s: parts[s % prob.pipeline_stages] for s in prob.rank_stages[rank]}  # (a copy per pipeline)
         rt = PipelineRuntime(compiled, mine, model.loss_fn)
         inputs, targets = model.batch
         times = []

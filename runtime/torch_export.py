@@ -41,7 +41,7 @@ from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining import stage as _stage
 
 from schedc.errors import SchedcError
-from schedc.interop import refuse_untorchable, torch_comms_rows
+from schedc.interop import refuse_pipelines, refuse_untorchable, torch_comms_rows
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
 from schedc.schedule import Schedule
@@ -67,12 +67,14 @@ def _compiled(compiled: CompiledSchedule | Problem, schedule: Schedule | None) -
         if schedule is None:
             raise SchedcError("a Problem needs its Schedule: torch_actions(problem, schedule) or torch_actions(compiled)")
         refuse_untorchable(schedule.ops(), schedule.name)  # before lowering: one line, whatever lowering says
+        refuse_pipelines(compiled.pipelines, schedule.name)
         return CompiledSchedule.build(compiled, schedule)  # simulated (complete, no deadlock) and lowered
     if schedule is not None:
         raise SchedcError("pass a CompiledSchedule alone, or a Problem and a Schedule")
     if not isinstance(compiled, CompiledSchedule):
         raise SchedcError(f"expected a CompiledSchedule (schedc.load or schedc.compile), got {type(compiled).__name__}")
     refuse_untorchable(compiled.schedule.ops(), compiled.name)  # torch's IR has no recompute or offload action
+    refuse_pipelines(compiled.problem.pipelines, compiled.name)
     return compiled
 
 

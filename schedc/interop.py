@@ -65,6 +65,14 @@ def refuse_untorchable(ops: Iterable[Op], name: str) -> None:
                         " schedule without recompute or offload, or run this one with schedc's runtime")
 
 
+def refuse_pipelines(pipelines: int, name: str) -> None:
+    """Raise a one-line ScheduleError for a schedule of several pipelines (``Problem.replicas``):
+    torch's pipelining runs one, and would read the second pipeline's stages as more stages of it."""
+    if pipelines > 1:
+        raise ScheduleError(f"{name}: torch.distributed.pipelining runs one pipeline, and this schedule runs"
+                            f" {pipelines} (replicas): run it with schedc's runtime")
+
+
 def to_torch_csv(schedule: Schedule) -> str:
     """One row per rank, the rank's ops in order, no idle cells (order is all a Schedule has)."""
     refuse_untorchable(schedule.ops(), schedule.name)
@@ -86,6 +94,7 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     place. Hand-offs between stages on one rank and the optimizer step have no cell: torch's
     runtime hands off inside F and B, and the caller steps."""
     name = program.header.schedule if program.header is not None else "program"
+    refuse_pipelines(program.header.pipelines if program.header is not None else 1, name)
     refuse_untorchable((i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)), name)
     rows = []
     reduces = any(i.op is Kind.AR for instrs in program.ranks for i in instrs)

@@ -295,7 +295,7 @@ class Problem(_Strict):
         default=None, description="copies of the pipeline on the same ranks (bidirectional), or their count")
     objective: Literal["makespan", "span"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
-        default=None, description="model blocks in each stage, from the partitioner (informational)"
+        default=None, description="model blocks in each stage of the model (of one pipeline), from the partitioner"
     )
 
     @field_validator("name")
@@ -359,7 +359,7 @@ class Problem(_Strict):
                     )
         self._per_rank("memory.static", self.memory.static)
         self.stage_working  # read once here so a memory.working of the wrong length is refused now
-        if self.stage_blocks is not None and len(self.stage_blocks) not in (self.pipeline_stages, self.n_stages):
+        if self.stage_blocks is not None and len(self.stage_blocks) != self.pipeline_stages:
             raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.pipeline_stages}"
                              " stages")
         limits = self.memory_limit

@@ -5,6 +5,7 @@ lowering, checker and schedule file that know them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -172,3 +173,18 @@ def test_bidirectional_schedules_lower_check_and_stay_above_the_bound(p, m, f, s
         t = simulate(problem, schedule)
         assert t.makespan >= bound - 1e-9
         check(problem, lower(problem, schedule, t), schedule)
+
+
+def test_torch_export_refuses_two_directions_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from schedc.app.cli import main
+    from schedc.interop import torch_comms_rows
+
+    example = Path(__file__).resolve().parent.parent / "examples/problems/bidirectional.yaml"
+    result = CliRunner().invoke(main, ["export", str(example), "-s", "chimera",
+                                       "-o", str(tmp_path / "c.csv")])
+    assert result.exit_code == 2 and not (tmp_path / "c.csv").exists()
+    assert "chimera: torch.distributed.pipelining runs one pipeline, and this schedule runs 2 (replicas)" in result.output
+    with pytest.raises(schedc.ScheduleError, match="runs one pipeline"):
+        torch_comms_rows(schedc.compile(_bidir(), "chimera").program)

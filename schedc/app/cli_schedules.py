@@ -18,7 +18,7 @@ from schedc.app.plot import draw_gantt, write_trace
 from schedc.check import check as check_program
 from schedc.critical import critical_path
 from schedc.errors import SchedcError, ScheduleError
-from schedc.interop import from_torch_csv, refuse_untorchable, write_torch_csv
+from schedc.interop import from_torch_csv, refuse_pipelines, refuse_untorchable, write_torch_csv
 from schedc.problem import Problem
 from schedc.program import COMM
 from schedc.schedfile import CompiledSchedule, load
@@ -249,6 +249,7 @@ def export(problem: str, memory_limit, objective, name: str | None, fmt: str, ou
 
     prob, schedule = schedule_input(problem, name, memory_limit, objective)
     refuse_untorchable(schedule.ops(), schedule.name)  # before lowering: torch has no recompute/offload action
+    refuse_pipelines(prob.pipelines, schedule.name)
     if fmt == "torch-comms-csv":
         program = CompiledSchedule.build(prob, schedule).program
         write_torch_csv(program, output)
