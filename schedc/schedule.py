@@ -292,45 +292,55 @@ _GRADS = candidates(GRADS)  # W, BW: what a stage's reduce waits for, every micr
 def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op], ...], ...]:
     """Per rank, its communication lane as the runtime issues it: (op, the compute op it is issued
     after), in the lane's order; empty without ``data_parallel`` or ``replicas``. Each stage's
-    all-reduce AR(s) is issued after the stage's last weight gradient (W or BW) in the rank's compute
-    order, or, without ``data_parallel.overlap``, after the rank's last compute op (the later stage
-    first: the backward's order). A collective (RS: the gradient sum of a model stage's copies) is
-    issued after its stage's last weight gradient too, but every member rank issues the collectives
-    in one order, the model's later stage first, so each also after the one before it on its rank
-    (ranks that issued them in different orders would wait for each other forever). The lane runs
-    them in issue order, one at a time."""
-    kinds = [k for k in problem.kinds if ROWS[k].per_stage]
-    if not kinds:
+    all-reduce AR(s) is issued after the ops it waits for (``sync_waits_for``: the stage's last
+    weight gradient, W or BW, in the rank's compute order, or, without ``data_parallel.overlap``,
+    the rank's last compute op; the later stage first). A collective (RS: the gradient sum of a
+    model stage's copies) is issued after its stage's last weight gradient too, but every member
+    rank issues the collectives in one order (``comm_ops``), so each also after the one before it
+    on its rank (ranks that issued them in different orders would wait for each other forever).
+    The lane runs them in issue order, one at a time."""
+    if not any(ROWS[k].per_stage for k in problem.kinds):
         return ()
-    length = problem.pipeline_stages
     out = []
     for r, ops in enumerate(schedule.ranks):
-        stages = problem.rank_stages[r]
         items = []  # (issue position, then the later stage first, the collectives in their one order; op)
-        if Kind.AR in kinds:
-            items += [((max(k for k, op in enumerate(ops) if reduce_waits_for(problem, s, op)), -s, 0),
-                       _new(Op, (Kind.AR, s, 0))) for s in stages]
-        # stage -> the position of its last weight gradient
-        grads = {s: max(k for k, op in enumerate(ops) if op.kind in _GRADS and op.stage == s) for s in stages}
-        for kind in kinds:
-            if ROWS[kind].group is None:
-                continue
-            at = -1
-            for s in sorted(stages, key=lambda s: (-(s % length), s)):
-                at = max(at, grads[s])
-                items.append(((at, -(s % length), 1), _new(Op, (kind, s, 0))))
+        at = -1  # the collectives': each no earlier than the one before it
+        for op in comm_ops(problem, r):
+            here = max(k for k, other in enumerate(ops) if sync_waits_for(problem, op, other))
+            if ROWS[op.kind].group is not None:
+                at = here = max(at, here)
+            items.append(((here, -(op.stage % problem.pipeline_stages if ROWS[op.kind].group else op.stage),
+                           ROWS[op.kind].group is not None), op))
         items.sort(key=lambda item: item[0])
         out.append(tuple((op, ops[key[0]]) for key, op in items))
     return tuple(out)
 
 
-def reduce_waits_for(problem: Problem, stage: int, op: Op) -> bool:
-    """Whether ``stage``'s all-reduce is issued no earlier than the end of ``op``, an op of its rank:
-    every weight gradient of the stage (W or BW), or, without ``data_parallel.overlap``, every
-    compute op of the rank (the rule of ``comm_lane`` for AR, the ILP's and CP-SAT's rows)."""
-    if ROWS[op.kind].lane != "compute":
+def comm_ops(problem: Problem, rank: int) -> tuple[Op, ...]:
+    """The communication lane's ops of ``rank``: an AR per stage with ``data_parallel``, then an
+    RS per stage with ``replicas``, the collectives in the one order every member issues them in
+    (the model's later stage first: the order the backward completes them)."""
+    stages = problem.rank_stages[rank]
+    out = []
+    for kind in problem.kinds:
+        row = ROWS[kind]
+        if not row.per_stage:
+            continue
+        order = sorted(stages, key=lambda s: (-(s % problem.pipeline_stages), s)) if row.group else stages
+        out += [_new(Op, (kind, s, 0)) for s in order]
+    return tuple(out)
+
+
+def sync_waits_for(problem: Problem, op: Op, other: Op) -> bool:
+    """Whether the communication op ``op`` (AR or RS of a stage) is issued no earlier than the end
+    of ``other``, an op of its rank: every weight gradient of its stage (W or BW), or for an AR
+    without ``data_parallel.overlap`` every compute op of the rank (the one rule of ``comm_lane``,
+    the ILP's and CP-SAT's rows)."""
+    if ROWS[other.kind].lane != "compute":
         return False
-    return not problem.data_parallel.overlap or (op.kind in _GRADS and op.stage == stage)
+    if op.kind is Kind.AR and not problem.data_parallel.overlap:
+        return True
+    return other.kind in _GRADS and other.stage == op.stage
 
 
 def members(problem: Problem, op: Op) -> tuple[Op, ...]:

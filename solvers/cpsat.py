@@ -13,10 +13,12 @@ disjunctive scheduling directly instead of through big-M binaries:
   starts come before it in the order and count before it, as in the simulator);
 - objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the earliest
   start on rank r);
-- gradient all-reduces (``data_parallel``): per stage a start on its rank's communication lane
-  (a ``NoOverlap`` of its own; with ``overlap`` off, the later stage first), after every W of the
-  stage (off: after every compute op of the rank), each ending by C (plus the rank's first start,
-  for span); durations rounded down as the ops' are.
+- gradient syncs (``data_parallel``: an all-reduce AR per stage; ``replicas``: a sum RS of each
+  model stage's copies, one start for all its members): per rank its communication lane (a
+  ``NoOverlap`` of its own; the reduces at the end later stage first, the collectives in their one
+  order), each after every W of its stage (an AR with ``overlap`` off: after every compute op of
+  the rank), each ending by C (plus the rank's first start, for span); durations rounded down as
+  the ops' are.
 
 Memory for time (a problem with ``recompute`` or ``offload``): each (stage, microbatch) and policy
 the problem allows has a presence literal (at most one per pair) and optional intervals: R or S on
@@ -64,7 +66,7 @@ from typing import Callable
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, reduce_waits_for
+from schedc.schedule import Op, Schedule, comm_ops, members, sync_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.common import COPY_LANE, Found, Progress, Settings, longest_paths, order_edges, register_backend
 from schedc.solvers.deadline import Budget
@@ -194,7 +196,7 @@ def _time_scale(problem: Problem) -> _Scale:
     cost, n = problem.cost, problem.n_stages
     kinds = [k for k in (*KINDS, *OPTIONAL) if k in problem.kinds]
     raw = [cost[k][s] for k in kinds for s in range(n)] + [problem.comm]
-    raw += list(cost[Kind.AR]) if Kind.AR in problem.kinds else []  # (a reduce may take 0: not the shortest)
+    raw += [x for k in problem.kinds if ROWS[k].per_stage for x in cost[k]]  # (a sync may take 0: not the shortest)
     shortest = min(cost[k][s] for k in kinds for s in range(n))
     fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
     while shortest * fallback < 1:
@@ -231,8 +233,10 @@ class _CpModel:
         self.on_rank: list[list[int]] = [[] for _ in range(problem.ranks)]
         for k, op in enumerate(self.ops):
             self.on_rank[problem.stage_rank[op.stage]].append(k)
-        dp = problem.data_parallel
-        self.reduce_dur = [] if dp is None else [self.time.down(x) for x in problem.cost[Kind.AR]]
+        # the communication lanes' ops (AR, RS) and their durations
+        self.comm = [comm_ops(problem, r) for r in range(problem.ranks)]
+        self.comm_dur = {op: self.time.down(problem.cost[op.kind][op.stage]) for ops in self.comm for op in ops}
+        self.comm_start: dict[Op, object] = {}  # -> its start (a collective's members share one)
         hint, hint_obj, horizon = self._hint(warm_t, comm)
 
         self.cp = cp_model.CpModel()
@@ -257,10 +261,10 @@ class _CpModel:
                 for op in self.ops]
         dur, rank_of = self.dur, self.problem.stage_rank
         sinks = [k for k, op in enumerate(self.ops) if op.kind == Kind.W]  # every other op feeds one on its rank
-        # (rank, end) of the last ops: each W, and each gradient all-reduce (``_reduces``)
+        # (rank, end) of the last ops: each W, and each gradient sync (``_syncs``)
         ends = [(rank_of[self.ops[k].stage], hint[k] + dur[k]) for k in sinks]
-        self.reduce_hint = {op.stage: self.time.down(s) for op, (_, s, _) in times.items() if op.kind == Kind.AR}
-        ends += [(rank_of[s], x + self.reduce_dur[s]) for s, x in self.reduce_hint.items()]
+        self.comm_hint = {op: self.time.down(times[op][1]) for op in self.comm_dur}
+        ends += [(rank_of[op.stage], x + self.comm_dur[op]) for op, x in self.comm_hint.items()]
         if not self.span:
             hint_obj = max(end for _, end in ends)
             return hint, hint_obj, hint_obj
@@ -377,36 +381,40 @@ class _CpModel:
             for k in ks:
                 if self.ops[k].kind == Kind.W:
                     cp.add(C >= start[k] + dur[k] - (base if span else 0))
-            if self.problem.data_parallel is not None:
-                self._reduces(r, ks, C, base, horizon)
+            if self.comm[r]:
+                self._syncs(r, ks, C, base, horizon)
         cp.minimize(C)
         return C
 
-    def _reduces(self, r: int, ks: list[int], C, base, horizon: int) -> None:
-        """Rank r's gradient all-reduces: each after every W of its stage (``overlap`` off: after
-        every compute op of the rank, the later stage first), one at a time, each ending by C (from
-        the rank's first start, for span)."""
+    def _syncs(self, r: int, ks: list[int], C, base, horizon: int) -> None:
+        """Rank r's communication lane (``comm_ops``: its gradient all-reduces AR and replica sums
+        RS): each after the ops it waits for on the rank (``sync_waits_for``: every W of its stage;
+        an AR with ``overlap`` off, every compute op of the rank), a collective's members at one
+        start, one at a time (the reduces at the end later stage first, the collectives in their one
+        order, as ``comm_lane`` issues them), each ending by C (from the rank's first start, for
+        span)."""
         cp, start, dur, problem = self.cp, self.start, self.dur, self.problem
-        overlap = problem.data_parallel.overlap
-        stages = problem.rank_stages[r]
-        lane, at = [], {}
-        for s in stages:
-            a = at[s] = cp.new_int_var(0, horizon, f"ar{s}")
-            cp.add_hint(a, self.reduce_hint[s])
+        lane = []
+        for op in self.comm[r]:
+            lead = min((op, *members(problem, op)), key=lambda o: o.stage)  # a collective's first member
+            if lead not in self.comm_start:
+                self.comm_start[lead] = cp.new_int_var(0, horizon, f"c{lead.kind}{lead.stage}")
+                cp.add_hint(self.comm_start[lead], self.comm_hint[lead])
+            a = self.comm_start[op] = self.comm_start[lead]
             for k in ks:
-                if not reduce_waits_for(problem, s, self.ops[k]):
+                if not sync_waits_for(problem, op, self.ops[k]):
                     continue
                 row = cp.add(a >= start[k] + dur[k])
                 if k in self.present:
                     row.only_enforce_if(self.present[k])
-            lane.append(cp.new_fixed_size_interval_var(a, self.reduce_dur[s], f"i_ar{s}"))
-            cp.add(C >= a + self.reduce_dur[s] - (base if self.span else 0))
-        if overlap:
-            cp.add_no_overlap(lane)
-        else:
-            later_first = sorted(stages, reverse=True)
-            for s, t in zip(later_first, later_first[1:]):
-                cp.add(at[t] >= at[s] + self.reduce_dur[s])
+            lane.append(cp.new_fixed_size_interval_var(a, self.comm_dur[op], f"i_{op.kind}{op.stage}"))
+            cp.add(C >= a + self.comm_dur[op] - (base if self.span else 0))
+        cp.add_no_overlap(lane)
+        overlap = problem.data_parallel is None or problem.data_parallel.overlap
+        for kind in (Kind.RS, *(() if overlap else (Kind.AR,))):  # the collectives' one order; the reduces at the end
+            ordered = [op for op in self.comm[r] if op.kind is kind]
+            for x, y in zip(ordered, ordered[1:]):
+                cp.add(self.comm_start[y] >= self.comm_start[x] + self.comm_dur[x])
 
     # ---- back to schedc's units ----
 

@@ -15,11 +15,14 @@ ops on one rank whose order no dependency fixes, a binary "a before b". Constrai
   integrated over time fits under the limit over the rank's window (a cut in the start times);
 - objective: makespan (every W ends by C) or span (every W ends by C plus its rank's first start,
   a variable below every start on the rank);
-- gradient all-reduces (``data_parallel``): per stage a start time on its rank's communication
-  lane, after every W of the stage (with ``overlap`` off, after every op of the rank), the lane's
-  reduces one at a time (a binary per pair of a rank's stages; off: the later stage first), each
-  ending by C (plus the rank's first start, for span). The lane's order is free in the model; the
-  simulator runs them in issue order, which on one lane with release times ends no later.
+- gradient syncs: with ``data_parallel``, per stage an all-reduce AR on its rank's communication
+  lane, after every W of the stage (with ``overlap`` off, after every op of the rank); with
+  ``replicas``, per model stage a gradient sum RS of its copies, one start for all its members,
+  after every W of each; the lane's ops one at a time (a binary per pair; the reduces at the end
+  later stage first, the collectives in their one order, as ``comm_lane`` issues them), each
+  ending by C (plus the rank's first start, for span). The reduces' order among themselves is
+  otherwise free in the model; the simulator runs them in issue order, which on one lane with
+  release times ends no later.
 
 Memory for time (a problem that declares ``recompute``): a binary z per (stage, microbatch) and
 recompute policy (R, and S with ``recompute.selective``; at most one of them per pair). Each R and
@@ -51,9 +54,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schedc.errors import SchedcError
-from schedc.kinds import RECOMPUTES, Kind
+from schedc.kinds import RECOMPUTES, ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, reduce_waits_for
+from schedc.schedule import Op, Schedule, comm_ops, members, sync_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
@@ -176,10 +179,10 @@ class _Model:
         self.first_start: list = []  # per rank, its first start (a variable; ``_rank_rows``)
         for r, ks in enumerate(self.on_rank):
             self._rank_rows(r, ks, min(earliest[k] for k in ks))
-        self.reduce_start: dict[int, pulp.LpVariable] = {}  # stage -> its all-reduce's start
-        self.reduce_before: dict[tuple[int, int], pulp.LpVariable] = {}  # (s, t), s < t: 1 if s's goes first
-        if problem.data_parallel is not None:
-            self._reduce_rows(2 * horizon + sum(problem.cost[Kind.AR]))
+        self.comm_start: dict[Op, pulp.LpVariable] = {}  # communication op -> its start (shared by a collective)
+        self.comm_before: dict[tuple[Op, Op], pulp.LpVariable] = {}  # (x, y) of a lane: 1 if x goes first
+        if any(ROWS[k].per_stage for k in problem.kinds):
+            self._comm_rows(2 * horizon + sum(sum(problem.cost[k]) for k in problem.kinds if ROWS[k].per_stage))
         self.lp += self.C
 
     def length(self, k: int):
@@ -299,37 +302,48 @@ class _Model:
         window_length = self.C if problem.objective == "span" else self.C - first_start
         self.lp += pulp.lpSum(held) <= problem.activation_room[r] * window_length
 
-    def _reduce_rows(self, big: float) -> None:
-        """Per rank, its stages' all-reduces: each after every W of its stage (``overlap`` off: after
-        every op of the rank), one at a time on the lane, each ending by C (from the rank's first
-        start, for span). ``big``: more than any start can be, for the pairs' big-M rows."""
+    def _comm_rows(self, big: float) -> None:
+        """Per rank, its communication lane (``comm_lane``'s ops: AR per stage with
+        ``data_parallel``, RS per stage with ``replicas``): each after the ops it waits for on its
+        rank (AR: every W of its stage, or with ``overlap`` off every op of the rank; RS: every W of
+        its stage), a collective's members at one start (one variable), one op at a time on a lane
+        (a binary per pair the lane's rules leave open: the reduces at the end go later stage first,
+        the collectives in their one order), each ending by C (from the rank's first start, for
+        span). ``big``: more than any start can be, for the pairs' big-M rows."""
         import pulp
 
         problem, start, dur, first = self.problem, self.start, self.dur, self._first
-        reduce = problem.cost[Kind.AR]
-        overlap = problem.data_parallel.overlap
+        overlap = problem.data_parallel is None or problem.data_parallel.overlap
         for r, ks in enumerate(self.on_rank):
-            stages = problem.rank_stages[r]
             origin = 0 if problem.objective == "makespan" else self.first_start[r]
-            for s in stages:
-                a = self.reduce_start[s] = self.lp.add_variable(f"ar{s}", lowBound=0)
-                waits = [k for k in ks if reduce_waits_for(problem, s, self.ops[k])]
+            lane = list(comm_ops(problem, r))
+            for op in lane:
+                lead = min((op, *members(problem, op)), key=lambda o: o.stage)  # a collective's first member
+                if lead not in self.comm_start:
+                    self.comm_start[lead] = self.lp.add_variable(f"c{lead.kind}{lead.stage}", lowBound=0)
+                a = self.comm_start[op] = self.comm_start[lead]
+                waits = [k for k in ks if sync_waits_for(problem, op, self.ops[k])]
                 for o in waits:
                     # What it waits for that runs after o runs before it: a sum-of-durations cut (the
                     # W of a stage share their B's binaries and have no rows of their own).
                     after = pulp.lpSum(dur[b] * first(o, b) for b in waits if b != o) if o in self.free else 0
                     self.lp += a >= start[o] + self.length(o) + after
-                self.lp += self.C >= a + reduce[s] - origin
-            if not overlap:  # all issued at the rank's end: the later stage first
-                for s, t in zip(sorted(stages, reverse=True), sorted(stages, reverse=True)[1:]):
-                    self.lp += self.reduce_start[t] >= self.reduce_start[s] + reduce[s]
-                continue
-            for x, s in enumerate(stages):
-                for t in stages[x + 1:]:
-                    y = self.reduce_before[s, t] = self.lp.add_variable(f"ay{s}_{t}", cat="Binary")
-                    a, b = self.reduce_start[s], self.reduce_start[t]
-                    self.lp += b >= a + reduce[s] - big * (1 - y)
-                    self.lp += a >= b + reduce[t] - big * y
+                self.lp += self.C >= a + problem.cost[op.kind][op.stage] - origin
+            chained = [op for op in lane if op.kind is Kind.RS] + ([] if overlap else
+                                                                   [op for op in lane if op.kind is Kind.AR])
+            for kind in (Kind.RS, Kind.AR):  # the collectives' one order; the reduces at the end
+                ordered = [op for op in chained if op.kind is kind]
+                for x, y in zip(ordered, ordered[1:]):
+                    self.lp += self.comm_start[y] >= self.comm_start[x] + problem.cost[x.kind][x.stage]
+            for i, x in enumerate(lane):
+                for y in lane[i + 1:]:
+                    if x.kind is y.kind and x in chained:
+                        continue
+                    b = self.comm_before[x, y] = self.lp.add_variable(f"cy{x.kind}{x.stage}_{y.kind}{y.stage}",
+                                                                      cat="Binary")
+                    sx, sy = self.comm_start[x], self.comm_start[y]
+                    self.lp += sy >= sx + problem.cost[x.kind][x.stage] - big * (1 - b)
+                    self.lp += sx >= sy + problem.cost[y.kind][y.stage] - big * b
 
     def _policy_memory_time(self, r: int, ks: list[int], first_start) -> None:
         """The memory-time cut where the model holds recompute ops: the rank's level integrated
@@ -375,10 +389,10 @@ class _Model:
             y.setInitialValue(1 if key[a] < key[b] else 0)
         for k, z in self.chosen.items():
             z.setInitialValue(1 if self.ops[k] in spans else 0)
-        for s, a in self.reduce_start.items():
-            a.setInitialValue(times[Op(Kind.AR, s, 0)])
-        for (s, t), y in self.reduce_before.items():
-            y.setInitialValue(1 if times[Op(Kind.AR, s, 0)] < times[Op(Kind.AR, t, 0)] else 0)
+        for op, a in self.comm_start.items():
+            a.setInitialValue(times[op])
+        for (x, y), b in self.comm_before.items():
+            b.setInitialValue(1 if times[x] < times[y] else 0)
         self.C.setInitialValue(timeline.objective_value())
 
     def schedule(self, name: str) -> Schedule | None:

@@ -17,6 +17,9 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
   starts once that lane is free and the stage's last W has ended (without ``overlap``, the rank's
   last op), the reduces of a rank in that order (ties: the later stage first); a rank ends with its
   last op or its last reduce, whichever is later;
+- replicas: each model stage's copies sum their gradients (one op on every rank holding a copy,
+  starting together when all have come to it), each released at its stage's last W, every rank
+  taking them in one order (the model's later stage first) on the same lane as its reduces;
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start),
   both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
   may do better starting late on purpose (see ``span_with_delays``, the least span of given
@@ -118,13 +121,12 @@ class _Search:
     def __init__(self, problem, objective, deadline, budget, in_order=False):
         p, m, n = problem.ranks, problem.microbatches, problem.n_stages
         depth = problem.pipeline_stages  # with replicas, stage s is in pipeline s // depth
-        if problem.replicas is not None and (any(problem.cost["RS"]) or objective == "span"):
-            raise ValueError("the replica gradient sums (RS) are not modelled here: only replicas with sync 0, makespan")
         stage_rank = problem.stage_rank
         comm = problem.comm
         dp = problem.data_parallel
         raw = [problem.cost[k][s] for k in KINDS for s in range(n)] + [comm]
         raw += list(problem.cost["AR"]) if dp is not None else []
+        raw += list(problem.cost["RS"]) if problem.replicas is not None else []
         scale = _integer_scale(raw)
         if scale is None:
             self.scale, conv, self.eps = 1, float, 1e-9
@@ -135,6 +137,9 @@ class _Search:
         # Data parallelism: per stage its reduce's duration, whether it waits only for its own W.
         self.reduce = None if dp is None else [conv(x) for x in problem.cost["AR"]]
         self.overlap = dp is not None and dp.overlap
+        # Replicas: per stage, the gradient sum of its model stage's copies (stages j, j + depth, ...).
+        self.depth = depth
+        self.sync = None if problem.replicas is None else [conv(x) for x in problem.cost["RS"]]
         self.rank_stage_list = [[s for s in range(n) if stage_rank[s] == r] for r in range(p)]
         self.n, self.m = n, m
 
@@ -365,7 +370,7 @@ class _Search:
         )
 
     def _dominated(self):
-        if self.reduce is not None:
+        if self.reduce is not None or self.sync is not None:
             return False
         timed, end, succ_mask = self.timed, self.end, self.succ_mask
         untimed = ~timed
@@ -460,7 +465,10 @@ class _Search:
         return [(o, not notready) for notready, _, _, o in out]
 
     def _value(self):
-        ends = self.free if self.reduce is None else [self._rank_end(r) for r in range(self.p)]
+        if self.sync is not None:
+            ends = self._lane_ends()
+        else:
+            ends = self.free if self.reduce is None else [self._rank_end(r) for r in range(self.p)]
         if self.objective == "makespan":
             return max(ends)
         return max(ends[r] - self.first[r] for r in range(self.p))
@@ -477,6 +485,55 @@ class _Search:
         for t, minus_s in sorted(issued):
             lane = max(lane, t) + self.reduce[-minus_s]
         return max(self.free[r], lane)
+
+
+    def _lane_ends(self):
+        """Every rank's end with its communication lane, where replicas sum each model stage's
+        copies: per rank, its reduces (as ``_rank_end``) and its sums, each sum released at its
+        stage's last W's end and no earlier than the rank's sum before it (every rank takes the sums
+        in one order, the model's later stage first), in release order (ties: a reduce before a sum,
+        then the later stage first); a sum starts when every rank holding a copy has come to it."""
+        n, m, depth = self.n, self.m, self.depth
+        lanes = []
+        for r in range(self.p):
+            stages = self.rank_stage_list[r]
+            last_w = {s: max(self.end[(2 * n + s) * m + i] for i in range(m)) for s in stages}
+            items = []
+            if self.reduce is not None:
+                items += [((last_w[s] if self.overlap else self.free[r], -s, 0), ("AR", s)) for s in stages]
+            at = 0
+            for s in sorted(stages, key=lambda s: (-(s % depth), s)):
+                at = max(at, last_w[s])
+                items.append(((at, -(s % depth), 1), ("RS", s)))
+            items.sort()
+            lanes.append([(key[0], item) for key, item in items])
+        pos, lane_free = [0] * self.p, [0] * self.p
+        holders = {}  # model stage -> the ranks of its copies
+        for r in range(self.p):
+            for s in self.rank_stage_list[r]:
+                holders.setdefault(s % depth, []).append(r)
+        moved = True
+        while moved:
+            moved = False
+            for r in range(self.p):
+                while pos[r] < len(lanes[r]):
+                    release, (kind, s) = lanes[r][pos[r]]
+                    if kind == "AR":
+                        lane_free[r] = max(lane_free[r], release) + self.reduce[s]
+                        pos[r] += 1
+                        moved = True
+                        continue
+                    group = holders[s % depth]
+                    heads = [lanes[q][pos[q]] if pos[q] < len(lanes[q]) else None for q in group]
+                    if any(h is None or h[1][0] != "RS" or h[1][1] % depth != s % depth for h in heads):
+                        break
+                    begin = max(max(lane_free[q], h[0]) for q, h in zip(group, heads))
+                    for q in group:
+                        lane_free[q] = begin + self.sync[s]
+                        pos[q] += 1
+                    moved = True
+        assert all(pos[r] == len(lanes[r]) for r in range(self.p)), "the sums deadlocked"
+        return [max(self.free[r], lane_free[r]) for r in range(self.p)]
 
 
 # ---- span when ranks may start late on purpose ----

@@ -5,6 +5,7 @@ lowering, checker and schedule file that know them."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from schedc.schedule import Op, comm_lane
 from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY, build, evaluate
+from schedc.solvers.solve import solve
 from tests.exhaustive import exhaustive_optimum
+from tests.test_ilp_model import assert_model_optimum_is
 
 
 def _bidir(p=4, m=2, **extra) -> Problem:
@@ -188,3 +191,35 @@ def test_torch_export_refuses_two_directions_in_one_line(tmp_path):
     assert "chimera: torch.distributed.pipelining runs one pipeline, and this schedule runs 2 (replicas)" in result.output
     with pytest.raises(schedc.ScheduleError, match="runs one pipeline"):
         torch_comms_rows(schedc.compile(_bidir(), "chimera").program)
+
+
+def tiny_replica_problems(count=8, seed=5):
+    """Two directions on 2 ranks, one microbatch each way (with the sums the exhaustive search may
+    not prune by dominance, and two microbatches take it minutes): random costs per model stage,
+    gradient sums of 0 to 3, some with data-parallel reduces too."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(count):
+        m = 1
+        data = dict(ranks=2, microbatches=m, comm=rng.choice([0, 0.5, 1]),
+                    costs={kind: [rng.randint(1, 3) for _ in range(2)] for kind in "FBW"},
+                    replicas=dict(count=2, sync=[rng.choice([0, 1, 2, 3]) for _ in range(2)]))
+        if k % 3 == 2:
+            data["data_parallel"] = dict(degree=2, reduce=rng.choice([1, 2]), overlap=rng.random() < 0.7)
+        out.append(pytest.param(Problem.parse(data), id=f"{k}-m{m}"))
+    return out
+
+
+@pytest.mark.parametrize("problem", tiny_replica_problems())
+def test_the_models_with_replica_sums_equal_the_exhaustive_search(problem):
+    """The exhaustive search times the sums on its own (every copy's rank at once, one order on
+    every rank); its optimum is the simulator's timing of its order, no bound passes it, and the
+    ILP's and CP-SAT's optima equal it."""
+    truth, orders = exhaustive_optimum(problem, time_budget=60)
+    best = schedc.Schedule.from_lists("oracle", [orders[r] for r in range(problem.ranks)])
+    assert simulate(problem, best).makespan == pytest.approx(truth, abs=1e-6)
+    assert lower_bound(problem).value <= truth + 1e-9
+    assert_model_optimum_is(problem, truth)
+    pytest.importorskip("ortools")
+    result = solve(problem, solver="cpsat", time_limit=60, threads=1)
+    assert result.status == "optimal" and result.objective == pytest.approx(truth, abs=1e-6)
