@@ -11,7 +11,14 @@ two 1F1B pipelines interleave as Chimera's figure shows: on uniform costs with F
 fused backward, D stages and D microbatches in all, each rank idles D - 2 forward times against
 1F1B's 2 (D - 1) (tests/test_bidirectional.py checks the published figure). With a split
 backward (``bidir-zb``), each W waits until its rank has nothing else ready, as in the
-zero-bubble schedules.
+zero-bubble schedules, and a stage keeps at most L - j microbatches between F and W.
+
+``dualpipe`` is DualPipe (DeepSeek-V3): microbatches fed from both ends, the steady state a
+forward of one direction beside a full backward of the other, B and W split in the warm-up and
+cool-down. Its per-rank order follows the reference implementation's eight steps. With F&B
+taken as F + B (schedc does not model the overlap of a pair yet: ``costs.FB`` is to come), each
+rank idles (p/2 - 1)(F + 2B - 3W) on the costs the published formula assumes (F = B = 2W), and
+holds p + 1 microbatches' activations (tested).
 """
 
 from __future__ import annotations
@@ -86,3 +93,91 @@ def chimera(problem: Problem) -> Schedule:
           split_backward=True, requires=any_placement, bidirectional=True)
 def bidirectional_zero_bubble(problem: Problem) -> Schedule:
     return list_scheduled(problem, "bidir-zb", split=True)
+
+
+def _dualpipe_order(problem: Problem, r: int) -> list[Op]:
+    """Rank r's compute order in DualPipe (DeepSeek-V3; the order of the reference implementation's
+    step, rewritten from its description): with p ranks and m microbatches per direction (m >= p),
+    rank r runs its "phase 0" chunk (pipeline 0's stage r on the first half of the ranks, pipeline
+    1's on the second half) and its "phase 1" chunk in eight steps: forwards of phase 0, forwards of
+    both, B+W+F of phase 1 (zero bubble), the main loop of forward-and-backward pairs (F of one
+    chunk beside a full backward of the other), backwards and pairs, backwards of both (the later
+    half split into B and W), W and B of phase 0, and the remaining W. A split B queues its W; a W
+    runs the oldest queued one."""
+    p, m, depth = problem.ranks, problem.microbatches, problem.pipeline_stages
+    half, hr, second = p // 2, min(r, p - 1 - r), int(r >= p // 2)
+    stage = {0: r, 1: depth + (p - 1 - r)}  # chunk (0: pipeline 0, 1: pipeline 1) -> its stage on rank r
+    f_next, b_next = [0, 0], [0, 0]
+    queued: list[Op] = []
+    ops: list[Op] = []
+
+    def forward(phase: int) -> None:
+        c = phase ^ second
+        ops.append(Op(Kind.F, stage[c], f_next[c]))
+        f_next[c] += 1
+
+    def backward(phase: int, split: bool) -> None:
+        c = phase ^ second
+        s, i = stage[c], b_next[c]
+        b_next[c] += 1
+        if split:
+            ops.append(Op(Kind.B, s, i))
+            queued.append(Op(Kind.W, s, i))
+        else:
+            ops.append(Op(Kind.BW, s, i))
+
+    def weight() -> None:
+        ops.append(queued.pop(0))
+
+    for _ in range((half - hr - 1) * 2):  # 1: forwards of phase 0
+        forward(0)
+    for _ in range(hr + 1):  # 2: forwards of both phases
+        forward(0)
+        forward(1)
+    for _ in range(half - hr - 1):  # 3: B, W and F of phase 1
+        backward(1, split=True)
+        weight()
+        forward(1)
+    for _ in range(m - p + hr + 1):  # 4: the main loop, two forward-and-backward pairs
+        forward(0)
+        backward(1, split=False)
+        forward(1)
+        backward(0, split=False)
+    for _ in range(half - hr - 1):  # 5: a backward, then a pair
+        backward(1, split=False)
+        forward(1)
+        backward(0, split=False)
+    split = False
+    steps = hr + 1
+    for i in range(steps):  # 6: backwards of both, the later ones split
+        if i == steps // 2 and hr % 2 == 1:
+            split = True
+        backward(1, split)
+        if i == steps // 2 and hr % 2 == 0:
+            split = True
+        backward(0, split)
+    for _ in range(half - hr - 1):  # 7: W, then B of phase 0
+        weight()
+        backward(0, split=True)
+    while queued:  # 8: the remaining W
+        weight()
+    return ops
+
+
+def _dualpipe_fits(problem: Problem) -> str | None:
+    if problem.pipelines != 2 or problem.chunks != 1:
+        return f"needs two pipelines of one chunk per rank (replicas 2, chunks 1; this problem has chunks {problem.chunks})"
+    if problem.ranks % 2:
+        return f"needs an even number of ranks (ranks is {problem.ranks})"
+    if problem.microbatches < problem.ranks:
+        return f"needs at least as many microbatches per direction as ranks ({problem.microbatches} < {problem.ranks})"
+    mirrored = tuple(range(problem.ranks)) + tuple(reversed(range(problem.ranks)))
+    if problem.stage_rank != mirrored:
+        return "needs the bidirectional placement (rank r holds stage r of one direction and p - 1 - r of the other)"
+    return None
+
+
+@register("dualpipe", "DualPipe (DeepSeek-V3): both directions fed from both ends, forward-and-backward pairs, B and W"
+          " split in the warm-up and cool-down", split_backward=True, requires=_dualpipe_fits, bidirectional=True)
+def dualpipe(problem: Problem) -> Schedule:
+    return Schedule.from_lists("dualpipe", [_dualpipe_order(problem, r) for r in range(problem.ranks)])

@@ -223,3 +223,21 @@ def test_the_models_with_replica_sums_equal_the_exhaustive_search(problem):
     pytest.importorskip("ortools")
     result = solve(problem, solver="cpsat", time_limit=60, threads=1)
     assert result.status == "optimal" and result.objective == pytest.approx(truth, abs=1e-6)
+
+
+@pytest.mark.parametrize("d", [2, 4, 6, 8, 10])
+@pytest.mark.parametrize("extra", [0, 1, "d"])
+def test_dualpipe_meets_its_published_bubble_and_memory(d, extra):
+    """DualPipe (DeepSeek-V3, its table of bubbles): p ranks, m >= p microbatches per direction,
+    each rank idles (p/2 - 1)(F&B + B - 3W), here with F&B = F + B (no overlap gain modelled), on
+    the costs that formula assumes (F = B = 2W), against ZB-1P's (p - 1)(F + B - 2W); and holds
+    p + 1 microbatches' activations at most."""
+    m = d + (d if extra == "d" else extra)
+    for F, B, W in ((2, 2, 1), (1, 1, 0.5)):
+        p = Problem.parse({"ranks": d, "microbatches": m, "costs": {"F": F, "B": B, "W": W}, "replicas": 2})
+        t = simulate(p, build("dualpipe", p))
+        work = 2 * m * (F + B + W)
+        assert t.makespan - work == pytest.approx((d / 2 - 1) * (F + B + B - 3 * W))
+        assert max(t.peak_activation) == d + 1
+    assert "needs an even number of ranks" in REGISTRY["dualpipe"].why_not(_bidir(p=3, placement=[0, 1, 2, 1, 2, 0]))
+    assert "at least as many microbatches per direction" in REGISTRY["dualpipe"].why_not(_bidir(p=4, m=3))

@@ -1,5 +1,5 @@
-"""The runtime with replicas (two pipelines in opposite directions, Chimera and the split-backward
-bidir-zb), on CPU with gloo: each rank holds a stage of each direction, the copies of a model
+"""The runtime with replicas (two pipelines in opposite directions: Chimera, the split-backward
+bidir-zb and DualPipe), on CPU with gloo: each rank holds a stage of each direction, the copies of a model
 stage sum their gradients (RS) before the step, and the model trains exactly like one process on
 the global batch, its copies identical step after step."""
 
@@ -46,10 +46,10 @@ def train(rank, world, paths, batch):
 def test_two_directions_train_exactly_like_one_process(p, tmp_path):
     """After 3 steps each copy of every model stage equals one process's weights on the global
     batch (<= 1e-5), and the two pipelines' mean losses average to the global one."""
-    m = 2
+    m = p  # (DualPipe needs at least as many microbatches per direction as ranks)
     prob = problem(p, m, data_parallel=None)
     paths = []
-    for name in ("chimera", "bidir-zb"):
+    for name in ("chimera", "bidir-zb", "dualpipe"):
         path = tmp_path / f"{name}.json"
         schedc.compile(prob, name).save(path)
         paths.append(str(path))
