@@ -17,7 +17,8 @@ takes its longest path into the op that ends the objective:
 Each op on the chain says how it waited for the op before it: ``"data"``, for that op's result
 (``latency``: ``comm`` when it came from another rank), ``"rank"``, for its rank's lane, busy with
 the op before it (an op whose previous op on its lane is also its producer waited for "data"), or
-``"issue"``, a copy op for the compute op it is issued after (``Schedule.after``). The
+``"issue"``, a copy op for the compute op it is issued after (``Schedule.after``), or
+``"together"``, a collective (RS) for a member on another rank to come to it (``together``). The
 chain may run through the copy lane: a backward that waited for its reload L, the reload for the
 copy lane busy with other copies. ``compute`` counts the chain's time on compute lanes, ``copy``
 on copy lanes. Where
@@ -35,7 +36,7 @@ import networkx as nx
 
 from schedc.kinds import ROWS
 from schedc.schedule import Op
-from schedc.simulate import Timeline, dependencies
+from schedc.simulate import Timeline, dependencies, together
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Wait:
     """How an op on the chain waited for the op before it."""
 
     kind: str  # "data": for that op's result; "rank": for its rank, busy with that op; "issue": a copy op
-    # for the compute op it is issued after
+    # for the compute op it is issued after; "together": a collective for a member on another rank
     latency: float  # between that op's end and this op's start (comm across ranks, else 0)
 
 
@@ -171,8 +172,13 @@ def op_graph(timeline: Timeline) -> nx.DiGraph:
     for lane_ops in lanes:  # first: among equal predecessors the longest path keeps the first
         for a, b in zip(lane_ops, lane_ops[1:]):
             graph.add_edge(a, b, wait="rank", latency=0.0, weight=dur[index[b]])
-    for op, anchor in timeline.anchors().items():
+    anchors = timeline.anchors()
+    for op, anchor in anchors.items():
         graph.add_edge(anchor, op, wait="issue", latency=0.0, weight=dur[index[op]])
+    for op, waits in together(problem, timeline.comm, anchors).items():  # a collective waits for its members
+        for d in waits:
+            if not graph.has_edge(d, op):
+                graph.add_edge(d, op, wait="together", latency=0.0, weight=dur[index[op]])
     for k, deps in enumerate(dependencies(problem, ops, index, where, {})):
         for d, latency in deps:
             graph.add_edge(ops[d], ops[k], wait="data", latency=latency, weight=latency + dur[k])

@@ -217,18 +217,18 @@ def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
     """Per op (by its index in ``ops``), the indices of the ops it waits for and the latency added
     after each one's end: its producers (``comm`` across ranks), for a copy op or a reduce the
     compute op it is issued after (``anchors``: ``_lanes``), and for a collective what its members
-    on other ranks wait for (``_together``: ``comm`` is the communication lanes)."""
+    on other ranks wait for (``together``; ``comm`` is the communication lanes)."""
     rank_of, depth = problem.stage_rank, problem.pipeline_stages
-    together = _together(problem, comm, anchors) if comm else {}
+    joint = together(problem, comm, anchors) if comm else {}
     return [
         [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
          for d in (*producers(op, depth, where), *_anchor(anchors, op))]
-        + [(index[d], 0.0) for d in together.get(op, ())]
+        + [(index[d], 0.0) for d in joint.get(op, ())]
         for op in ops
     ]
 
 
-def _together(problem: Problem, comm: tuple[tuple[Op, ...], ...], anchors: dict[Op, Op]) -> dict[Op, list[Op]]:
+def together(problem: Problem, comm: tuple[tuple[Op, ...], ...], anchors: dict[Op, Op]) -> dict[Op, list[Op]]:
     """Collective op -> what its members (each on another rank: ``Problem``) wait for: each one's
     issue point and the op before it on its lane, so that all members start together, when the last
     is ready."""

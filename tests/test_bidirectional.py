@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 import schedc
 from schedc.check import check
 from schedc.errors import ProblemError, ProgramError, ScheduleFileError
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.program import Instr, Program, lower
-from schedc.schedule import Op, comm_lane
+from schedc.schedule import Op, comm_lane, members
 from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY, build, evaluate
@@ -241,3 +242,22 @@ def test_dualpipe_meets_its_published_bubble_and_memory(d, extra):
         assert max(t.peak_activation) == d + 1
     assert "needs an even number of ranks" in REGISTRY["dualpipe"].why_not(_bidir(p=3, placement=[0, 1, 2, 1, 2, 0]))
     assert "at least as many microbatches per direction" in REGISTRY["dualpipe"].why_not(_bidir(p=4, m=3))
+
+
+def test_the_critical_path_knows_that_a_sum_waits_for_its_copies():
+    """The DAG the critical path is read from links each RS to what its members on other ranks wait
+    for (their issue points and lane), so the chain explains the whole makespan."""
+    from schedc.critical import critical_path, op_graph
+
+    for sync in (0.5, [3, 0.5]):
+        p = Problem.parse({"ranks": 2, "microbatches": 2, "costs": {"F": [1, 2], "B": 1, "W": 1},
+                           "replicas": {"count": 2, "sync": sync}})
+        for name in ("bidir-zb", "chimera"):
+            t = simulate(p, build(name, p))
+            graph = op_graph(t)
+            for op in (Op("RS", s, 0) for s in range(4)):
+                partner = members(p, op)[0]
+                together = [a for a, _, w in graph.in_edges(op, data="wait") if w == "together"]
+                assert t.anchors()[partner] in together
+            chain = critical_path(t)
+            assert chain.value == pytest.approx(t.makespan) and chain.ops[-1].kind is Kind.RS
