@@ -36,7 +36,7 @@ import networkx as nx
 
 from schedc.kinds import ROWS
 from schedc.schedule import Op
-from schedc.simulate import Timeline, dependencies, together
+from schedc.simulate import Timeline, dependencies, durations, together
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,8 @@ def op_graph(timeline: Timeline) -> nx.DiGraph:
     lanes = [lane_ops for per_rank in timeline.lanes.values() for lane_ops in per_rank]
     ops = [op for lane_ops in lanes for op in lane_ops]
     index = {op: k for k, op in enumerate(ops)}
-    dur = [problem.cost[op.kind][op.stage] for op in ops]
+    paired = schedule.paired() if schedule.pairs else {}
+    dur = durations(problem, ops, paired)
     graph = nx.DiGraph()
     for k, op in enumerate(ops):
         graph.add_node(op, duration=dur[k])
@@ -179,7 +180,7 @@ def op_graph(timeline: Timeline) -> nx.DiGraph:
         for d in waits:
             if not graph.has_edge(d, op):
                 graph.add_edge(d, op, wait="together", latency=0.0, weight=dur[index[op]])
-    for k, deps in enumerate(dependencies(problem, ops, index, where, {})):
+    for k, deps in enumerate(dependencies(problem, ops, index, where, {}, paired=paired)):
         for d, latency in deps:
             graph.add_edge(ops[d], ops[k], wait="data", latency=latency, weight=latency + dur[k])
     return graph

@@ -76,6 +76,9 @@ def refuse_pipelines(pipelines: int, name: str) -> None:
 def to_torch_csv(schedule: Schedule) -> str:
     """One row per rank, the rank's ops in order, no idle cells (order is all a Schedule has)."""
     refuse_untorchable(schedule.ops(), schedule.name)
+    if schedule.pairs:
+        raise ScheduleError(f"{schedule.name}: the schedule overlaps forward-and-backward pairs, which this export"
+                            " does not write yet (torch's OVERLAP_F_B): run it with schedc's runtime")
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for ops in schedule.ranks:

@@ -16,6 +16,13 @@ different ranks. Memory is per stage as deltas (``F`` allocates the activation, 
 optionally each stage's working memory: what one of its ops needs only while it runs (temporaries,
 the received tensor it consumes), above its level. Scalars broadcast to every stage (or rank).
 
+With ``replicas`` (two pipelines in opposite directions on the same ranks: Chimera, DualPipe) the
+problem has ``replicas.count`` copies of the pipeline, pipeline k's stages k*L .. k*L + L - 1 (L =
+ranks x chunks, ``pipeline_stages``), each running ``microbatches`` of its own; an odd pipeline is
+placed mirrored, per-stage lists may give the model's L values, and the copies of a model stage
+sum their gradients (``replicas.sync``). ``costs.FB`` (per rank) is how long a forward and an input
+gradient of two microbatches take run overlapped (``pair_time``).
+
 The memory model is conservative: a rank's peak activation is the highest level its ops' deltas
 reach plus the largest working memory of its stages (``working_memory``), so every comparison of
 a level against a limit uses ``activation_room`` = limit - static - that working memory.
@@ -170,8 +177,11 @@ class Costs(_Strict):
     BW: Optional[Number] = Field(
         default=None, description="fused backward (B and W in one pass, as 1F1B runs it); default B + W"
     )
+    FB: Optional[Number] = Field(
+        default=None, description="per rank: a forward and an input gradient (B) of two microbatches run overlapped"
+        " (DualPipe's F&B, torch's OVERLAP_F_B); default the two one after the other, F + B")
 
-    _positive = field_validator("F", "B", "W", "BW", mode="before")(
+    _positive = field_validator("F", "B", "W", "BW", "FB", mode="before")(
         lambda v: v if v is None else _check_numbers(v, positive=True)
     )
 
@@ -333,6 +343,7 @@ class Problem(_Strict):
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
         self.cost  # every kind's per-stage costs, each list of the right length
+        self.overlap_time  # read once here so a costs.FB of the wrong length is refused now
         if self.time_scale < SMALLEST:
             raise ValueError(f"the largest op cost is {self.time_scale:g}, below {SMALLEST:g}: use a smaller unit of time")
         deltas = self.mem_deltas
@@ -518,6 +529,32 @@ class Problem(_Strict):
             out.append(("recompute.selective.keep", self._per_stage("recompute.selective.keep", r.selective.keep)))
         return out
 
+    @cached_property
+    def overlap_time(self) -> tuple[float, ...] | None:
+        """Per rank, ``costs.FB``: how long a forward and an input gradient of two microbatches take
+        run overlapped on the rank (None where the problem does not say: one after the other)."""
+        return None if self.costs.FB is None else self._per_rank("costs.FB", self.costs.FB)
+
+    def pair_time(self, forward: int, backward: Kind, stage: int) -> float:
+        """How long the forward of stage ``forward`` and a ``backward`` (B, or a fused BW) of
+        ``stage``, on the same rank, take run as an overlapped pair: ``costs.FB`` of the rank (plus
+        the W part of a fused backward), or without it the two one after the other."""
+        c = self.cost
+        if self.overlap_time is None:
+            return c[Kind.F][forward] + c[backward][stage]
+        extra = c[Kind.W][stage] if backward is Kind.BW else 0.0
+        return self.overlap_time[self.stage_rank[forward]] + extra
+
+    @property
+    def overlap_cheaper(self) -> bool:
+        """Whether some rank runs some forward and input gradient of its stages faster as an
+        overlapped pair (``costs.FB``) than one after the other."""
+        if self.overlap_time is None:
+            return False
+        f, b = self.cost[Kind.F], self.cost[Kind.B]
+        return any(self.time_tol.lt(self.overlap_time[r], max(f[s] for s in stages) + max(b[t] for t in stages))
+                   for r, stages in enumerate(self.rank_stages))
+
     @property
     def fused_cheaper(self) -> bool:
         """Whether some stage's fused backward (a kind that fuses others: BW) costs less than the
@@ -532,9 +569,9 @@ class Problem(_Strict):
 
     @cached_property
     def time_scale(self) -> float:
-        """The largest op cost (F, B, W or fused BW of any stage) or ``comm``: the unit that
-        comparisons of times are relative to. Scales with the costs."""
-        return max(max(map(max, self.cost.values())), self.comm)
+        """The largest op cost (F, B, W or fused BW of any stage, an overlapped pair) or ``comm``: the
+        unit that comparisons of times are relative to. Scales with the costs."""
+        return max(max(map(max, self.cost.values())), self.comm, max(self.overlap_time or (0.0,)))
 
     @cached_property
     def memory_scale(self) -> float:

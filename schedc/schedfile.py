@@ -17,7 +17,9 @@ compute op each copy op is issued after (``"after": [[["F", stage, mb] or null, 
 adds the problem's ``data_parallel`` section and the program's gradient all-reduces ``AR``,
 issued where ``schedule.comm_lane`` issues them (the schedule itself lists no reduce). Version 5
 (issue 26) adds the problem's ``replicas`` section (bidirectional pipelines: stages of every
-pipeline, microbatches per pipeline) and the program's replica gradient sums ``RS``. A schedule
+pipeline, microbatches per pipeline) and the program's replica gradient sums ``RS``, the
+problem's ``costs.FB`` and the schedule's overlapped pairs (``"pairs"``: per rank, the backwards
+run overlapped with the forward before them). A schedule
 is written in the oldest version that holds it, byte for byte as before: without recompute or
 offload as version 1, so that a schedc from before version 2 still reads it; with recompute only
 as version 2; with a copy lane as version 3; with data parallelism as version 4; with replicas as
@@ -132,6 +134,9 @@ class ScheduleModel(_Strict):
     after: list[list[Optional[tuple[Literal[KIND_NAMES], int, int]]]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="version 3: per rank, aligned with copy, the compute op each copy op is"
                                           " issued after (null: before the first); left out, each as early as it can")
+    pairs: list[list[tuple[Literal[KIND_NAMES], int, int]]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="version 5: per rank, the backwards run overlapped with the forward"
+                                          " before them (costs.FB)")
 
 
 def _plain_text(v: str) -> str:
@@ -224,6 +229,8 @@ def dump(compiled) -> str:
         after = [[a and list(a) for a in ops] for ops in schedule.after]
         copy = (f', "copy": {per_rank([[list(op) for op in ops] for ops in schedule.copy], "  ")},'
                 f' "after": {per_rank(after, "  ")}')
+    if schedule.pairs:
+        copy += f', "pairs": {per_rank([[list(op) for op in ops] for ops in schedule.pairs], "  ")}'
     fields = [
         plain("format", FORMAT),
         plain("version", version),
@@ -240,8 +247,8 @@ def dump(compiled) -> str:
 def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
     """The version a file of ``schedule`` (of ``problem``) is written as: 1 without recompute or
     offload (readable by every schedc), 2 with recompute only, 3 with a copy lane (offload), 4 where
-    the problem has data parallelism, 5 where it has replicas."""
-    if problem is not None and problem.replicas is not None:
+    the problem has data parallelism, 5 where it has replicas or overlapped pairs (``costs.FB``)."""
+    if schedule.pairs or (problem is not None and (problem.replicas is not None or problem.costs.FB is not None)):
         return 5
     if problem is not None and problem.data_parallel is not None:
         return 4
@@ -304,8 +311,10 @@ def from_data(data: Any, path: str | Path = "schedule file"):
     try:
         if model.schedule.after and version < 3:
             raise ScheduleError(f"schedule format version {version} cannot hold 'after' (version 3 does)")
+        if model.schedule.pairs and version < 5:
+            raise ScheduleError(f"schedule format version {version} cannot hold 'pairs' (version 5 does)")
         schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks, model.schedule.copy_lane,
-                                       model.schedule.after)
+                                       model.schedule.after, model.schedule.pairs)
     except ScheduleError as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
     for section, needs in (("data_parallel", 4), ("replicas", 5)):

@@ -77,14 +77,21 @@ class Schedule:
     compute stream) starts it: that is how a schedule delays a reload until just before the
     backward that needs it, so the memory between offload and reload stays free. Left out, each
     copy is issued as early as its needs allow (an offload after its forward, a reload with the
-    copy before it), which adds no wait to the lanes' order and the ops' needs."""
+    copy before it), which adds no wait to the lanes' order and the ops' needs.
+
+    ``pairs``: per rank, the backward ops (B, or a fused BW) that run overlapped with the forward
+    just before them in the rank's compute order (DualPipe's forward-and-backward pairs): the pair
+    starts when both may, and both end after ``Problem.pair_time`` (``costs.FB``). () when none is."""
 
     name: str
     ranks: tuple[tuple[Op, ...], ...]
     copy: tuple[tuple[Op, ...], ...] = ()
     after: tuple[tuple[Op | None, ...], ...] = ()
+    pairs: tuple[tuple[Op, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.pairs and not any(self.pairs):  # no pair: the same schedule as without
+            object.__setattr__(self, "pairs", ())
         if self.copy and not any(self.copy):  # no copy op: the same schedule as without a copy lane
             object.__setattr__(self, "copy", ())
         if not self.copy:
@@ -102,10 +109,21 @@ class Schedule:
         per_rank: Iterable[Iterable[Op | tuple[str, int, int]]],
         copy: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
         after: Iterable[Iterable[Op | tuple[str, int, int] | None]] = (),
+        pairs: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
     ) -> "Schedule":
         return cls(name, tuple(tuple(Op(*op) for op in ops) for ops in per_rank),
                    tuple(tuple(Op(*op) for op in ops) for ops in copy),
-                   tuple(tuple(None if op is None else Op(*op) for op in ops) for ops in after))
+                   tuple(tuple(None if op is None else Op(*op) for op in ops) for ops in after),
+                   tuple(tuple(Op(*op) for op in ops) for ops in pairs))
+
+    def paired(self) -> dict[Op, Op]:
+        """forward -> the backward it runs overlapped with (``pairs``)."""
+        out = {}
+        for ops, paired in zip(self.ranks, self.pairs):
+            at = {op: k for k, op in enumerate(ops)}
+            for op in paired:
+                out[ops[at[op] - 1]] = op
+        return out
 
     def renamed(self, name: str) -> "Schedule":
         return replace(self, name=name)
@@ -171,6 +189,8 @@ class Schedule:
         where = self.locate()
         if self.copy:
             self._check_issue(where)
+        if self.pairs:
+            self._check_pairs(where, problem)
         n, m = problem.n_stages, problem.microbatches
         allowed = set(problem.kinds)
         for lane, per_rank in self.lanes.items():
@@ -209,6 +229,25 @@ class Schedule:
             raise ScheduleError(f"{self.name}: {len(missing)} ops missing: {shown}")
         return where
 
+
+    def _check_pairs(self, where: dict[Op, tuple[int, int]], problem: Problem) -> None:
+        """Each paired op a backward (B or BW) of the rank's compute lane, listed once, right after a
+        forward of another (stage, microbatch) on its rank."""
+        if len(self.pairs) != problem.ranks:
+            raise ScheduleError(f"{self.name}: has pairs for {len(self.pairs)} ranks, the problem has {problem.ranks}")
+        for r, paired in enumerate(self.pairs):
+            if len(set(paired)) != len(paired):
+                raise ScheduleError(f"{self.name}: rank {r} lists a pair twice")
+            for op in paired:
+                if op not in where or where[op][0] != r or ROWS[op.kind].lane != "compute":
+                    raise ScheduleError(f"{self.name}: pair {op} is not a compute op of rank {r}")
+                k = where[op][1]
+                before = self.ranks[r][k - 1] if k > 0 else None
+                if ROWS[op.kind].carries != "grad" or before is None or before.kind is not Kind.F:
+                    raise ScheduleError(f"{self.name}: rank {r}: {op} is paired, but a pair is a backward (B or BW)"
+                                        " right after a forward F")
+                if (before.stage, before.mb) == (op.stage, op.mb):
+                    raise ScheduleError(f"{self.name}: rank {r}: {op} is paired with its own forward {before}")
 
     def _check_issue(self, where: dict[Op, tuple[int, int]]) -> None:
         """Each copy op issued after a compute op of its own rank, the lane's issue points in its

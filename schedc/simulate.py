@@ -63,7 +63,12 @@ class Timeline:
     # ---- times ----
     @property
     def busy(self) -> tuple[float, ...]:
-        return tuple(sum(e - s for s, e in zip(ss, es)) for ss, es in zip(self.start, self.end))
+        """Per rank, the time its compute lane runs (an overlapped pair once)."""
+        out = []
+        for r, (ss, es) in enumerate(zip(self.start, self.end)):
+            paired = set(self.schedule.pairs[r]) if self.schedule.pairs else ()
+            out.append(sum(e - s for op, s, e in zip(self.schedule.ranks[r], ss, es) if op not in paired))
+        return tuple(out)
 
     @property
     def makespan(self) -> float:
@@ -187,15 +192,19 @@ def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     orders = [ops for per_rank in lanes.values() for ops in per_rank]
     ops = [op for lane_ops in orders for op in lane_ops]
     index = {op: k for k, op in enumerate(ops)}
-    deps = dependencies(problem, ops, index, where, anchors, lanes.get("comm", ()))
-    start, end, pos = replay(
-        [[index[op] for op in lane_ops] for lane_ops in orders], deps, [problem.cost[op.kind][op.stage] for op in ops]
-    )
+    paired = schedule.paired() if schedule.pairs else {}
+    deps = dependencies(problem, ops, index, where, anchors, lanes.get("comm", ()), paired)
+    start, end, pos = replay([[index[op] for op in lane_ops] for lane_ops in orders], deps,
+                             durations(problem, ops, paired))
     stuck = [x for x, lane_ops in enumerate(orders) if pos[x] < len(lane_ops)]
     if stuck:
         deps = {op: [(ops[d], 0.0) for d, _ in waits] for op, waits in zip(ops, deps)}
         raise ScheduleError(f"{schedule.name}: deadlock: {_describe_wait(list(lanes), orders, pos, stuck, deps)}")
     p = problem.ranks
+    for r, paired_ops in enumerate(schedule.pairs):  # a pair's backward starts with its forward
+        at = {op: k for k, op in enumerate(schedule.ranks[r])}
+        for op in paired_ops:
+            start[r][at[op]] = start[r][at[op] - 1]
     times = {lane: (start[k * p:(k + 1) * p], end[k * p:(k + 1) * p]) for k, lane in enumerate(lanes)}
     return _timeline(problem, schedule, times, lanes.get("comm", ()))
 
@@ -213,19 +222,43 @@ def _lanes(problem: Problem, schedule: Schedule) -> tuple[dict[str, tuple[tuple[
 
 
 def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
-                 anchors: dict[Op, Op], comm: tuple[tuple[Op, ...], ...] = ()) -> list[list[tuple[int, float]]]:
+                 anchors: dict[Op, Op], comm: tuple[tuple[Op, ...], ...] = (),
+                 paired: dict[Op, Op] | None = None) -> list[list[tuple[int, float]]]:
     """Per op (by its index in ``ops``), the indices of the ops it waits for and the latency added
     after each one's end: its producers (``comm`` across ranks), for a copy op or a reduce the
-    compute op it is issued after (``anchors``: ``_lanes``), and for a collective what its members
-    on other ranks wait for (``together``; ``comm`` is the communication lanes)."""
+    compute op it is issued after (``anchors``: ``_lanes``), for a collective what its members
+    on other ranks wait for (``together``; ``comm`` is the communication lanes), and for the
+    forward of an overlapped pair (``paired``: forward -> its backward) its backward's producers
+    too: the pair starts when both may."""
     rank_of, depth = problem.stage_rank, problem.pipeline_stages
     joint = together(problem, comm, anchors) if comm else {}
+    paired = paired or {}
+
+    def waits(op: Op):
+        yield from producers(op, depth, where)
+        if op in paired:
+            yield from producers(paired[op], depth, where)
+        yield from _anchor(anchors, op)
+
     return [
-        [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm)
-         for d in (*producers(op, depth, where), *_anchor(anchors, op))]
+        [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm) for d in waits(op)]
         + [(index[d], 0.0) for d in joint.get(op, ())]
         for op in ops
     ]
+
+
+def durations(problem: Problem, ops: list[Op], paired: dict[Op, Op]) -> list[float]:
+    """Each op's duration on its lane: its cost; for an overlapped pair (``paired``: forward -> its
+    backward) the pair's time (``Problem.pair_time``) on the forward and none on the backward, which
+    ends with it."""
+    backs = set(paired.values())
+    out = []
+    for op in ops:
+        if op in paired:
+            out.append(problem.pair_time(op.stage, paired[op].kind, paired[op].stage))
+        else:
+            out.append(0.0 if op in backs else problem.cost[op.kind][op.stage])
+    return out
 
 
 def together(problem: Problem, comm: tuple[tuple[Op, ...], ...], anchors: dict[Op, Op]) -> dict[Op, list[Op]]:
@@ -304,10 +337,11 @@ def back_to_back(problem: Problem, schedule: Schedule, steps: int) -> list[float
     ops = [op for lane_ops in lanes for op in lane_ops]
     n = len(ops)
     index = {op: k for k, op in enumerate(ops)}
-    one = dependencies(problem, ops, index, where, anchors, by_lane.get("comm", ()))
+    paired = schedule.paired() if schedule.pairs else {}
+    one = dependencies(problem, ops, index, where, anchors, by_lane.get("comm", ()), paired)
     deps = [[(d + j * n, lat) for d, lat in one[k]] for j in range(steps) for k in range(n)]
     orders = [[index[op] + j * n for j in range(steps) for op in lane_ops] for lane_ops in lanes]
-    dur = [problem.cost[op.kind][op.stage] for op in ops] * steps
+    dur = durations(problem, ops, paired) * steps
     start, end, pos = replay(orders, deps, dur)
     if any(pos[x] < len(ks) for x, ks in enumerate(orders)):
         simulate(problem, schedule)  # raises the deadlock, described

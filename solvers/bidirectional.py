@@ -15,10 +15,14 @@ zero-bubble schedules, and a stage keeps at most L - j microbatches between F an
 
 ``dualpipe`` is DualPipe (DeepSeek-V3): microbatches fed from both ends, the steady state a
 forward of one direction beside a full backward of the other, B and W split in the warm-up and
-cool-down. Its per-rank order follows the reference implementation's eight steps. With F&B
-taken as F + B (schedc does not model the overlap of a pair yet: ``costs.FB`` is to come), each
-rank idles (p/2 - 1)(F + 2B - 3W) on the costs the published formula assumes (F = B = 2W), and
-holds p + 1 microbatches' activations (tested).
+cool-down. Its per-rank order follows the reference implementation's eight steps. Where the
+problem gives ``costs.FB`` (how long an overlapped pair takes), the steady state's pairs run
+overlapped (``Schedule.pairs``: a pair starts once both its ops may); without it one op after the
+other, as the reference runs them for a module that cannot overlap them. Then each rank idles
+(p/2 - 1)(F + 2B - 3W), the published formula with F&B = F + B, on the costs it assumes
+(F = B = 2W), and holds p + 1 microbatches' activations (tested). With overlapped pairs the
+published formula does not hold as such: a pair waits for the later of its two inputs, which the
+formula's figure does not count (measured, benchmarks/sync.py).
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def bidirectional_zero_bubble(problem: Problem) -> Schedule:
     return list_scheduled(problem, "bidir-zb", split=True)
 
 
-def _dualpipe_order(problem: Problem, r: int) -> list[Op]:
+def _dualpipe_order(problem: Problem, r: int) -> tuple[list[Op], list[Op]]:
     """Rank r's compute order in DualPipe (DeepSeek-V3; the order of the reference implementation's
     step, rewritten from its description): with p ranks and m microbatches per direction (m >= p),
     rank r runs its "phase 0" chunk (pipeline 0's stage r on the first half of the ranks, pipeline
@@ -103,13 +107,16 @@ def _dualpipe_order(problem: Problem, r: int) -> list[Op]:
     both, B+W+F of phase 1 (zero bubble), the main loop of forward-and-backward pairs (F of one
     chunk beside a full backward of the other), backwards and pairs, backwards of both (the later
     half split into B and W), W and B of phase 0, and the remaining W. A split B queues its W; a W
-    runs the oldest queued one."""
+    runs the oldest queued one. Returns the order and the backwards run overlapped with the
+    forward before them (every pair but the middle ranks' first, which the reference runs apart)."""
     p, m, depth = problem.ranks, problem.microbatches, problem.pipeline_stages
     half, hr, second = p // 2, min(r, p - 1 - r), int(r >= p // 2)
     stage = {0: r, 1: depth + (p - 1 - r)}  # chunk (0: pipeline 0, 1: pipeline 1) -> its stage on rank r
     f_next, b_next = [0, 0], [0, 0]
     queued: list[Op] = []
     ops: list[Op] = []
+    pairs: list[Op] = []
+    middle = r in (half - 1, half)
 
     def forward(phase: int) -> None:
         c = phase ^ second
@@ -129,6 +136,12 @@ def _dualpipe_order(problem: Problem, r: int) -> list[Op]:
     def weight() -> None:
         ops.append(queued.pop(0))
 
+    def pair(phase0: int, phase1: int, overlapped: bool = True) -> None:
+        forward(phase0)
+        backward(phase1, split=False)
+        if overlapped:
+            pairs.append(ops[-1])
+
     for _ in range((half - hr - 1) * 2):  # 1: forwards of phase 0
         forward(0)
     for _ in range(hr + 1):  # 2: forwards of both phases
@@ -138,15 +151,12 @@ def _dualpipe_order(problem: Problem, r: int) -> list[Op]:
         backward(1, split=True)
         weight()
         forward(1)
-    for _ in range(m - p + hr + 1):  # 4: the main loop, two forward-and-backward pairs
-        forward(0)
-        backward(1, split=False)
-        forward(1)
-        backward(0, split=False)
+    for i in range(m - p + hr + 1):  # 4: the main loop, two forward-and-backward pairs
+        pair(0, 1, overlapped=not (i == 0 and middle))
+        pair(1, 0)
     for _ in range(half - hr - 1):  # 5: a backward, then a pair
         backward(1, split=False)
-        forward(1)
-        backward(0, split=False)
+        pair(1, 0)
     split = False
     steps = hr + 1
     for i in range(steps):  # 6: backwards of both, the later ones split
@@ -161,7 +171,7 @@ def _dualpipe_order(problem: Problem, r: int) -> list[Op]:
         backward(0, split=True)
     while queued:  # 8: the remaining W
         weight()
-    return ops
+    return ops, pairs
 
 
 def _dualpipe_fits(problem: Problem) -> str | None:
@@ -180,4 +190,7 @@ def _dualpipe_fits(problem: Problem) -> str | None:
 @register("dualpipe", "DualPipe (DeepSeek-V3): both directions fed from both ends, forward-and-backward pairs, B and W"
           " split in the warm-up and cool-down", split_backward=True, requires=_dualpipe_fits, bidirectional=True)
 def dualpipe(problem: Problem) -> Schedule:
-    return Schedule.from_lists("dualpipe", [_dualpipe_order(problem, r) for r in range(problem.ranks)])
+    orders, pairs = zip(*(_dualpipe_order(problem, r) for r in range(problem.ranks)))
+    # The pairs run overlapped where the problem says how long that takes (costs.FB); else one op
+    # after the other, as the reference does for a module that cannot overlap them.
+    return Schedule.from_lists("dualpipe", orders, pairs=pairs if problem.overlap_time is not None else ())

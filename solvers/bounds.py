@@ -108,6 +108,8 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     check_supported(problem.cost, "the lower bounds", BOUNDED)
+    if problem.overlap_time is not None:
+        return all_bounds(_without_overlap(problem), objective)
     if problem.data_parallel is not None or (problem.replicas is not None and any(problem.cost[Kind.RS])):
         return _with_sync(problem, objective)
     problem = _relaxed(problem)
@@ -171,6 +173,28 @@ def _bidirectional_bounds(problem: Problem, objective: str) -> list[Bound]:
             out.append(_memory_time_bound(problem, ch, r, objective))
     out.append(_critical_path(problem, ch, objective))
     return [b for b in out if b is not None]
+
+
+def _without_overlap(problem: Problem) -> Problem:
+    """Where a rank runs a forward and an input gradient faster overlapped (``costs.FB``), scale the
+    F and B of its stages down by FB / (the largest F + B of its stages) (a fused backward to at
+    most the scaled B plus W): no op gets longer, and a pair's time (FB, plus W for a fused
+    backward) is no less than its two ops' relaxed times one after the other, so every schedule of
+    the problem, pairs or not, is a schedule of the relaxation or slower."""
+    c = problem.cost
+    k = [1.0] * problem.n_stages
+    for r, stages in enumerate(problem.rank_stages):
+        most = max(c[Kind.F][s] for s in stages) + max(c[Kind.B][s] for s in stages)
+        for s in stages:
+            k[s] = min(1.0, problem.overlap_time[r] / most)
+    data = problem.model_dump(exclude_none=True)
+    costs = {"F": [x * y for x, y in zip(c[Kind.F], k)], "B": [x * y for x, y in zip(c[Kind.B], k)], "W": list(c[Kind.W])}
+    if problem.costs.BW is not None:
+        costs["BW"] = [min(bw, b * y + w) for bw, b, w, y in zip(c[Kind.BW], c[Kind.B], c[Kind.W], k)]
+    data["costs"] = costs
+    if problem.recompute is not None and problem.recompute.time is None:  # it defaulted to F: keep it so
+        data["recompute"]["time"] = list(c[Kind.F])
+    return Problem.parse(data)
 
 
 def _relaxed(problem: Problem) -> Problem:

@@ -170,7 +170,8 @@ def _judge(problem: Problem, name: str, schedule: Schedule, warm_start: bool, be
 
 def unfuse(schedule: Schedule) -> Schedule:
     """The same schedule with every fused BW as B then W (identical times, memory and order; the
-    copy lane as it was, a copy issued after a BW now issued after its W)."""
+    copy lane as it was, a copy issued after a BW now issued after its W; a BW in an overlapped pair
+    now its B, the W right after the pair: its gradient then leaves the pair before the W, no later)."""
     per_rank = []
     for ops in schedule.ranks:
         out = []
@@ -178,7 +179,8 @@ def unfuse(schedule: Schedule) -> Schedule:
             out += [Op(Kind.B, op.stage, op.mb), Op(Kind.W, op.stage, op.mb)] if op.kind == Kind.BW else [op]
         per_rank.append(out)
     after = [[a if a is None or a.kind != Kind.BW else Op(Kind.W, a.stage, a.mb) for a in ops] for ops in schedule.after]
-    return Schedule.from_lists(schedule.name, per_rank, schedule.copy, after)
+    pairs = [[Op(Kind.B, op.stage, op.mb) if op.kind == Kind.BW else op for op in ops] for ops in schedule.pairs]
+    return Schedule.from_lists(schedule.name, per_rank, schedule.copy, after, pairs)
 
 
 def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:

@@ -261,3 +261,65 @@ def test_the_critical_path_knows_that_a_sum_waits_for_its_copies():
                 assert t.anchors()[partner] in together
             chain = critical_path(t)
             assert chain.value == pytest.approx(t.makespan) and chain.ops[-1].kind is Kind.RS
+
+
+def _overlapped(fb, p=4, m=8, **extra):
+    return Problem.parse({"ranks": p, "microbatches": m, "costs": {"F": 2, "B": 2, "W": 1, **({"FB": fb} if fb is not None else {})},
+                          "replicas": 2, **extra})
+
+
+def test_costs_fb_is_per_rank_and_scales_with_time():
+    p = _overlapped([3, 3, 3.5, 3])
+    assert p.overlap_time == (3, 3, 3.5, 3) and p.overlap_cheaper
+    assert p.scaled(time=2).overlap_time == (6, 6, 7, 6)
+    assert p.pair_time(0, Kind.B, 7) == 3 and p.pair_time(0, Kind.BW, 7) == 3 + 1
+    assert _overlapped(None).pair_time(0, Kind.BW, 7) == 2 + 3
+    assert not _overlapped(4).overlap_cheaper  # the pair as long as its two ops
+    for fb, message in [([3, 3], "costs.FB has 2 values but there are 4 ranks"), (0, "costs.FB: must be > 0")]:
+        with pytest.raises(ProblemError, match=message):
+            _overlapped(fb)
+
+
+def test_an_overlapped_pair_starts_when_both_may_and_ends_together():
+    p = _overlapped(3)
+    schedule = build("dualpipe", p)
+    assert schedule.pairs and all(schedule.pairs)
+    t = simulate(p, schedule)
+    times = t.op_times()
+    for forward, backward in schedule.paired().items():
+        (_, fs, fe), (_, bs, be) = times[forward], times[backward]
+        assert fs == bs and fe == be == pytest.approx(fs + p.pair_time(forward.stage, backward.kind, backward.stage))
+    work = {r: sum(p.cost[op.kind][op.stage] for op in ops) for r, ops in enumerate(schedule.ranks)}
+    saved = {r: sum(p.cost[Kind.F][f.stage] + p.cost[b.kind][b.stage] - p.pair_time(f.stage, b.kind, b.stage)
+                    for f, b in schedule.paired().items() if f in schedule.ranks[r]) for r in work}
+    assert t.busy == pytest.approx([work[r] - saved[r] for r in work])  # each pair counted once
+    # Without costs.FB the pairs are not overlapped (as the reference runs a module that cannot).
+    assert not build("dualpipe", _overlapped(None)).pairs
+    faster = [simulate(q, build("dualpipe", q)).makespan for q in (_overlapped(4), _overlapped(3), _overlapped(2))]
+    assert faster == sorted(faster, reverse=True) and faster[0] > faster[-1]
+
+
+def test_bounds_stay_below_schedules_with_overlapped_pairs():
+    for fb in (4, 3, 2, 1):
+        p = _overlapped(fb, replicas={"count": 2, "sync": 0.5})
+        bound = lower_bound(p).value
+        for name in ("dualpipe", "chimera", "bidir-zb"):
+            assert bound <= simulate(p, build(name, p)).makespan + 1e-9
+        assert bound <= lower_bound(_overlapped(None, replicas={"count": 2, "sync": 0.5})).value + 1e-9
+
+
+def test_pairs_are_checked_and_kept_in_the_schedule_file(tmp_path):
+    p = _overlapped(3)
+    compiled = schedc.compile(p, "dualpipe")
+    compiled.save(tmp_path / "d.json")
+    loaded = schedc.load(tmp_path / "d.json")
+    assert loaded.schedule.pairs == compiled.schedule.pairs and loaded.timeline.makespan == compiled.timeline.makespan
+    ranks = compiled.schedule.ranks
+    first = compiled.schedule.pairs[0][0]
+    at = ranks[0].index(first)
+    moved = [list(ops) for ops in ranks]
+    moved[0].insert(0, moved[0].pop(at))  # the paired backward no longer after a forward
+    with pytest.raises(schedc.ScheduleError, match="a pair is a backward .B or BW. right after a forward F"):
+        simulate(p, schedc.Schedule.from_lists("x", moved, pairs=compiled.schedule.pairs))
+    with pytest.raises(schedc.ScheduleError, match="has pairs for 1 ranks"):
+        simulate(p, schedc.Schedule.from_lists("x", ranks, pairs=[[first]]))

@@ -53,6 +53,10 @@ def test_two_directions_train_exactly_like_one_process(p, tmp_path):
         path = tmp_path / f"{name}.json"
         schedc.compile(prob, name).save(path)
         paths.append(str(path))
+    # DualPipe with its forward-and-backward pairs overlapped (costs.FB): run one after the other here
+    overlapped = prob.with_changes(costs={"FB": 2.0})
+    schedc.compile(overlapped, "dualpipe").save(tmp_path / "dualpipe-fb.json")
+    paths.append(str(tmp_path / "dualpipe-fb.json"))
     batch = 2 * 2 * m  # two sequences per microbatch, m microbatches per direction
     ranks = run_local(train, p, paths, batch, timeout=900)
     ref_losses, ref_weights = reference(p, 2 * m, batch)

@@ -1,0 +1,164 @@
+"""Two directions and gradient synchronization (issue 26): published bubbles of the two-direction
+schedules, and solve against the schedules users run, with data-parallel all-reduces.
+
+    python benchmarks/sync.py [--write] [--time-limit S] [--jobs N] [--alphas 0,0.25,0.5,1] [--only NAME]
+
+Part 1, published bubbles on uniform costs (no search, exact): Chimera (Li and Hoefler, SC'21),
+D stages and N microbatches in all, F equal to the fused backward: 2N + D - 2 per iteration;
+DualPipe (DeepSeek-V3, its table): each rank idles (p/2 - 1)(F&B + B - 3W), here with the pairs run
+one op after the other (F&B = F + B) on the costs the formula assumes (F = B = 2W), and with
+overlapped pairs (``costs.FB`` = 0.75 (F + B)) measured beside it. BitPipe is not built yet.
+
+Part 2, the zero-bubble paper's settings (``examples/problems/zb-paper``, the 2p files: the memory
+limit of 2p microbatches' activations, objective makespan here since the step ends with the
+reduces) with a data-parallel all-reduce of alpha x (F + B + W) per stage, issued after the stage's
+last W (overlapped) or at the end. Per cell: 1F1B and ZB-H1 on the pipeline; ZB-V on the same
+model cut into 2p stages (V placement, each stage's costs and memory halved); Chimera and DualPipe
+on two directions (replicas 2, m/2 microbatches each way, the same global batch; the copies' sum
+RS taken as half the all-reduce, an all-reduce over two ranks; parameters are not counted, the
+settings give activation memory only); and ``solve`` on each of the three problems (each within
+the time limit), the best of the three with its proven gap (for the problem it was found on).
+A schedule over the memory limit is marked so and not compared. ``solve`` no slower than the best
+baseline that fits is the acceptance column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _results import machine, write_section  # noqa: E402
+
+import schedc  # noqa: E402
+import schedc.solvers  # noqa: E402,F401  (registers the schedules)
+from schedc import Problem  # noqa: E402
+from schedc.simulate import simulate  # noqa: E402
+from schedc.solvers.registry import build  # noqa: E402
+from schedc.solvers.solve import solve  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = sorted((ROOT / "examples/problems/zb-paper").glob("zb-*-2p.yaml"))
+BASELINES = ("1f1b", "zb-h1", "zb-v", "chimera", "dualpipe")
+SOLVED = {"one": "p stages", "v": "V, 2p stages", "both": "two directions"}  # the problems solve runs on
+
+
+def uniform_table() -> str:
+    lines = ["| schedule | p | microbatches | costs | published | schedc | peak activations |",
+             "|---|---|---|---|---|---|---|"]
+    for d in (4, 8, 16):
+        for n in (d, 2 * d):
+            p = Problem.parse({"ranks": d, "microbatches": n // 2, "costs": {"F": 1, "B": 0.5, "W": 0.5}, "replicas": 2})
+            t = simulate(p, build("chimera", p))
+            lines.append(f"| chimera | {d} | {n} in all | F = BW = 1 | 2N + D - 2 = {2 * n + d - 2} | {t.makespan:g} |"
+                         f" {max(t.peak_activation):g} |")
+    for d in (4, 8, 16):
+        m = 2 * d
+        for fb in (None, 3.0):
+            costs = {"F": 2, "B": 2, "W": 1, **({"FB": fb} if fb else {})}
+            p = Problem.parse({"ranks": d, "microbatches": m, "costs": costs, "replicas": 2})
+            t = simulate(p, build("dualpipe", p))
+            idle = max(t.idle())
+            pair = fb or 4
+            published = (d / 2 - 1) * (pair + 2 - 3 * 1)
+            lines.append(f"| dualpipe | {d} | {m} each way | F = B = 2, W = 1, F&B = {pair:g}"
+                         f"{' (overlapped pairs)' if fb else ' (one after the other)'} |"
+                         f" idle (p/2 - 1)(F&B + B - 3W) = {published:g} | idle {idle:g} | {max(t.peak_activation):g} |")
+    return "\n".join(lines)
+
+
+def cell_problems(path: Path, alpha: float, overlap: bool) -> dict[str, Problem]:
+    base = schedc.load_problem(path).with_changes(objective="makespan")
+    c = base.cost
+    reduce = [alpha * (c["F"][s] + c["B"][s] + c["W"][s]) for s in range(base.n_stages)]
+    one = base.with_changes(data_parallel={"degree": 2, "reduce": reduce, "overlap": overlap})
+    data = one.model_dump(exclude_none=True)
+    halved = {k: [x / 2 for x in v for _ in (0, 1)] for k, v in (("F", c["F"]), ("B", c["B"]), ("W", c["W"]))}
+    mem = base.mem_deltas
+    v = Problem.parse({**data, "chunks": 2, "placement": "v", "costs": halved,
+                       "memory": {**data["memory"], "F": [x / 2 for x in mem[0] for _ in (0, 1)],
+                                  "B": [x / 2 for x in mem[1] for _ in (0, 1)], "W": [x / 2 for x in mem[2] for _ in (0, 1)]},
+                       "data_parallel": {**data["data_parallel"], "reduce": [x / 2 for x in reduce for _ in (0, 1)]}})
+    both = Problem.parse({**data, "microbatches": base.microbatches // 2,
+                          "replicas": {"count": 2, "sync": [x / 2 for x in reduce]}})
+    return {"one": one, "v": v, "both": both}
+
+
+def run_cell(args) -> dict:
+    path, alpha, overlap, time_limit = args
+    problems = cell_problems(Path(path), alpha, overlap)
+    out = {"setting": Path(path).stem, "alpha": alpha, "overlap": overlap, "baselines": {}}
+    where = {"1f1b": "one", "zb-h1": "one", "zb-v": "v", "chimera": "both", "dualpipe": "both"}
+    for name in BASELINES:
+        p = problems[where[name]]
+        t = simulate(p, build(name, p))
+        out["baselines"][name] = (t.makespan, t.fits)
+    best = None
+    for key in ("one", "v", "both"):
+        began = time.perf_counter()
+        r = solve(problems[key], time_limit=time_limit, threads=1)
+        found = (r.objective, r.bound, key, r.warm_start, time.perf_counter() - began)
+        if r.timeline.fits and (best is None or r.objective < best[0]):
+            best = found
+    out["solve"] = best
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="write the tables to benchmarks/RESULTS.md")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve (three per cell)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--alphas", default="0,0.25,0.5,1")
+    ap.add_argument("--only", help="only the settings whose name contains this")
+    args = ap.parse_args()
+    table1 = uniform_table()
+    print(table1, flush=True)
+    alphas = [float(a) for a in args.alphas.split(",")]
+    settings = [p for p in SETTINGS if args.only is None or args.only in p.stem]
+    cells = [(str(p), a, ov, args.time_limit) for p in settings for a in alphas for ov in (True, False)]
+    results = []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for k, r in enumerate(pool.map(run_cell, cells), 1):
+            results.append(r)
+            print(f"[{k}/{len(cells)}] {r['setting']} alpha {r['alpha']:g} overlap {r['overlap']}: solve"
+                  f" {r['solve'][0]:.6g} ({r['solve'][2]}), best baseline"
+                  f" {min((v for v, fits in r['baselines'].values() if fits), default=float('nan')):.6g}", flush=True)
+    rows = ["| setting | alpha | reduce | " + " | ".join(BASELINES) + " | solve (problem, gap) | no slower |",
+            "|---|---|---|" + "---|" * len(BASELINES) + "---|---|"]
+    wins = 0
+    for r in results:
+        fitting = [v for v, fits in r["baselines"].values() if fits]
+        objective, bound, key, _, _ = r["solve"]
+        ok = not fitting or objective <= min(fitting) * (1 + 1e-9)
+        wins += ok
+        cells_ = [f"{v:.1f}" if fits else f"({v:.1f}, over)" for v, fits in (r["baselines"][n] for n in BASELINES)]
+        gap = (objective - bound) / objective if objective else 0.0
+        rows.append(f"| {r['setting'].removeprefix('zb-').removesuffix('-2p')} | {r['alpha']:g} |"
+                    f" {'overlapped' if r['overlap'] else 'at the end'} | " + " | ".join(cells_)
+                    + f" | {objective:.1f} ({SOLVED[key]}, {100 * gap:.1f}%) |"
+                    f" {'yes' if ok else 'NO'} |")
+    table2 = "\n".join(rows)
+    print(table2)
+    print(f"solve no slower than the best baseline that fits: {wins} of {len(results)}")
+    if args.write:
+        command = "python benchmarks/sync.py --write" + (f" --time-limit {args.time_limit:g}" if args.time_limit != 10 else "") \
+            + (f" --alphas {args.alphas}" if args.alphas != "0,0.25,0.5,1" else "") + (f" --only {args.only}" if args.only else "")
+        body = (f"## Two directions and gradient synchronization (issue 26)\n\n`{command}` on {machine()}.\n\n"
+                "Published bubbles on uniform costs (schedc's simulator, no search):\n\n" + table1 + "\n\n"
+                "The zero-bubble paper's settings (2p memory limit, makespan) with a data-parallel all-reduce of"
+                " alpha x (F + B + W) per stage; makespan in ms; '(x, over)': over the memory limit. solve: the"
+                " best of solve on the p-stage, the V (2p stages) and the two-direction problem, with its proven"
+                " gap on that problem; the last column is the"
+                f" acceptance point (solve no slower than the best baseline that fits): {wins} of {len(results)}.\n\n"
+                + table2)
+        write_section("sync", body)
+
+
+if __name__ == "__main__":
+    main()
