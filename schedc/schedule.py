@@ -342,31 +342,31 @@ def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op]
         return ()
     out = []
     for r, ops in enumerate(schedule.ranks):
-        items = []  # (issue position, then the later stage first, the collectives in their one order; op)
+        items = []  # (issue position, reduces before collectives, then ``comm_ops``'s order; op)
         at = -1  # the collectives': each no earlier than the one before it
-        for op in comm_ops(problem, r):
+        for k, op in enumerate(comm_ops(problem, r)):
             here = max(k for k, other in enumerate(ops) if sync_waits_for(problem, op, other))
-            if ROWS[op.kind].group is not None:
+            collective = ROWS[op.kind].group is not None
+            if collective:
                 at = here = max(at, here)
-            items.append(((here, -(op.stage % problem.pipeline_stages if ROWS[op.kind].group else op.stage),
-                           ROWS[op.kind].group is not None), op))
+            items.append(((here, collective, k), op))
         items.sort(key=lambda item: item[0])
         out.append(tuple((op, ops[key[0]]) for key, op in items))
     return tuple(out)
 
 
 def comm_ops(problem: Problem, rank: int) -> tuple[Op, ...]:
-    """The communication lane's ops of ``rank``: an AR per stage with ``data_parallel``, then an
-    RS per stage with ``replicas``, the collectives in the one order every member issues them in
-    (the model's later stage first: the order the backward completes them)."""
+    """The communication lane's ops of ``rank``, the later stage first (the order the backward
+    completes them): an AR per stage with ``data_parallel``, then an RS per stage with
+    ``replicas``, the collectives in the one order every member issues them in (the model's later
+    stage first)."""
     stages = problem.rank_stages[rank]
     out = []
     for kind in problem.kinds:
         row = ROWS[kind]
-        if not row.per_stage:
-            continue
-        order = sorted(stages, key=lambda s: (-(s % problem.pipeline_stages), s)) if row.group else stages
-        out += [_new(Op, (kind, s, 0)) for s in order]
+        if row.per_stage:
+            order = sorted(stages, key=lambda s: (-(s % problem.pipeline_stages), -s) if row.group else -s)
+            out += [_new(Op, (kind, s, 0)) for s in order]
     return tuple(out)
 
 

@@ -500,11 +500,11 @@ class _Search:
             last_w = {s: max(self.end[(2 * n + s) * m + i] for i in range(m)) for s in stages}
             items = []
             if self.reduce is not None:
-                items += [((last_w[s] if self.overlap else self.free[r], -s, 0), ("AR", s)) for s in stages]
+                items += [((last_w[s] if self.overlap else self.free[r], 0, -s), ("AR", s)) for s in stages]
             at = 0
-            for s in sorted(stages, key=lambda s: (-(s % depth), s)):
+            for s in sorted(stages, key=lambda s: (-(s % depth), -s)):
                 at = max(at, last_w[s])
-                items.append(((at, -(s % depth), 1), ("RS", s)))
+                items.append(((at, 1, -(s % depth)), ("RS", s)))
             items.sort()
             lanes.append([(key[0], item) for key, item in items])
         pos, lane_free = [0] * self.p, [0] * self.p
