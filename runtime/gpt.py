@@ -85,11 +85,15 @@ class Head(nn.Module):
 
 
 def gpt_blocks(vocab: int = 64, d_model: int = 32, n_layers: int = 4, n_heads: int = 2, seq_len: int = 16,
-               seed: int = 0, dropout: float = 0.0) -> list[nn.Module]:
-    """[Embedding, Block x n_layers, Head], initialised from ``seed`` (the same on every rank)."""
+               seed: int = 0, dropout: float = 0.0, tied: bool = False) -> list[nn.Module]:
+    """[Embedding, Block x n_layers, Head], initialised from ``seed`` (the same on every rank);
+    ``tied``: the head's output weight is the token embedding (one Parameter)."""
     torch.manual_seed(seed)
-    return [Embedding(vocab, d_model, seq_len, dropout), *(Block(d_model, n_heads, dropout) for _ in range(n_layers)),
-            Head(d_model, vocab)]
+    blocks = [Embedding(vocab, d_model, seq_len, dropout), *(Block(d_model, n_heads, dropout) for _ in range(n_layers)),
+              Head(d_model, vocab)]
+    if tied:
+        blocks[-1].out.weight = blocks[0].tok.weight
+    return blocks
 
 
 def cut(blocks: list[nn.Module], sizes: list[int]) -> list[nn.Sequential]:

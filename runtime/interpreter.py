@@ -117,7 +117,7 @@ class _StepState:
     dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state): F ran without autograd, R due
     regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
     boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
-    reduces: list = field(default_factory=list)  # (stage, posted or None: at STEP, group, divisor, where, what)
+    reduces: list = field(default_factory=list)  # (stage, posted or None: at STEP, params, group, divisor, where, what)
 
 
 class PipelineRuntime:
@@ -130,6 +130,7 @@ class PipelineRuntime:
         device: torch.device | str | None = None,
         group: dist.ProcessGroup | None = None,
         data_parallel_group: dist.ProcessGroup | None = None,
+        tied_parameters: Mapping[int, Any] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         clip_grad_norm: float | None = None,
         clip_mode: str = "sync",
@@ -146,7 +147,11 @@ class PipelineRuntime:
         holding the same stages), over which its gradients are all-reduced; its size must be the
         degree. With replicas (two pipelines in opposite directions), ``stages`` holds this rank's
         stages of every pipeline, stage s a copy of model stage s % L (L stages per pipeline) whose
-        parameters start equal to its copies' on the other ranks. ``timeout``: seconds any wait may take.
+        parameters start equal to its copies' on the other ranks. ``tied_parameters``: where the
+        problem ties weights of stages on different ranks (``tied``, an embedding shared by the first
+        and last stage), per such stage of this rank its shared parameters, in the same order on
+        every rank of the group and equal at the start; TS sums their gradients.
+        ``timeout``: seconds any wait may take.
         ``clip_grad_norm``: clip to this max norm of all gradients of the whole model (every rank),
         as ``torch.nn.utils.clip_grad_norm_``, then step; a non-finite norm skips the step
         (``skip_nonfinite``). Needs ``optimizer``. ``clip_mode``: ``"sync"`` (wait for the norm
@@ -200,7 +205,7 @@ class PipelineRuntime:
         self._ops: dict[Kind | Opcode, Callable[[_StepState, Instr, int], None]] = {  # opcode -> its method
             Kind.F: self._forward, Kind.B: self._backward_input, Kind.BW: self._backward_full, Kind.W: self._weight,
             Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.O: self._offload,
-            Kind.L: self._reload, Kind.AR: self._reduce, Kind.RS: self._replica_sum,
+            Kind.L: self._reload, Kind.AR: self._reduce, Kind.RS: self._replica_sum, Kind.TS: self._tied_sum,
             Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
             Opcode.STEP: self._optimizer_step,
         }
@@ -233,7 +238,9 @@ class PipelineRuntime:
                                   " computed at B and its W does not do them: compile it without fullgraph=True"
                                   " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
-        self.copies = self._replica_groups(group) if head.pipelines > 1 else {}
+        self.tied = self._tied(tied_parameters or {})
+        # (kind, stage) -> the process group of the collective RS or TS of that stage, and its ranks
+        self.sync_groups = self._stage_groups(group)
         self.selective: dict[int, list[nn.Module]] = {}  # stage -> its parts marked for selective recompute
         for s in sorted({s for (s, _), kind in self.policy.items() if kind is Kind.S}):
             self.selective[s] = enable_selective(self.stages[s])
@@ -522,27 +529,38 @@ class PipelineRuntime:
     def _replica_sum(self, state: _StepState, instr: Instr, k: int) -> None:
         """Post the sum of stage ``instr.stage``'s gradients with its copies' (the same model stage in
         the other pipelines, on other ranks); STEP waits for it."""
-        group, ranks = self.copies[instr.stage]
+        group, ranks = self.sync_groups[Kind.RS, instr.stage]
         self._sum_gradients(state, instr, k, group, 1, f"the gradient sum of stage {instr.stage} with its copies"
                             f" on ranks {', '.join(map(str, ranks))}")
 
-    def _sum_gradients(self, state: _StepState, instr: Instr, k: int, group, divisor: int, what: str) -> None:
-        """Post the sum of stage ``instr.stage``'s gradients over ``group`` (STEP waits and divides by
-        ``divisor``). The gradients that exist are summed, the same on every member (the same model
-        stage and program); one flat buffer per dtype, on the transport's device. Where a sum of
-        the same stage is still in flight (data parallelism and replicas: AR and RS), this one
-        must start from its result, so it is posted at STEP, once that one has been written back
-        (the simulator runs it on the communication lane right after; here it is not overlapped)."""
-        where = (k, instr, self.steps)
-        if any(item[0] == instr.stage for item in state.reduces):
-            state.reduces.append((instr.stage, None, group, divisor, where, what))
-            return
-        state.reduces.append((instr.stage, self._post_sum(instr.stage, group, where, what), group, divisor, where, what))
+    def _tied_sum(self, state: _StepState, instr: Instr, k: int) -> None:
+        """Post the sum of the gradients of stage ``instr.stage``'s tied weights (``tied_parameters``)
+        with those of the stages that share them on other ranks; STEP waits for it."""
+        group, ranks = self.sync_groups[Kind.TS, instr.stage]
+        self._sum_gradients(state, instr, k, group, 1, f"the tied-weight gradient sum of stage {instr.stage} with"
+                            f" ranks {', '.join(map(str, ranks))}", self.tied[instr.stage])
 
-    def _post_sum(self, stage: int, group, where: tuple, what: str) -> list:
-        """Post the all-reduces of stage ``stage``'s gradients over ``group``: (pending, flat buffer,
+    def _sum_gradients(self, state: _StepState, instr: Instr, k: int, group, divisor: int, what: str,
+                       params: list | None = None) -> None:
+        """Post the sum of stage ``instr.stage``'s gradients (or of ``params``') over ``group`` (STEP
+        waits and divides by ``divisor``). The gradients that exist are summed, the same on every
+        member (the same model stage and program); one flat buffer per dtype, on the transport's
+        device. Where a sum of the same stage is still in flight (data parallelism and replicas or
+        tied weights: AR and RS or TS), this one must start from its result, so it is posted at STEP,
+        once that one has been written back (the simulator runs it on the communication lane right
+        after; here it is not overlapped)."""
+        where = (k, instr, self.steps)
+        params = self.params[instr.stage] if params is None else params
+        if any(item[0] == instr.stage for item in state.reduces):
+            state.reduces.append((instr.stage, None, params, group, divisor, where, what))
+            return
+        state.reduces.append((instr.stage, self._post_sum(params, group, where, what), params, group, divisor, where,
+                              what))
+
+    def _post_sum(self, params: list, group, where: tuple, what: str) -> list:
+        """Post the all-reduces of the gradients of ``params`` over ``group``: (pending, flat buffer,
         its gradients) per dtype."""
-        grads = [p.grad for p in self.params[stage] if p.grad is not None]
+        grads = [p.grad for p in params if p.grad is not None]
         posted = []
         for dtype in sorted({g.dtype for g in grads}, key=str):
             mine = [g for g in grads if g.dtype == dtype]
@@ -553,9 +571,9 @@ class PipelineRuntime:
     def _await_reduces(self, state: _StepState) -> None:
         """Wait for the posted gradient sums, in the order they were issued (one lane), and write
         each back: the data-parallel replicas' mean, the copies' sum; post those left for the step."""
-        for stage, posted, group, divisor, where, what in state.reduces:
+        for _, posted, params, group, divisor, where, what in state.reduces:
             if posted is None:
-                posted = self._post_sum(stage, group, where, what)
+                posted = self._post_sum(params, group, where, what)
             for pending, flat, grads in posted:
                 self._io.wait(pending, where)
                 if divisor != 1:
@@ -590,24 +608,41 @@ class PipelineRuntime:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
-    def _replica_groups(self, group) -> dict[int, tuple[dist.ProcessGroup, tuple[int, ...]]]:
-        """Per stage of this rank, the process group of the ranks holding its model stage's copies
-        (and those pipeline ranks), over which RS sums their gradients. Each group is made by its
-        members alone (``use_local_synchronization``), in the order of the model's stages, so that
-        other pipelines of a data-parallel mesh make theirs alike."""
+    def _stage_groups(self, group) -> dict[tuple[Kind, int], tuple[dist.ProcessGroup, tuple[int, ...]]]:
+        """Per collective of this rank, (RS or TS, stage) -> the process group of the ranks holding
+        its group's stages (and those pipeline ranks): for RS the model stage's copies, for TS the
+        stages sharing tied weights. Each process group is made by its members alone
+        (``use_local_synchronization``), in one order on every rank (the header's groups), so that
+        the other pipelines of a data-parallel mesh make theirs alike; groups of the same ranks share one."""
         head = self.header
         world = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        groups = [(Kind.RS, tuple(range(j, head.n_stages, self.depth))) for j in range(self.depth)] if head.pipelines > 1 else []
+        groups += [(Kind.TS, g) for g in head.tied]
         out = {}
         made: dict[tuple[int, ...], dist.ProcessGroup] = {}
-        for j in range(self.depth):
-            ranks = tuple(sorted({head.stage_rank[s] for s in range(j, head.n_stages, self.depth)}))
+        for kind, stages in groups:
+            ranks = tuple(sorted({head.stage_rank[s] for s in stages}))
             if self.rank not in ranks:
                 continue
             if ranks not in made:
                 made[ranks] = dist.new_group([world[r] for r in ranks], use_local_synchronization=True)
-            for s in range(j, head.n_stages, self.depth):
-                if head.stage_rank[s] == self.rank:
-                    out[s] = (made[ranks], ranks)
+            out.update(((kind, s), (made[ranks], ranks)) for s in stages if head.stage_rank[s] == self.rank)
+        return out
+
+    def _tied(self, given: Mapping[int, Any]) -> dict[int, list]:
+        """Stage -> its tied weights, for each stage of this rank in a tied group across ranks
+        (``tied_parameters``, checked)."""
+        mine = {s for g in self.header.tied for s in g if self.header.stage_rank[s] == self.rank}
+        if set(given) - mine:
+            raise PipelineError(f"tied_parameters names stages {sorted(set(given) - mine)}, which share no weights"
+                                f" with another rank in {self.header.schedule!r} (its tied groups: {list(self.header.tied)})")
+        out = {}
+        for s in sorted(mine):
+            params = list(given.get(s, ()))
+            if not params or not all(isinstance(p, nn.Parameter) and any(p is q for q in self.params[s]) for p in params):
+                raise PipelineError(f"stage {s} shares weights with another rank in {self.header.schedule!r}: pass"
+                                    " tied_parameters={" + str(s) + ": [the shared parameters of its module]}")
+            out[s] = params
         return out
 
     def _split(self, what: str, batch):

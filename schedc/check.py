@@ -35,11 +35,11 @@ from schedc.errors import ProgramError, ScheduleError
 from schedc.kinds import GRADS, ROWS, Kind, candidates, in_order, unsupported
 from schedc.problem import Problem
 from schedc.program import DIRECTION, TENSORS, Instr, Message, Opcode, Program, consumed, produced
-from schedc.schedule import Op, Schedule, comm_lane, members
+from schedc.schedule import Op, Schedule, comm_lane, comm_ops, members
 
 # the op kinds the checker handles: the compute lane's and the copy lane's (a new kind is refused by
 # name until its rules are here)
-CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS})
+CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS})
 
 # kind -> per need on its own stage, the kinds that may meet it (W: B; B and BW: F), from the rows
 _SAME_STAGE = {k: tuple(candidates(need) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
@@ -170,6 +170,7 @@ def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None
         return
     grads = candidates(GRADS)
     for r, instrs in enumerate(program.ranks):
+        expected = comm_ops(problem, r)
         pending = {s: problem.microbatches for s in problem.rank_stages[r]}  # weight gradients still to run
         done: set[Op] = set()
         for instr in instrs:
@@ -179,15 +180,18 @@ def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None
                 op = instr.compute
                 if op in done:
                     raise ProgramError(f"rank {r}: {op} is listed twice")
+                if op not in expected:
+                    raise ProgramError(f"rank {r}: {op}: stage {op.stage} has no {ROWS[op.kind].title} here (its"
+                                       " weights are shared with no stage on another rank)")
                 if pending[instr.stage]:
                     raise ProgramError(f"rank {r}: {op} is issued before the last weight gradient of"
                                        f" stage {instr.stage} ({pending[instr.stage]} still to run)")
                 done.add(op)
-        for kind in kinds:
-            missing = [s for s in problem.rank_stages[r] if Op(kind, s, 0) not in done]
-            if missing:
-                raise ProgramError(f"rank {r}: no {ROWS[kind].title} of stage {missing[0]} (the problem's"
-                                   f" {ROWS[kind].cost.split('.', 1)[0]} needs one per stage)")
+        missing = [op for op in expected if op not in done]
+        if missing:
+            op = missing[0]
+            raise ProgramError(f"rank {r}: no {ROWS[op.kind].title} of stage {op.stage} (the problem's"
+                               f" {ROWS[op.kind].cost.split('.', 1)[0]} needs one)")
     _check_collectives(problem, comm)
     if schedule is not None:
         want = comm_lane(problem, schedule)

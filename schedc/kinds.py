@@ -21,7 +21,8 @@ the problem (``schedc.schedule.comm_lane``), as the runtime issues the reduces.
 Replicas: a bidirectional problem runs several copies of the pipeline (``Problem.replicas``); the
 copies of one model stage sit on different ranks, and their gradients are summed (RS) before the
 step by a collective of those ranks (``KindRow.group``: the stages that take part, one op each,
-which start together and end together).
+which start together and end together). Tied weights (an embedding shared by the first and last
+stage) are summed the same way (TS), where the stages that share them sit on different ranks.
 
 ``Kind`` is a ``str`` enum, so ``Kind.F == "F"``, schedule files keep their strings, and
 ``problem.cost[kind]`` finds the kind's costs under its name.
@@ -46,6 +47,7 @@ class Kind(str, Enum):
     AR = "AR"  # gradient all-reduce of a stage over its data-parallel replicas (comm lane, once per stage)
     RS = "RS"  # gradient sum of a stage's copies in the pipelines of a bidirectional problem (a collective
     # of the ranks holding them, on their comm lanes, once per stage)
+    TS = "TS"  # gradient sum of weights tied between stages on different ranks (tied embeddings: a collective)
 
     __str__ = str.__str__  # prints as its name ("F"), as in files and tables
     __format__ = str.__format__
@@ -102,6 +104,8 @@ ROWS: dict[Kind, KindRow] = {
                      "data_parallel.reduce", per_stage=True),
     Kind.RS: KindRow("comm", "RS (replica gradient sum)", ((GRADS, 0),), None, False, None, None, "#bcbd22",
                      "replicas.sync", per_stage=True, group="replicas"),
+    Kind.TS: KindRow("comm", "TS (tied gradient sum)", ((GRADS, 0),), None, False, None, None, "#e377c2",
+                     "tied.sync", per_stage=True, group="tied"),
 }
 
 BACKWARDS = frozenset(k for k, row in ROWS.items() if row.carries == "grad")  # B and BW
@@ -114,8 +118,8 @@ BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items() if row.torc
 POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, O: at most one per (stage, microbatch)
 RECOMPUTES = tuple(k for k, row in ROWS.items() if row.lightens)  # R, S: the policies run on the compute lane
 OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, O, L
-PER_STAGE = tuple(k for k, row in ROWS.items() if row.per_stage)  # AR, RS: derived by the simulator, in no schedule
-COLLECTIVES = tuple(k for k, row in ROWS.items() if row.group)  # RS: run together by the ranks of a stage group
+PER_STAGE = tuple(k for k, row in ROWS.items() if row.per_stage)  # AR, RS, TS: derived by the simulator, in no schedule
+COLLECTIVES = tuple(k for k, row in ROWS.items() if row.group)  # RS, TS: run together by the ranks of a stage group
 # What a need of a row may be met by, the first the schedule holds, and what meets it in a schedule
 # without recompute or offload (split backward): BACKWARD is B or BW (B), SAVED is R, S, L or F (F).
 _MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.L, Kind.F), Kind.F),

@@ -288,6 +288,20 @@ class Replicas(_Strict):
     _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
 
 
+class Tied(_Strict):
+    """Weights shared between stages (tied input and output embeddings): ``groups`` of stages
+    holding the same weights, whose gradients are summed (TS) before the step, in ``sync`` (per
+    stage), by the ranks holding them; stages of a group on one rank share the weights there and
+    need no sum."""
+
+    _source = "tied"
+
+    groups: list[list[StrictInt]] = Field(description="stages that share weights, e.g. [[0, 7]]")
+    sync: Number = Field(default=0.0, description="summing the tied weights' gradient over their ranks")
+
+    _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+
+
 class Problem(_Strict):
     name: str = Field(default="", max_length=200)
     ranks: int = Field(ge=1, le=4096, strict=True)
@@ -303,6 +317,7 @@ class Problem(_Strict):
         default=None, description="data-parallel replicas: a gradient all-reduce per stage on a communication lane")
     replicas: Optional[Replicas] = Field(
         default=None, description="copies of the pipeline on the same ranks (bidirectional), or their count")
+    tied: Optional[Tied] = Field(default=None, description="stages sharing weights (tied embeddings), or their groups")
     objective: Literal["makespan", "span"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage of the model (of one pipeline), from the partitioner"
@@ -325,6 +340,11 @@ class Problem(_Strict):
     def _replica_count(cls, v: Any) -> Any:
         return {"count": v} if isinstance(v, int) and not isinstance(v, bool) else v
 
+    @field_validator("tied", mode="before")
+    @classmethod
+    def _tied_shorthand(cls, v: Any) -> Any:
+        return {"groups": v} if isinstance(v, list) else v
+
     @field_validator("placement", mode="before")
     @classmethod
     def _placement_shape(cls, v: Any) -> Any:
@@ -344,6 +364,7 @@ class Problem(_Strict):
         self.stage_rank
         self.cost  # every kind's per-stage costs, each list of the right length
         self.overlap_time  # read once here so a costs.FB of the wrong length is refused now
+        self.sync_groups  # and tied groups out of range
         if self.time_scale < SMALLEST:
             raise ValueError(f"the largest op cost is {self.time_scale:g}, below {SMALLEST:g}: use a smaller unit of time")
         deltas = self.mem_deltas
@@ -478,11 +499,40 @@ class Problem(_Strict):
     @cached_property
     def sync_groups(self) -> dict[str, tuple[tuple[int, ...], ...]]:
         """A collective's group name (``KindRow.group``) -> its groups of stages, each run together
-        by the ranks holding its members: "replicas", per model stage, its copies in every pipeline
-        (none without replicas)."""
+        by the ranks holding its members, in the one order every rank issues them in: "replicas",
+        per model stage (the later first), its copies in every pipeline (none without replicas);
+        "tied", the tied groups whose stages sit on different ranks."""
         length = self.pipeline_stages
-        return {"replicas": tuple(tuple(range(j, self.n_stages, length)) for j in range(length))
-                if self.replicas is not None else ()}
+        return {"replicas": tuple(tuple(range(j, self.n_stages, length)) for j in reversed(range(length)))
+                if self.replicas is not None else (),
+                "tied": self._tied_groups()}
+
+    def _tied_groups(self) -> tuple[tuple[int, ...], ...]:
+        """``tied.groups`` checked (stages in range, two or more distinct per group, none in two
+        groups, no replicas), those whose stages sit on more than one rank, in the file's order."""
+        if self.tied is None:
+            return ()
+        if self.replicas is not None:
+            raise ValueError("tied with replicas is not supported yet: each copy's tied weights would need summing"
+                             " with every other copy's")
+        seen: dict[int, int] = {}
+        out = []
+        for k, group in enumerate(self.tied.groups):
+            if len(set(group)) < 2 or len(set(group)) != len(group):
+                raise ValueError(f"tied.groups[{k}] is {group}: a group is two or more distinct stages")
+            for s in group:
+                if not 0 <= s < self.n_stages:
+                    raise ValueError(f"tied.groups[{k}]: stage {s} is out of range 0..{self.n_stages - 1}")
+                if s in seen:
+                    raise ValueError(f"tied: stage {s} is in groups {seen[s]} and {k}; merge them into one")
+                seen[s] = k
+            ranks = [self.stage_rank[s] for s in group]
+            if len(set(ranks)) == len(ranks):
+                out.append(tuple(sorted(group)))
+            elif len(set(ranks)) > 1:
+                raise ValueError(f"tied.groups[{k}] {group}: two of its stages share a rank but not all; put the"
+                                 " stages of a group each on its own rank, or all on one")
+        return tuple(out)
 
     @cached_property
     def kinds(self) -> tuple[Kind, ...]:
@@ -736,7 +786,7 @@ class Problem(_Strict):
         data["costs"] = {kind: times(v, time) for kind, v in data["costs"].items()}
         data["comm"] = data["comm"] * time
         data["memory"] = {key: times(v, memory) for key, v in data["memory"].items()}
-        for section, key in (("data_parallel", "reduce"), ("replicas", "sync")):
+        for section, key in (("data_parallel", "reduce"), ("replicas", "sync"), ("tied", "sync")):
             if section in data:
                 data[section][key] = times(data[section][key], time)
         amounts = {"time": time, "keep": memory}

@@ -192,8 +192,9 @@ class Header:
     """What a Program runs on, so that the runtime needs only the Program: the schedule's name,
     the microbatches a step splits its batch into (per pipeline), the stage -> rank map, whether
     the backward is split into B and W, over how many data-parallel replicas each stage's gradient
-    is all-reduced (1: none), and how many copies of the pipeline run on the ranks (``pipelines``:
-    2 in a bidirectional schedule; stage s is stage s % (n_stages / pipelines) of the model)."""
+    is all-reduced (1: none), how many copies of the pipeline run on the ranks (``pipelines``:
+    2 in a bidirectional schedule; stage s is stage s % (n_stages / pipelines) of the model), and
+    which stages on different ranks share weights (``tied``)."""
 
     schedule: str
     microbatches: int
@@ -201,12 +202,13 @@ class Header:
     split_backward: bool
     data_parallel: int = 1
     pipelines: int = 1
+    tied: tuple[tuple[int, ...], ...] = ()  # the groups of stages on different ranks that share weights
 
     @classmethod
     def of(cls, problem: Problem, schedule: Schedule) -> "Header":
         degree = 1 if problem.data_parallel is None else problem.data_parallel.degree
         return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward, degree,
-                   problem.pipelines)
+                   problem.pipelines, problem.sync_groups["tied"])
 
     @property
     def pipeline_stages(self) -> int:

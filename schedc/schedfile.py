@@ -18,6 +18,7 @@ adds the problem's ``data_parallel`` section and the program's gradient all-redu
 issued where ``schedule.comm_lane`` issues them (the schedule itself lists no reduce). Version 5
 (issue 26) adds the problem's ``replicas`` section (bidirectional pipelines: stages of every
 pipeline, microbatches per pipeline) and the program's replica gradient sums ``RS``, the
+problem's ``tied`` section and the program's tied-weight gradient sums ``TS``, the
 problem's ``costs.FB`` and the schedule's overlapped pairs (``"pairs"``: per rank, the backwards
 run overlapped with the forward before them). A schedule
 is written in the oldest version that holds it, byte for byte as before: without recompute or
@@ -247,8 +248,10 @@ def dump(compiled) -> str:
 def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
     """The version a file of ``schedule`` (of ``problem``) is written as: 1 without recompute or
     offload (readable by every schedc), 2 with recompute only, 3 with a copy lane (offload), 4 where
-    the problem has data parallelism, 5 where it has replicas or overlapped pairs (``costs.FB``)."""
-    if schedule.pairs or (problem is not None and (problem.replicas is not None or problem.costs.FB is not None)):
+    the problem has data parallelism, 5 where it has replicas, tied weights or overlapped pairs
+    (``costs.FB``)."""
+    if schedule.pairs or (problem is not None and (problem.replicas is not None or problem.tied is not None
+                                                   or problem.costs.FB is not None)):
         return 5
     if problem is not None and problem.data_parallel is not None:
         return 4

@@ -356,18 +356,29 @@ def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op]
 
 
 def comm_ops(problem: Problem, rank: int) -> tuple[Op, ...]:
-    """The communication lane's ops of ``rank``, the later stage first (the order the backward
-    completes them): an AR per stage with ``data_parallel``, then an RS per stage with
-    ``replicas``, the collectives in the one order every member issues them in (the model's later
-    stage first)."""
+    """The communication lane's ops of ``rank``: an AR per stage with ``data_parallel``, the later
+    stage first (the order the backward completes them), then the collectives in the one order
+    every member issues them in: an RS per stage with ``replicas`` (the model's later stage first),
+    a TS per stage of a tied group across ranks."""
     stages = problem.rank_stages[rank]
     out = []
     for kind in problem.kinds:
         row = ROWS[kind]
-        if row.per_stage:
-            order = sorted(stages, key=lambda s: (-(s % problem.pipeline_stages), -s) if row.group else -s)
-            out += [_new(Op, (kind, s, 0)) for s in order]
+        if row.group:  # the stages of its groups (``Problem.sync_groups``), in the groups' one order
+            out += [_new(Op, (kind, s, 0)) for g in problem.sync_groups[row.group] for s in g if s in stages]
+        elif row.per_stage:
+            out += [_new(Op, (kind, s, 0)) for s in sorted(stages, reverse=True)]
     return tuple(out)
+
+
+def fixed_orders(problem: Problem, ops: tuple[Op, ...]) -> list[list[Op]]:
+    """The runs of a rank's communication ops (``comm_ops``) whose order ``comm_lane`` fixes: the
+    collectives, in their one order, and without ``data_parallel.overlap`` the reduces, the later
+    stage first (the ILP's and CP-SAT's chains)."""
+    chains = [[op for op in ops if ROWS[op.kind].group]]
+    if problem.data_parallel is not None and not problem.data_parallel.overlap:
+        chains.append([op for op in ops if op.kind is Kind.AR])
+    return chains
 
 
 def sync_waits_for(problem: Problem, op: Op, other: Op) -> bool:

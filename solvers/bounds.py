@@ -58,7 +58,7 @@ whose step it bounds (``Bound.rank``; a term of no one rank's by the least tail 
 With ``replicas`` (pipelines in opposite directions on the same ranks), the chains run along each
 stage's own pipeline, and a rank holds stages of several pipelines, so facts 1 and 2 hold per
 pipeline only: the terms are then those that need neither (``_bidirectional_bounds``: work,
-memory-time, critical path), weaker than for one pipeline. The replica gradient sums RS join the
+memory-time, critical path), weaker than for one pipeline. The gradient sums RS and TS join the
 reduces' tail: the stage whose weight gradient ends last on a rank still has its syncs to run.
 
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
@@ -74,8 +74,9 @@ from dataclasses import dataclass
 
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.problem import Problem
+from schedc.schedule import comm_ops
 
-BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS)  # the kinds the terms hold for
+BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS)  # the kinds the terms hold for
 POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 
@@ -110,7 +111,7 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     check_supported(problem.cost, "the lower bounds", BOUNDED)
     if problem.overlap_time is not None:
         return all_bounds(_without_overlap(problem), objective)
-    if problem.data_parallel is not None or (problem.replicas is not None and any(problem.cost[Kind.RS])):
+    if any(problem.cost[op.kind][op.stage] for r in range(problem.ranks) for op in comm_ops(problem, r)):
         return _with_sync(problem, objective)
     problem = _relaxed(problem)
     if problem.replicas is not None:
@@ -129,14 +130,18 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
 
 
 def _sync_tail(problem: Problem) -> list[float]:
-    """Per rank, the least time from its last compute op's end to its step: the syncs (AR, RS) of
+    """Per rank, the least time from its last compute op's end to its step: the syncs (AR, RS, TS) of
     the stage whose weight gradient ends last (the cheapest stage's), and all the reduces in turn
     where they wait for the end (no ``data_parallel.overlap``); they share the rank's lane."""
-    zero = (0.0,) * problem.n_stages
-    reduce, replica = problem.cost.get(Kind.AR, zero), problem.cost.get(Kind.RS, zero)
     whole = problem.data_parallel is not None and not problem.data_parallel.overlap
-    return [(sum(reduce[s] for s in stages) if whole else 0.0)
-            + min((0.0 if whole else reduce[s]) + replica[s] for s in stages) for stages in problem.rank_stages]
+    out = []
+    for r, stages in enumerate(problem.rank_stages):
+        ops = comm_ops(problem, r)
+        at_end = sum(problem.cost[op.kind][op.stage] for op in ops if whole and op.kind is Kind.AR)
+        per_stage = {s: sum(problem.cost[op.kind][op.stage] for op in ops
+                            if op.stage == s and not (whole and op.kind is Kind.AR)) for s in stages}
+        out.append(at_end + min(per_stage.values()))
+    return out
 
 
 def _with_sync(problem: Problem, objective: str) -> list[Bound]:
@@ -144,7 +149,8 @@ def _with_sync(problem: Problem, objective: str) -> list[Bound]:
     one rank's: by the least over the ranks; see the module notes)."""
     tail = _sync_tail(problem)
     least = min(tail)
-    inner = problem.with_changes(data_parallel=None, **({"replicas": {"sync": 0.0}} if problem.replicas else {}))
+    inner = problem.with_changes(data_parallel=None, tied=None,
+                                 **({"replicas": {"sync": 0.0}} if problem.replicas else {}))
     out = []
     for b in all_bounds(inner, objective):
         more = least if b.rank is None else tail[b.rank]

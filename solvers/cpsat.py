@@ -66,7 +66,7 @@ from typing import Callable
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, comm_ops, members, sync_waits_for
+from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, members, sync_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.common import COPY_LANE, Found, Progress, Settings, longest_paths, order_edges, register_backend
 from schedc.solvers.deadline import Budget
@@ -410,9 +410,7 @@ class _CpModel:
             lane.append(cp.new_fixed_size_interval_var(a, self.comm_dur[op], f"i_{op.kind}{op.stage}"))
             cp.add(C >= a + self.comm_dur[op] - (base if self.span else 0))
         cp.add_no_overlap(lane)
-        overlap = problem.data_parallel is None or problem.data_parallel.overlap
-        for kind in (Kind.RS, *(() if overlap else (Kind.AR,))):  # the collectives' one order; the reduces at the end
-            ordered = [op for op in self.comm[r] if op.kind is kind]
+        for ordered in fixed_orders(problem, self.comm[r]):  # the collectives' one order; the reduces at the end
             for x, y in zip(ordered, ordered[1:]):
                 cp.add(self.comm_start[y] >= self.comm_start[x] + self.comm_dur[x])
 

@@ -56,7 +56,7 @@ from pathlib import Path
 from schedc.errors import SchedcError
 from schedc.kinds import RECOMPUTES, ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, comm_ops, members, sync_waits_for
+from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, members, sync_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
@@ -313,7 +313,6 @@ class _Model:
         import pulp
 
         problem, start, dur, first = self.problem, self.start, self.dur, self._first
-        overlap = problem.data_parallel is None or problem.data_parallel.overlap
         for r, ks in enumerate(self.on_rank):
             origin = 0 if problem.objective == "makespan" else self.first_start[r]
             lane = list(comm_ops(problem, r))
@@ -329,15 +328,14 @@ class _Model:
                     after = pulp.lpSum(dur[b] * first(o, b) for b in waits if b != o) if o in self.free else 0
                     self.lp += a >= start[o] + self.length(o) + after
                 self.lp += self.C >= a + problem.cost[op.kind][op.stage] - origin
-            chained = [op for op in lane if op.kind is Kind.RS] + ([] if overlap else
-                                                                   [op for op in lane if op.kind is Kind.AR])
-            for kind in (Kind.RS, Kind.AR):  # the collectives' one order; the reduces at the end
-                ordered = [op for op in chained if op.kind is kind]
+            chain_of = {}  # op -> its chain: the runs of the lane whose order comm_lane fixes
+            for k, ordered in enumerate(fixed_orders(problem, tuple(lane))):
+                chain_of.update((op, k) for op in ordered)
                 for x, y in zip(ordered, ordered[1:]):
                     self.lp += self.comm_start[y] >= self.comm_start[x] + problem.cost[x.kind][x.stage]
             for i, x in enumerate(lane):
                 for y in lane[i + 1:]:
-                    if x.kind is y.kind and x in chained:
+                    if x in chain_of and chain_of.get(y) == chain_of[x]:
                         continue
                     b = self.comm_before[x, y] = self.lp.add_variable(f"cy{x.kind}{x.stage}_{y.kind}{y.stage}",
                                                                       cat="Binary")

@@ -19,7 +19,8 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
   last op or its last reduce, whichever is later;
 - replicas: each model stage's copies sum their gradients (one op on every rank holding a copy,
   starting together when all have come to it), each released at its stage's last W, every rank
-  taking them in one order (the model's later stage first) on the same lane as its reduces;
+  taking them in one order (the model's later stage first) on the same lane as its reduces; tied
+  stages on different ranks sum their shared weights' gradients the same way, after the copies';
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start),
   both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
   may do better starting late on purpose (see ``span_with_delays``, the least span of given
@@ -127,6 +128,7 @@ class _Search:
         raw = [problem.cost[k][s] for k in KINDS for s in range(n)] + [comm]
         raw += list(problem.cost["AR"]) if dp is not None else []
         raw += list(problem.cost["RS"]) if problem.replicas is not None else []
+        raw += list(problem.cost["TS"]) if problem.tied is not None else []
         scale = _integer_scale(raw)
         if scale is None:
             self.scale, conv, self.eps = 1, float, 1e-9
@@ -140,6 +142,11 @@ class _Search:
         # Replicas: per stage, the gradient sum of its model stage's copies (stages j, j + depth, ...).
         self.depth = depth
         self.sync = None if problem.replicas is None else [conv(x) for x in problem.cost["RS"]]
+        # Tied weights: groups of stages on different ranks, their gradient sums' time per stage.
+        self.rank_of_stage = list(stage_rank)
+        self.tied_groups = [] if problem.tied is None else [
+            tuple(g) for g in problem.tied.groups if len({stage_rank[s] for s in g}) == len(g)]
+        self.tied_sync = None if problem.tied is None else [conv(x) for x in problem.cost["TS"]]
         self.rank_stage_list = [[s for s in range(n) if stage_rank[s] == r] for r in range(p)]
         self.n, self.m = n, m
 
@@ -370,7 +377,7 @@ class _Search:
         )
 
     def _dominated(self):
-        if self.reduce is not None or self.sync is not None:
+        if self.reduce is not None or self.sync is not None or self.tied_groups:
             return False
         timed, end, succ_mask = self.timed, self.end, self.succ_mask
         untimed = ~timed
@@ -465,7 +472,7 @@ class _Search:
         return [(o, not notready) for notready, _, _, o in out]
 
     def _value(self):
-        if self.sync is not None:
+        if self.sync is not None or self.tied_groups:
             ends = self._lane_ends()
         else:
             ends = self.free if self.reduce is None else [self._rank_end(r) for r in range(self.p)]
@@ -489,11 +496,17 @@ class _Search:
 
     def _lane_ends(self):
         """Every rank's end with its communication lane, where replicas sum each model stage's
-        copies: per rank, its reduces (as ``_rank_end``) and its sums, each sum released at its
-        stage's last W's end and no earlier than the rank's sum before it (every rank takes the sums
-        in one order, the model's later stage first), in release order (ties: a reduce before a sum,
-        then the later stage first); a sum starts when every rank holding a copy has come to it."""
+        copies or tied stages on different ranks sum their shared weights' gradients: per rank, its
+        reduces (as ``_rank_end``) and its sums, each sum released at its stage's last W's end and no
+        earlier than the rank's sum before it (every rank takes the sums in one order: the copies'
+        by the model's later stage first, then the tied groups in the file's order), in release
+        order (ties: a reduce before a sum, then that order); a sum starts when every rank holding a
+        stage of its group has come to it."""
         n, m, depth = self.n, self.m, self.depth
+        groups = []  # (the stages summed together, their time per stage) in the one order
+        if self.sync is not None:
+            groups += [(tuple(range(j, n, depth)), self.sync) for j in reversed(range(depth))]
+        groups += [(g, self.tied_sync) for g in self.tied_groups]
         lanes = []
         for r in range(self.p):
             stages = self.rank_stage_list[r]
@@ -502,34 +515,34 @@ class _Search:
             if self.reduce is not None:
                 items += [((last_w[s] if self.overlap else self.free[r], 0, -s), ("AR", s)) for s in stages]
             at = 0
-            for s in sorted(stages, key=lambda s: (-(s % depth), -s)):
-                at = max(at, last_w[s])
-                items.append(((at, 1, -(s % depth)), ("RS", s)))
+            for k, (group, _) in enumerate(groups):
+                for s in group:
+                    if s in last_w:
+                        at = max(at, last_w[s])
+                        items.append(((at, 1, k), ("sum", k)))
             items.sort()
             lanes.append([(key[0], item) for key, item in items])
+        holders = [sorted({self.rank_of_stage[s] for s in group}) for group, _ in groups]
         pos, lane_free = [0] * self.p, [0] * self.p
-        holders = {}  # model stage -> the ranks of its copies
-        for r in range(self.p):
-            for s in self.rank_stage_list[r]:
-                holders.setdefault(s % depth, []).append(r)
         moved = True
         while moved:
             moved = False
             for r in range(self.p):
                 while pos[r] < len(lanes[r]):
-                    release, (kind, s) = lanes[r][pos[r]]
+                    release, (kind, x) = lanes[r][pos[r]]
                     if kind == "AR":
-                        lane_free[r] = max(lane_free[r], release) + self.reduce[s]
+                        lane_free[r] = max(lane_free[r], release) + self.reduce[x]
                         pos[r] += 1
                         moved = True
                         continue
-                    group = holders[s % depth]
-                    heads = [lanes[q][pos[q]] if pos[q] < len(lanes[q]) else None for q in group]
-                    if any(h is None or h[1][0] != "RS" or h[1][1] % depth != s % depth for h in heads):
+                    heads = [lanes[q][pos[q]] if pos[q] < len(lanes[q]) else None for q in holders[x]]
+                    if any(h is None or h[1] != ("sum", x) for h in heads):
                         break
-                    begin = max(max(lane_free[q], h[0]) for q, h in zip(group, heads))
-                    for q in group:
-                        lane_free[q] = begin + self.sync[s]
+                    begin = max(max(lane_free[q], h[0]) for q, h in zip(holders[x], heads))
+                    group, times = groups[x]
+                    for q in holders[x]:
+                        mine = next(s for s in group if self.rank_of_stage[s] == q)
+                        lane_free[q] = begin + times[mine]
                         pos[q] += 1
                     moved = True
         assert all(pos[r] == len(lanes[r]) for r in range(self.p)), "the sums deadlocked"

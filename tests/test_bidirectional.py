@@ -37,7 +37,7 @@ def test_replicas_place_the_second_pipeline_mirrored_and_tile_per_stage_lists():
     assert p.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)
     assert p.rank_stages[0] == (0, 7)  # model stage 0 of one direction, model stage 3 of the other
     assert p.cost["F"] == (1, 2, 3, 4) * 2 and p.cost["RS"] == (1, 2, 3, 4) * 2
-    assert p.sync_groups["replicas"] == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert p.sync_groups["replicas"] == ((3, 7), (2, 6), (1, 5), (0, 4))  # in the one order: the later first
     v = Problem.parse({"ranks": 2, "microbatches": 2, "chunks": 2, "placement": "v", "replicas": 2,
                        "costs": {"F": 1, "B": 1, "W": 1}})
     assert v.stage_rank == (0, 1, 1, 0, 1, 0, 0, 1)  # the V, and the V mirrored

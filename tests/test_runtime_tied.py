@@ -1,0 +1,107 @@
+"""Tied embeddings on the runtime, CPU with gloo: the first stage's token embedding and the last
+stage's output weight are one Parameter in the model; on different ranks each holds a copy, the
+two copies' gradients are summed (TS) before the step, and the pipeline trains exactly like one
+process with the weight shared (and the copies stay equal). With the V placement both stages sit
+on one rank, share the Parameter there, and the schedule has no TS."""
+
+import pytest
+import torch
+
+import schedc
+from schedc import Problem
+from schedc.runtime import PipelineError, PipelineRuntime
+from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
+from tests.ranks import run_local
+from tests.test_runtime import STEPS
+
+
+def model(n_stages):
+    return stages(gpt_blocks(n_layers=max(1, n_stages - 2), seed=1, tied=True), n_stages)
+
+
+def problem(p, v, placement, m):
+    n = p * v
+    return Problem.parse(dict(ranks=p, microbatches=m, chunks=v, placement=placement, comm=0.1,
+                              costs=dict(F=[1 + 0.25 * (s % 3) for s in range(n)], B=1.5, W=1),
+                              tied=dict(groups=[[0, n - 1]], sync=0.5)))
+
+
+def train(rank, world, paths, batch):
+    out = {}
+    for path in paths:
+        compiled = schedc.load(path)
+        prob = compiled.problem
+        parts = model(prob.n_stages)
+        mine = {s: parts[s] for s in prob.rank_stages[rank]}
+        shared = parts[0][0].tok.weight  # the embedding, also the head's output weight
+        tied = {s: [shared] for g in compiled.program.header.tied for s in g if s in mine}
+        params = list({id(q): q for mod in mine.values() for q in mod.parameters()}.values())
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120, tied_parameters=tied)
+        losses = []
+        for x, y in token_batches(STEPS, batch, seed=2):
+            loss = rt.step(x, y)
+            losses.append(None if loss is None else loss.item())
+        out[path] = {"losses": losses, "weights": {f"{s}.{k}": t for s, mod in mine.items()
+                                                   for k, t in mod.state_dict().items()}}
+    return out
+
+
+def reference(n_stages, m, batch):
+    parts = model(n_stages)
+    net = torch.nn.Sequential(*parts)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)  # (the shared weight once)
+    losses = []
+    for x, y in token_batches(STEPS, batch, seed=2):
+        opt.zero_grad()
+        loss = torch.stack([lm_loss(net(a), b) for a, b in zip(x.chunk(m), y.chunk(m))]).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {f"{s}.{k}": t for s, mod in enumerate(parts) for k, t in mod.state_dict().items()}
+
+
+@pytest.mark.parametrize("p, v, placement, names", [
+    (2, 1, "loop", ["1f1b", "zb-h1"]),
+    (4, 1, "loop", ["zb-h1", "zb-greedy"]),
+    (2, 2, "v", ["zb-v"]),
+])
+def test_tied_embeddings_train_exactly_like_one_process(p, v, placement, names, tmp_path):
+    m = 4
+    prob = problem(p, v, placement, m)
+    paths = []
+    for name in names:
+        compiled = schedc.compile(prob, name)
+        assert bool(compiled.program.header.tied) == (placement == "loop")  # the V puts both on rank 0
+        path = tmp_path / f"{name}.json"
+        compiled.save(path)
+        paths.append(str(path))
+    batch = 2 * m
+    ranks = run_local(train, p, paths, batch, timeout=900)
+    ref_losses, ref_weights = reference(p * v, m, batch)
+    for path in paths:
+        losses = [r[path]["losses"] for r in ranks if r[path]["losses"][0] is not None]
+        torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(ref_losses), rtol=1e-5, atol=0, msg=path)
+        weights = {k: t for r in ranks for k, t in r[path]["weights"].items()}
+        assert weights.keys() == ref_weights.keys()
+        for k, t in ref_weights.items():  # the head's copy of the embedding too
+            torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=f"{path}: {k}")
+
+
+def construct(rank, world, path, give):
+    compiled = schedc.load(path)
+    mine = {s: torch.nn.Linear(2, 2) for s in compiled.problem.rank_stages[rank]}
+    tied = {s: [mine[s].weight] for s in mine} if give else None
+    try:
+        PipelineRuntime(compiled, mine, lm_loss, tied_parameters=tied)
+    except PipelineError as e:
+        return str(e)
+    return None
+
+
+def test_the_tied_parameters_must_be_given(tmp_path):
+    schedc.compile(problem(2, 1, "loop", 4), "1f1b").save(tmp_path / "t.json")
+    errors = run_local(construct, 2, str(tmp_path / "t.json"), False, timeout=120)
+    assert errors[0] == ("stage 0 shares weights with another rank in '1f1b': pass tied_parameters={0: [the shared"
+                         " parameters of its module]}")
+    assert run_local(construct, 2, str(tmp_path / "t.json"), True, timeout=120) == [None, None]
