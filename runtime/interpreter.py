@@ -218,10 +218,11 @@ class PipelineRuntime:
         self.depth = head.pipeline_stages  # stage s is stage s % depth of the model, in pipeline s // depth
         self.m = head.microbatches  # per pipeline
         self.batches = head.microbatches * head.pipelines  # the microbatches a step splits its batch into
-        if head.pipelines > 1 and clip_grad_norm is not None:
-            raise PipelineError(f"the schedule {head.schedule!r} runs {head.pipelines} pipelines (replicas):"
-                                " clip_grad_norm does not support them yet (each model stage's copies would be"
-                                " counted once per copy); clip outside the runtime, or use one pipeline")
+        if (head.pipelines > 1 or head.tied) and clip_grad_norm is not None:
+            what = f"runs {head.pipelines} pipelines (replicas)" if head.pipelines > 1 else "ties weights across ranks"
+            raise PipelineError(f"the schedule {head.schedule!r} {what}: clip_grad_norm does not support that yet"
+                                " (the copies of a weight would be counted once per copy); clip outside the"
+                                " runtime")
         first = next(iter(self.stages.values()))
         params = list(first.parameters())
         self.device = indexed(device) if device is not None else (params[0].device if params else torch.device("cpu"))

@@ -86,9 +86,8 @@ def clipping(rank, world, path):
 def test_clipping_two_directions_is_refused_in_one_line(tmp_path):
     schedc.compile(problem(2, 2), "chimera").save(tmp_path / "c.json")
     errors = run_local(clipping, 2, str(tmp_path / "c.json"), timeout=120)
-    assert errors == ["the schedule 'chimera' runs 2 pipelines (replicas): clip_grad_norm does not support them"
-                      " yet (each model stage's copies would be counted once per copy); clip outside the runtime,"
-                      " or use one pipeline"] * 2
+    assert errors == ["the schedule 'chimera' runs 2 pipelines (replicas): clip_grad_norm does not support that"
+                      " yet (the copies of a weight would be counted once per copy); clip outside the runtime"] * 2
 
 
 def train_mesh(rank, world, path, pp, dp, batch):
