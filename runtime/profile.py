@@ -49,6 +49,10 @@ and W on their own copies while it is timed (``profile_model`` sets k = ranks - 
 where each rank has its own device).
 
 ``measure_comm`` times a transfer of that size between two ranks (half a round trip).
+With data parallelism (``profile_model(..., data_parallel=d)``, ``schedc profile --data-parallel
+D``), each stage's gradient all-reduce over the d replicas is estimated from the gradient's size
+(``grads``: the trainable parameters') and an all-reduce measured between two local processes
+(``reduce_times``), and written as the problem's ``data_parallel`` section.
 ``make_problem`` turns a profile into a Problem for any placement of the stages.
 
 ``profile_model`` is the whole of ``schedc profile``: a model given as a ``ModelSpec`` (ordered
@@ -117,6 +121,9 @@ class StageProfile:
     selective_keep: list[float] = field(default_factory=list)
     offload: list[float] = field(default_factory=list)
     copy_bandwidth: float = 0.0
+    # MiB of the trainable parameters' gradients per stage, what a data-parallel all-reduce moves
+    # (empty in profiles from before it was recorded)
+    grads: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,7 +155,7 @@ def profile_stages(
     check_supported(EVERY_PROBLEM, "the profiler", TIMED)
     out: dict[str, list[float]] = {
         k: [] for k in (*(kind.value for kind in TIMED), "activation", "kept_for_w", "static", "sends", "working",
-                        "recompute", "keep", "selective", "selective_keep")
+                        "recompute", "keep", "selective", "selective_keep", "grads")
     }
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
@@ -167,6 +174,7 @@ def profile_stages(
         out["activation"].append(held / MiB)
         out["kept_for_w"].append(min(kept, held) / MiB)
         out["static"].append(params * (2 + optimizer_state) / MiB)
+        out["grads"].append(params / MiB)
         out["working"].append(working / MiB)
         out["recompute"].append(recompute)
         out["keep"].append(min(run.input_bytes(), held) / MiB)
@@ -456,6 +464,33 @@ def measure_comm(mib: float, *, repeats: int = 20, warmup: int = 3, group: dist.
     return 1e3 * statistics.median(rounds) / 2 if rounds else 0.0
 
 
+def measure_all_reduce(mib: float, *, repeats: int = 10, warmup: int = 3, group: dist.ProcessGroup | None = None,
+                       device: torch.device | str = "cpu") -> float:
+    """Time in ms of a sum all-reduce of a ``mib`` MiB float32 tensor over ``group`` (the median).
+    Every rank of the group must call it."""
+    buf = torch.zeros(max(1, int(mib * MiB) // 4), dtype=torch.float32, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def reduce_times(grads: Sequence[float], degree: int, probe_mib: float, probe_ms: float) -> list[float]:
+    """Per stage, the all-reduce of its gradient (``grads``, MiB) over ``degree`` data-parallel
+    replicas, from one measured all-reduce of ``probe_mib`` MiB over two ranks taking ``probe_ms``:
+    a ring all-reduce moves 2 (d - 1) / d of the buffer per rank, which is 1 for two ranks, so the
+    time scales with the gradient's size and with 2 (d - 1) / d (an estimate: the network between
+    the replicas is taken to be the one measured)."""
+    if degree < 2:
+        return [0.0] * len(grads)
+    per_mib = probe_ms / probe_mib
+    return [per_mib * g * 2 * (degree - 1) / degree for g in grads]
+
+
 def _global(group, r: int) -> int:
     return dist.get_global_rank(group, r) if group is not None else r
 
@@ -473,11 +508,13 @@ def make_problem(
     name: str = "profiled",
     stage_blocks: list[int] | None = None,
     policies: bool = False,
+    data_parallel: dict[str, Any] | None = None,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there.
     ``policies``: also the ``recompute:`` section (time, keep, and ``selective:`` where every stage
-    marks a part to drop) and the ``offload:`` section (copy time), from a profile that has them."""
+    marks a part to drop) and the ``offload:`` section (copy time), from a profile that has them.
+    ``data_parallel``: the problem's ``data_parallel`` section (degree, reduce per stage), as is."""
     check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
@@ -496,8 +533,9 @@ def make_problem(
     return Problem.parse(
         dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
              costs={kind.value: getattr(profile, kind.value) for kind in TIMED}, comm=comm, memory=memory,
-             objective=objective,
-             stage_blocks=stage_blocks, **(policy_sections(profile) if policies else {})),
+             objective=objective, stage_blocks=stage_blocks,
+             **({"data_parallel": data_parallel} if data_parallel else {}),
+             **(policy_sections(profile) if policies else {})),
         source=name,
     )
 
@@ -589,11 +627,15 @@ def profile_model(
     load: int | None = None,
     progress: Callable[[str], None] | None = None,
     policies: bool = False,
+    data_parallel: int = 1,
 ) -> tuple[Problem, StageProfile]:
     """Partition, profile and time the transfer: the Problem ``schedc solve`` takes. ``comm``
     None measures it between two local processes (gloo, CPU). ``load`` None: ranks - 1 copies
     run beside each timed stage on CPU (the ranks share the machine), none on GPU. ``policies``:
-    the problem also gets the ``recompute:`` and ``offload:`` sections (``make_problem``)."""
+    the problem also gets the ``recompute:`` and ``offload:`` sections (``make_problem``).
+    ``data_parallel`` > 1: the ``data_parallel`` section, each stage's gradient all-reduce over that
+    many replicas estimated from an all-reduce measured between two local processes
+    (``reduce_times``)."""
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -627,14 +669,25 @@ def profile_model(
             mib = max(prof.sends)
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
+    dp = None
+    if data_parallel > 1:
+        mib = max(max(prof.grads), 1.0)
+        probe = run_local(_all_reduce_probe, 2, mib, repeats, timeout=300)[0]
+        dp = {"degree": data_parallel, "reduce": reduce_times(prof.grads, data_parallel, mib, probe)}
+        say(f"all-reduce of {mib:.3f} MiB between two local processes: {probe:.3f} ms; over {data_parallel}"
+            f" replicas each stage's gradient takes {', '.join(f'{x:.3f}' for x in dp['reduce'])} ms")
     problem = make_problem(prof, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                            comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes,
-                           policies=policies)
+                           policies=policies, data_parallel=dp)
     return problem, prof
 
 
 def _comm_probe(rank: int, world: int, mib: float, repeats: int) -> float:
     return measure_comm(mib, repeats=max(repeats, 10))
+
+
+def _all_reduce_probe(rank: int, world: int, mib: float, repeats: int) -> float:
+    return measure_all_reduce(mib, repeats=max(repeats, 10))
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -126,10 +126,41 @@ def test_schedc_profile_writes_the_sections_with_policies(tmp_path):
     example = Path(__file__).parent.parent / "examples" / "train_gpt.py"
     out = tmp_path / "gpt.yaml"
     result = CliRunner().invoke(main, ["profile", f"{example}:gpt", "-p", "2", "-m", "2", "--partition", "uniform",
-                                       "--comm", "0.1", "--repeats", "1", "--policies", "-o", str(out)])
+                                       "--comm", "0.1", "--repeats", "1", "--policies", "--data-parallel", "4",
+                                       "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "copy bandwidth" in result.output and "CPU: a memcpy" in result.output
+    assert "gradient all-reduce over 4 replicas, ms per stage: " in result.output
     data = yaml.safe_load(out.read_text())
+    assert data["data_parallel"]["degree"] == 4 and len(data["data_parallel"]["reduce"]) == 2
+    assert min(data["data_parallel"]["reduce"]) > 0
     # stage 0 is the embedding and blocks, stage 1 blocks and the head: both mark attention cores
     assert set(data["recompute"]) == {"time", "keep", "selective"} and len(data["offload"]["time"]) == 2
     assert data["recompute"]["keep"][0] == 0 and data["recompute"]["keep"][1] > 0
+
+
+# ---- data parallelism (issue 26) ----
+
+
+def test_gradient_sizes_and_reduce_estimates(profiled):
+    from schedc.runtime.profile import reduce_times
+
+    parts, prof, _ = profiled
+    for s, part in enumerate(parts):
+        assert prof.grads[s] == pytest.approx(sum(p.numel() for p in part.parameters()) * 4 / MiB)
+    # a ring all-reduce moves 2 (d - 1) / d of the buffer: twice the 2-rank time per MiB at d -> inf
+    assert reduce_times([1.0, 2.0], 2, 4.0, 8.0) == [2.0, 4.0]
+    assert reduce_times([1.0], 4, 4.0, 8.0) == [2.0 * 1.5]
+    assert reduce_times([1.0, 2.0], 1, 4.0, 8.0) == [0.0, 0.0]
+    prob = make_problem(prof, ranks=4, microbatches=4, data_parallel={"degree": 4, "reduce": reduce_times(prof.grads, 4, 1, 1)})
+    assert prob.data_parallel.degree == 4 and prob.cost["AR"] == pytest.approx([g * 1.5 for g in prof.grads])
+
+
+def _all_reduce(rank, world):
+    from schedc.runtime.profile import measure_all_reduce
+
+    return measure_all_reduce(0.25, repeats=3)
+
+
+def test_measure_all_reduce_between_two_ranks():
+    assert all(math.isfinite(t) and t > 0 for t in run_local(_all_reduce, 2, timeout=120))

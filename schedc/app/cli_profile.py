@@ -33,11 +33,14 @@ from schedc.errors import SchedcError
               help="Also write the recompute: and offload: sections (recompute time and what a recomputed"
                    " microbatch keeps, selective recompute where every stage marks a part, copy time from the"
                    " measured host<->device bandwidth; on CPU a memcpy's).")
+@click.option("--data-parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Data-parallel replicas: also write the data_parallel section, each stage's gradient all-reduce"
+                   " estimated from its size and an all-reduce measured between two local processes.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Problem file to write (.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: str, partition: str,
             comm: float | None, memory_limit: float | None, objective: str, threads: int | None, repeats: int,
-            device: str | None, policies: bool, output: str, as_json: bool) -> None:
+            device: str | None, policies: bool, data_parallel: int, output: str, as_json: bool) -> None:
     """Profile a model on this machine and write the Problem for `schedc solve`.
 
     MODEL is FILE.py:FUNCTION or MODULE:FUNCTION returning a schedc.runtime.profile.ModelSpec
@@ -59,7 +62,8 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     try:
         prob, prof = profile_model(spec, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                                    partition=partition, comm=comm, memory_limit=memory_limit, objective=objective,
-                                   name=name, repeats=repeats, device=dev, progress=say, policies=policies)
+                                   name=name, repeats=repeats, device=dev, progress=say, policies=policies,
+                                   data_parallel=data_parallel)
     except ValueError as e:
         raise SchedcError(str(e)) from None
     data = prob.model_dump(exclude_none=True)
@@ -88,6 +92,9 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
                    + (" (CPU: a memcpy, no device memory to copy to)" if prof.device == "cpu" else ""))
         if prob.recompute is not None and prob.recompute.selective is None:
             click.echo("no recompute.selective: a stage marks no part for it (schedc_selective)")
+    if prob.data_parallel is not None:
+        click.echo(f"gradient all-reduce over {prob.data_parallel.degree} replicas, ms per stage: "
+                   + " ".join(fmt(x) for x in prob.cost["AR"]) + " (estimated from a 2-process all-reduce)")
     click.echo(f"comm {fmt(prob.comm)} ms; wrote {output}")
 
 
