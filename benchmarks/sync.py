@@ -20,6 +20,12 @@ settings give activation memory only); and ``solve`` on each of the three proble
 the time limit), the best of the three with its proven gap (for the problem it was found on).
 A schedule over the memory limit is marked so and not compared. ``solve`` no slower than the best
 baseline that fits is the acceptance column.
+
+Part 3 (``--parts dualpipe``, its own section), DualPipe's own problem: two directions, F = B = 2,
+W = 1, overlapped pairs (``costs.FB`` 3, or 4: no gain), p + 1 activations' memory limit (DualPipe's
+peak), p = 4 and 8 with 2p microbatches each way: ``solve`` (on the two-direction problem, from
+every two-direction schedule) against DualPipe, bubble = 1 - busy / (p x makespan). A published
+mixed-integer planner (arXiv 2503.09357) reports half of DualPipe's bubble under the same limit.
 """
 
 from __future__ import annotations
@@ -109,6 +115,21 @@ def run_cell(args) -> dict:
     return out
 
 
+def dualpipe_table(time_limit: float) -> str:
+    lines = ["| p | microbatches each way | F&B | memory limit | dualpipe | bubble | solve | bubble | gap | from |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for d in (4, 8):
+        for fb in (3.0, 4.0):
+            p = Problem.parse({"ranks": d, "microbatches": 2 * d, "costs": {"F": 2, "B": 2, "W": 1, "FB": fb},
+                               "replicas": 2, "memory": {"F": 1, "limit": d + 1}})
+            t = simulate(p, build("dualpipe", p))
+            r = solve(p, time_limit=time_limit, threads=2)
+            lines.append(f"| {d} | {2 * d} | {fb:g} | {d + 1} activations | {t.makespan:g} | {100 * t.bubble_rate():.2f}% |"
+                         f" {r.objective:g} | {100 * r.timeline.bubble_rate():.2f}% | {100 * r.gap:.1f}% | {r.warm_start} |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the tables to benchmarks/RESULTS.md")
@@ -116,7 +137,17 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--alphas", default="0,0.25,0.5,1")
     ap.add_argument("--only", help="only the settings whose name contains this")
+    ap.add_argument("--parts", default="settings", help="settings (parts 1 and 2) and/or dualpipe (part 3)")
     args = ap.parse_args()
+    parts = args.parts.split(",")
+    if "dualpipe" in parts:
+        table3 = dualpipe_table(args.time_limit)
+        if args.write:
+            write_section("sync-dualpipe", "## DualPipe's own problem: solve against DualPipe (issue 26)\n\n"
+                          f"`python benchmarks/sync.py --write --parts dualpipe --time-limit {args.time_limit:g}`"
+                          f" on {machine()}; makespan in time units, bubble = 1 - busy / (p x makespan).\n\n" + table3)
+    if "settings" not in parts:
+        return
     table1 = uniform_table()
     print(table1, flush=True)
     alphas = [float(a) for a in args.alphas.split(",")]

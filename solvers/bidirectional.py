@@ -42,15 +42,25 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
     back = Kind.B if split else Kind.BW
     last = Kind.W if split else Kind.BW  # what ends a microbatch's stay on a stage (and frees its activation)
     kinds = (Kind.F, back, Kind.W) if split else (Kind.F, back)
-    todo = {r: {Op(k, s, i) for s in stages for i in range(m) for k in kinds} for r, stages in enumerate(problem.rank_stages)}
-    present = {op for ops in todo.values() for op in ops}  # (so that a BW needs the BW after it, not a B)
+    present = {Op(k, s, i) for s in range(problem.n_stages) for i in range(m) for k in kinds}
+    deps = {op: producers(op, depth, present) for op in present}  # (present: a BW needs the BW after it, not a B)
+    waiting = {op: len(d) for op, d in deps.items()}  # producers not yet run
+    users: dict[Op, list[Op]] = {}
+    for op, d in deps.items():
+        for x in d:
+            users.setdefault(x, []).append(op)
+    todo = [set() for _ in range(problem.ranks)]  # per rank, the ops whose inputs are all computed
+    for op, n in waiting.items():
+        if n == 0:
+            todo[rank_of[op.stage]].add(op)
+    left = len(present)
     end: dict[Op, float] = {}
     in_flight = [0] * problem.n_stages  # per stage: forwarded, weight gradient not yet run
     limit = [depth - s % depth for s in range(problem.n_stages)]  # 1F1B's warm-up plus one
     order: list[list[Op]] = [[] for _ in range(problem.ranks)]
     free = [0.0] * problem.ranks  # when each rank is free
     t = 0.0
-    while any(todo.values()):
+    while left:
         upcoming = []  # times after t when something may change: a rank frees, an input arrives
         moved = True
         while moved:  # every rank free at t runs what it can (an op may take no time)
@@ -62,12 +72,9 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
                 ready = []  # (ready time, priority, microbatch, stage, op) of the ops whose inputs are computed
                 # (times compared up to float noise, so that the order is the same in any unit)
                 for op in todo[r]:
-                    deps = producers(op, depth, present)
-                    if any(d not in end for d in deps):
-                        continue
                     if op.kind is Kind.F and in_flight[op.stage] >= limit[op.stage]:
                         continue
-                    at = max([end[d] + (comm if rank_of[d.stage] != r else 0.0) for d in deps], default=0.0)
+                    at = max([end[d] + (comm if rank_of[d.stage] != r else 0.0) for d in deps[op]], default=0.0)
                     ready.append((at, 0 if op.kind is Kind.F else (1 if op.kind is back else 2), op.mb, op.stage, op))
                 now = [x for x in ready if tol.le(x[0], t)]
                 if not now:
@@ -76,12 +83,17 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
                 # forwards first, the deeper in its pipeline first, the earlier microbatch first
                 op = min(now, key=lambda x: (x[1], -(x[3] % depth), x[2], x[3]))[-1]
                 todo[r].discard(op)
+                left -= 1
+                for user in users.get(op, ()):
+                    waiting[user] -= 1
+                    if waiting[user] == 0:
+                        todo[rank_of[user.stage]].add(user)
                 order[r].append(op)
                 end[op] = free[r] = t + cost[op.kind][op.stage]
                 in_flight[op.stage] += 1 if op.kind is Kind.F else (-1 if op.kind is last else 0)
                 moved = True
         later = [u for u in upcoming if tol.gt(u, t)]
-        if not later and any(todo.values()):
+        if not later and left:
             raise RuntimeError(f"{name}: ops left that can never start")  # (a bug, not a problem's)
         t = min(later, default=t)
     return Schedule.from_lists(name, order)
