@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _results import machine, write_section  # noqa: E402
+from _results import RESULTS, machine, write_section  # noqa: E402
 
 import schedc  # noqa: E402
 import schedc.solvers  # noqa: E402,F401  (registers the schedules)
@@ -130,6 +130,47 @@ def dualpipe_table(time_limit: float) -> str:
     return "\n".join(lines)
 
 
+def table_rows(text: str) -> list[tuple[float, str, dict[str, float], float]]:
+    """The settings table's rows, read back from RESULTS.md: (alpha, reduce, baseline -> makespan
+    where it fits, solve's makespan)."""
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 + len(BASELINES) or cells[0] in ("setting", "---") or cells[0].startswith("-"):
+            continue
+        values = {name: float(c) for name, c in zip(BASELINES, cells[3:3 + len(BASELINES)]) if not c.startswith("(")}
+        out.append((float(cells[1]), cells[2], values, float(cells[3 + len(BASELINES)].split()[0])))
+    return out
+
+
+def plot(rows, path: Path) -> None:
+    """Per reduce placement, each baseline's makespan over solve's, the mean over the settings, by alpha."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, reduce in zip(axes, ("overlapped", "at the end")):
+        alphas = sorted({a for a, r, _, _ in rows if r == reduce})
+        for name in BASELINES:
+            ys = []
+            for a in alphas:
+                ratios = [v[name] / solved for x, r, v, solved in rows if x == a and r == reduce and name in v]
+                ys.append(sum(ratios) / len(ratios) if ratios else float("nan"))
+            ax.plot(alphas, ys, marker="o", label=name)
+        ax.axhline(1.0, color="black", lw=1, ls="--", label="solve")
+        ax.set_title(f"all-reduce {reduce}")
+        ax.set_xlabel("all-reduce time / (F + B + W) of a stage")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("makespan / solve's (mean over 12 settings)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("zero-bubble paper's settings, 2p memory, data-parallel all-reduce per stage")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the tables to benchmarks/RESULTS.md")
@@ -138,7 +179,14 @@ def main() -> None:
     ap.add_argument("--alphas", default="0,0.25,0.5,1")
     ap.add_argument("--only", help="only the settings whose name contains this")
     ap.add_argument("--parts", default="settings", help="settings (parts 1 and 2) and/or dualpipe (part 3)")
+    ap.add_argument("--plot", action="store_true", help="only draw benchmarks/sync.png from the table in RESULTS.md")
     args = ap.parse_args()
+    figure = Path(__file__).with_name("sync.png")
+    if args.plot:
+        section = RESULTS.read_text().split("<!-- sync:begin -->")[1].split("<!-- sync:end -->")[0]
+        plot(table_rows(section), figure)
+        print(f"wrote {figure}")
+        return
     parts = args.parts.split(",")
     if "dualpipe" in parts:
         table3 = dualpipe_table(args.time_limit)
@@ -176,6 +224,7 @@ def main() -> None:
                     f" {'yes' if ok else 'NO'} |")
     table2 = "\n".join(rows)
     print(table2)
+    plot(table_rows(table2), figure)
     print(f"solve no slower than the best baseline that fits: {wins} of {len(results)}")
     if args.write:
         command = "python benchmarks/sync.py --write" + (f" --time-limit {args.time_limit:g}" if args.time_limit != 10 else "") \
@@ -187,7 +236,8 @@ def main() -> None:
                 " best of solve on the p-stage, the V (2p stages) and the two-direction problem, with its proven"
                 " gap on that problem; the last column is the"
                 f" acceptance point (solve no slower than the best baseline that fits): {wins} of {len(results)}.\n\n"
-                + table2)
+                + table2 + "\n\nFigure: benchmarks/sync.png (`python benchmarks/sync.py --plot` redraws it from this"
+                " table).")
         write_section("sync", body)
 
 

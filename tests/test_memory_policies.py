@@ -24,7 +24,7 @@ def test_sections_give_kinds_costs_and_deltas():
     plain = Problem.parse(BASE)
     assert plain.kinds == (Kind.F, Kind.B, Kind.W, Kind.BW) and plain.policies == ()
     p = Problem.parse(FULL)
-    assert p.kinds == tuple(k for k in Kind if k not in (Kind.AR, Kind.RS)) and p.policies == (Kind.R, Kind.S, Kind.O)
+    assert p.kinds == tuple(k for k in Kind if k not in (Kind.AR, Kind.RS, Kind.TS)) and p.policies == (Kind.R, Kind.S, Kind.O)
     assert p.cost[Kind.R] == p.cost[Kind.F]  # recompute.time defaults to the forward's
     assert p.cost[Kind.S] == (0.25, 0.25) and p.cost[Kind.O] == p.cost[Kind.L] == (0.5, 0.5)
     assert p.mem[Kind.R] == (3.0, 3.0) and p.mem[Kind.S] == (2.0, 2.0)
