@@ -26,6 +26,14 @@ W = 1, overlapped pairs (``costs.FB`` 3, or 4: no gain), p + 1 activations' memo
 peak), p = 4 and 8 with 2p microbatches each way: ``solve`` (on the two-direction problem, from
 every two-direction schedule) against DualPipe, bubble = 1 - busy / (p x makespan). A published
 mixed-integer planner (arXiv 2503.09357) reports half of DualPipe's bubble under the same limit.
+
+Part 4 (``--parts runtime``, its own section), measured against simulated, on this machine's CPU
+with gloo: a small GPT (``schedc.runtime.gpt``, d_model 128, seq 64) profiled by
+``profile_stages`` with as many busy copies beside each stage as the other processes (they share
+the cores), the all-reduce and the transfer measured between local processes; DualPipe on 4 ranks
+(8 microbatches each way; the copies' sums RS over pairs of ranks) and ZB-H1 on a 2 x 2 pipeline x
+data-parallel mesh (all-reduces overlapped), each trained with the runtime for ``--steps`` steps
+(the median after warm-up, from a barrier to the last rank's end) against the simulated makespan.
 """
 
 from __future__ import annotations
@@ -171,6 +179,80 @@ def plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
+def _timed_rank(rank: int, world: int, path: str, pp: int, dp: int, steps: int, batch: int) -> float:
+    """This rank's median step time (ms, from a barrier) training the schedule at ``path`` on a pp x
+    dp mesh of the small GPT, each stage a copy of its model stage."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from schedc.runtime import PipelineRuntime
+    from schedc.runtime.gpt import lm_loss, token_batches
+
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    pipelines = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
+    replicas = [dist.new_group(list(range(r, pp * dp, pp))) for r in range(pp)]
+    d, r = rank // pp, rank % pp
+    parts = _gpt_stages(prob.pipeline_stages)
+    mine = {s: parts[s % prob.pipeline_stages] for s in prob.rank_stages[r]}
+    rt = PipelineRuntime(compiled, mine, lm_loss, group=pipelines[d] if dp > 1 else None,
+                         data_parallel_group=replicas[r] if dp > 1 else None, timeout=600)
+    (x, y), = token_batches(1, batch, seq_len=64, vocab=256, seed=1)
+    times = []
+    for k in range(steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        rt.step(x, y)
+        dist.barrier()
+        times.append(1e3 * (time.perf_counter() - t0))
+        for mod in mine.values():
+            mod.zero_grad(set_to_none=True)
+    return statistics.median(times[2:])
+
+
+def _gpt_stages(n: int):
+    from schedc.runtime.gpt import gpt_blocks, stages
+
+    return stages(gpt_blocks(vocab=256, d_model=128, n_layers=2 * n - 2, n_heads=4, seq_len=64, seed=1), n)
+
+
+def runtime_table(steps: int) -> str:
+    from schedc.runtime.launch import run_local
+    from schedc.runtime.profile import (_all_reduce_probe, _comm_probe, make_problem, profile_stages,
+                                        reduce_times)
+    from schedc.runtime.gpt import lm_loss, token_batches
+
+    lines = ["| run | ranks | schedule | simulated ms | measured ms | measured / simulated |", "|---|---|---|---|---|---|"]
+    for label, pp, dp, name, m in (("DualPipe, two directions", 4, 1, "dualpipe", 8),
+                                   ("pipeline x data parallel", 2, 2, "zb-h1", 8)):
+        world = pp * dp
+        batch = 2 * m * (2 if name == "dualpipe" else dp)  # two sequences per microbatch, the global batch
+        (x, y), = token_batches(1, batch, seq_len=64, vocab=256, seed=1)
+        prof = profile_stages(_gpt_stages(pp), x, y, lm_loss, microbatches=batch // 2, warmup=2, repeats=5,
+                              load=world - 1)
+        comm = run_local(_comm_probe, 2, max(prof.sends), 10, timeout=300)[0]
+        data = make_problem(prof, ranks=pp, microbatches=m, comm=comm, name=label).model_dump(exclude_none=True)
+        if name == "dualpipe":
+            probe = run_local(_all_reduce_probe, 2, max(max(prof.grads), 1.0), 10, timeout=300)[0]
+            data["replicas"] = {"count": 2, "sync": reduce_times(prof.grads, 2, max(max(prof.grads), 1.0), probe)}
+            data.pop("stage_blocks", None)
+        else:
+            probe = run_local(_all_reduce_probe, 2, max(max(prof.grads), 1.0), 10, timeout=300)[0]
+            data["data_parallel"] = {"degree": dp, "reduce": reduce_times(prof.grads, dp, max(max(prof.grads), 1.0), probe)}
+        problem = Problem.parse(data)
+        compiled = schedc.compile(problem, name)
+        with __import__("tempfile").TemporaryDirectory() as tmp:
+            path = f"{tmp}/s.json"
+            compiled.save(path)
+            measured = max(run_local(_timed_rank, world, path, pp, dp, steps, batch // dp, timeout=1800))
+        simulated = compiled.timeline.makespan
+        lines.append(f"| {label} | {pp} x {dp} | {name} | {simulated:.1f} | {measured:.1f} | {measured / simulated:.2f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the tables to benchmarks/RESULTS.md")
@@ -180,6 +262,7 @@ def main() -> None:
     ap.add_argument("--only", help="only the settings whose name contains this")
     ap.add_argument("--parts", default="settings", help="settings (parts 1 and 2) and/or dualpipe (part 3)")
     ap.add_argument("--plot", action="store_true", help="only draw benchmarks/sync.png from the table in RESULTS.md")
+    ap.add_argument("--steps", type=int, default=10, help="runtime part: steps per run (the first two are warm-up)")
     args = ap.parse_args()
     figure = Path(__file__).with_name("sync.png")
     if args.plot:
@@ -188,6 +271,13 @@ def main() -> None:
         print(f"wrote {figure}")
         return
     parts = args.parts.split(",")
+    if "runtime" in parts:
+        table4 = runtime_table(args.steps)
+        if args.write:
+            write_section("sync-runtime", "## Two directions and data parallelism on the runtime: measured against"
+                          " simulated (issue 26)\n\n"
+                          f"`python benchmarks/sync.py --write --parts runtime --steps {args.steps}` on {machine()}"
+                          " (gloo, CPU; every rank a process on these cores).\n\n" + table4)
     if "dualpipe" in parts:
         table3 = dualpipe_table(args.time_limit)
         if args.write:
