@@ -184,7 +184,6 @@ def _timed_rank(rank: int, world: int, path: str, pp: int, dp: int, steps: int, 
     dp mesh of the small GPT, each stage a copy of its model stage."""
     import statistics
 
-    import torch
     import torch.distributed as dist
 
     from schedc.runtime import PipelineRuntime

@@ -22,9 +22,8 @@ from schedc.schedule import Op, comm_lane, members
 from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY, build, evaluate
-from schedc.solvers.solve import solve
 from tests.exhaustive import exhaustive_optimum
-from tests.test_ilp_model import assert_model_optimum_is
+from tests.test_ilp_model import assert_models_meet_the_oracle
 
 
 def _bidir(p=4, m=2, **extra) -> Problem:
@@ -213,17 +212,9 @@ def tiny_replica_problems(count=8, seed=5):
 
 @pytest.mark.parametrize("problem", tiny_replica_problems())
 def test_the_models_with_replica_sums_equal_the_exhaustive_search(problem):
-    """The exhaustive search times the sums on its own (every copy's rank at once, one order on
-    every rank); its optimum is the simulator's timing of its order, no bound passes it, and the
-    ILP's and CP-SAT's optima equal it."""
-    truth, orders = exhaustive_optimum(problem, time_budget=60)
-    best = schedc.Schedule.from_lists("oracle", [orders[r] for r in range(problem.ranks)])
-    assert simulate(problem, best).makespan == pytest.approx(truth, abs=1e-6)
-    assert lower_bound(problem).value <= truth + 1e-9
-    assert_model_optimum_is(problem, truth)
-    pytest.importorskip("ortools")
-    result = solve(problem, solver="cpsat", time_limit=60, threads=1)
-    assert result.status == "optimal" and result.objective == pytest.approx(truth, abs=1e-6)
+    """The exhaustive search times the sums on its own (every rank of a group at once, one order on
+    every rank): see ``assert_models_meet_the_oracle``."""
+    assert_models_meet_the_oracle(problem)
 
 
 @pytest.mark.parametrize("d", [2, 4, 6, 8, 10])

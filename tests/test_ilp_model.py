@@ -104,6 +104,22 @@ def test_w_run_in_the_order_of_their_b():
     assert all(neighbourhood.before[w] is not neighbourhood.before.get(b) for w, b in neighbourhood.twins.items())
 
 
+def assert_models_meet_the_oracle(problem):
+    """The exhaustive search's optimum (it times everything on its own, the gradient syncs
+    included) is the simulator's timing of its order, no bound passes it, and the ILP's and
+    CP-SAT's optima equal it (makespan)."""
+    from schedc.solvers.bounds import lower_bound
+
+    truth, orders = exhaustive_optimum(problem, time_budget=60)
+    best = schedc.Schedule.from_lists("oracle", [orders[r] for r in range(problem.ranks)])
+    assert simulate(problem, best).makespan == pytest.approx(truth, abs=1e-6)
+    assert lower_bound(problem).value <= truth + 1e-9
+    assert_model_optimum_is(problem, truth)
+    pytest.importorskip("ortools")
+    result = solve(problem, solver="cpsat", time_limit=60, threads=1)
+    assert result.status == "optimal" and result.objective == pytest.approx(truth, abs=1e-6)
+
+
 def check_example(problem, optimum):
     """CP-SAT proves ``optimum``, and the model keeps that schedule: started from it with every
     binary fixed to it, the LP left is feasible at the optimum (its windows, fixed pairs and

@@ -50,8 +50,10 @@ def train(rank, world, paths, batch):
     return out
 
 
-def reference(n_stages, m, batch):
-    parts = model(n_stages)
+def reference(n_stages, m, batch, make=None):
+    """One process training the whole model (``make(n_stages)``, default ``model``) on the batch:
+    its losses and weights."""
+    parts = (make or model)(n_stages)
     net = torch.nn.Sequential(*parts)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     losses = []

@@ -12,7 +12,7 @@ from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from tests.ranks import run_local
-from tests.test_runtime import STEPS
+from tests.test_runtime import STEPS, reference
 
 
 def model(n_stages):
@@ -47,20 +47,6 @@ def train(rank, world, paths, batch):
     return out
 
 
-def reference(n_stages, m, batch):
-    parts = model(n_stages)
-    net = torch.nn.Sequential(*parts)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)  # (the shared weight once)
-    losses = []
-    for x, y in token_batches(STEPS, batch, seed=2):
-        opt.zero_grad()
-        loss = torch.stack([lm_loss(net(a), b) for a, b in zip(x.chunk(m), y.chunk(m))]).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {f"{s}.{k}": t for s, mod in enumerate(parts) for k, t in mod.state_dict().items()}
-
-
 @pytest.mark.parametrize("p, v, placement, names", [
     (2, 1, "loop", ["1f1b", "zb-h1"]),
     (4, 1, "loop", ["zb-greedy"]),
@@ -78,7 +64,7 @@ def test_tied_embeddings_train_exactly_like_one_process(p, v, placement, names, 
         paths.append(str(path))
     batch = 2 * m
     ranks = run_local(train, p, paths, batch, timeout=900)
-    ref_losses, ref_weights = reference(p * v, m, batch)
+    ref_losses, ref_weights = reference(p * v, m, batch, make=model)  # (SGD takes the shared weight once)
     for path in paths:
         losses = [r[path]["losses"] for r in ranks if r[path]["losses"][0] is not None]
         torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(ref_losses), rtol=1e-5, atol=0, msg=path)
