@@ -16,6 +16,11 @@ Instructions:
   gradient), or before ``STEP``; it runs on the rank's communication lane in issue order, and
   ``STEP`` waits for every one. The replicas of a stage run the same Program, so they issue the
   same collectives in the same order, and a reduce waits for no other rank of the pipeline.
+- ``RS`` and ``TS`` on (stage, 0), with ``replicas`` or ``tied``: the sum of a stage's gradients
+  with its copies' (or of its tied weights' with the stages sharing them), a collective of other
+  ranks of the pipeline, issued as an ``AR`` is; every rank lists the collectives in one order
+  (``schedule.comm_lane``), so the communication lanes cannot wait on each other in a cycle, and
+  nothing on a compute lane waits for them (``check`` runs the lanes to verify it).
 - ``SEND`` / ``RECV`` of a stage's forward activation (``act``, stage s to s+1) or of the gradient
   of it (``grad``, stage s+1 to s) between two ranks. ``RECV`` *posts* a receive and does not
   wait; the compute that uses the tensor waits for it. ``SEND`` may block until the peer has

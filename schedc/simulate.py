@@ -6,7 +6,11 @@ schedule's order. An op starts when its lane is free and every op it consumes ha
 compute op it is issued after (``Schedule.after``) (a list schedule: as soon as possible, never
 reordered). With ``data_parallel``, each rank has a communication lane too: each stage's gradient
 all-reduce AR, issued after its last weight gradient (``schedule.comm_lane``); the rank's step, so
-the makespan and its span, ends with its last reduce. Memory: F allocates its stage's activation
+the makespan and its span, ends with its last reduce. A collective (RS: a model stage's copies in
+two-direction pipelines; TS: tied weights) runs on the communication lane of every rank of its
+group, starting when all of them have come to it (``together``). An overlapped pair
+(``Schedule.pairs``: a forward and the backward after it) starts when both may and both end after
+``Problem.pair_time``. Memory: F allocates its stage's activation
 (only what it keeps where its microbatch recomputes), a recompute or reload allocates what it
 brings back, B, W and an offload free;
 an allocation counts from its op's start, a free from its op's end (``Problem.delta``). On one lane
