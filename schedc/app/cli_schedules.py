@@ -138,7 +138,8 @@ def compare(
         return
     click.echo(
         f"{prob.name or problem}: p={prob.ranks} m={prob.microbatches} v={prob.chunks} placement={_placement(prob)}"
-        f" comm={fmt(prob.comm)} objective={prob.objective}"
+        + (f" replicas={prob.pipelines} (m per direction)" if prob.replicas else "")
+        + f" comm={fmt(prob.comm)} objective={prob.objective}"
     )
     timeline_table(prob, [(name, t) for name, _, t in entries if t is not None])
     for name, reason, t in entries:
