@@ -32,6 +32,30 @@ def model(n_stages):
     return stages(gpt_blocks(n_layers=max(1, n_stages - 2), seed=1), n_stages)
 
 
+def sgd_steps(compiled, mine, batch, replica=0, replicas=1, **runtime) -> list[float | None]:
+    """STEPS steps of SGD (momentum 0.9) with ``compiled`` on this rank's stage modules ``mine``
+    (each parameter once), on replica ``replica``'s part of a global batch of ``replicas`` x
+    ``batch`` sequences, the inputs given only where the rank holds the first stage of a pipeline
+    and the targets where it holds a last one; the losses this rank returns (None where it holds no
+    last stage). ``runtime``: more arguments of the PipelineRuntime."""
+    depth = compiled.problem.pipeline_stages
+    params = list({id(q): q for mod in mine.values() for q in mod.parameters()}.values())
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120, **runtime)
+    first, last = (any(s % depth == k for s in mine) for k in (0, depth - 1))
+    losses = []
+    for x, y in token_batches(STEPS, replicas * batch, seed=2):
+        x, y = x[replica * batch:(replica + 1) * batch], y[replica * batch:(replica + 1) * batch]
+        loss = rt.step(x if first else None, y if last else None)
+        losses.append(None if loss is None else loss.item())
+    return losses
+
+
+def weights_of(mine) -> dict:
+    """Stage modules' weights by "stage.name"."""
+    return {f"{s}.{k}": t for s, mod in mine.items() for k, t in mod.state_dict().items()}
+
+
 def train(rank, world, paths, batch):
     """Each schedule file in turn: a fresh model, 3 steps of SGD; this rank's losses and weights."""
     out = {}
@@ -39,14 +63,8 @@ def train(rank, world, paths, batch):
         compiled = schedc.load(path)
         prob = compiled.problem
         mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
-        opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
-        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120)
-        losses = []
-        for x, y in token_batches(STEPS, batch, seed=2):
-            loss = rt.step(x if 0 in mine else None, y if prob.n_stages - 1 in mine else None)
-            losses.append(None if loss is None else loss.item())
-        weights = {f"{s}.{k}": t for s, mod in mine.items() for k, t in mod.state_dict().items()}
-        out[compiled.name] = {"losses": losses, "weights": weights}
+        losses = sgd_steps(compiled, mine, batch)
+        out[compiled.name] = {"losses": losses, "weights": weights_of(mine)}
     return out
 
 

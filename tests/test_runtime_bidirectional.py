@@ -9,9 +9,9 @@ import torch
 import schedc
 from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
-from schedc.runtime.gpt import lm_loss, token_batches
+from schedc.runtime.gpt import lm_loss
 from tests.ranks import run_local
-from tests.test_runtime import STEPS, model, reference
+from tests.test_runtime import model, reference, sgd_steps
 from tests.test_runtime_sync import mesh
 
 
@@ -31,12 +31,7 @@ def train(rank, world, paths, batch):
         depth = prob.pipeline_stages
         parts = model(depth)
         mine = {s: parts[s % depth] for s in prob.rank_stages[rank]}
-        opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
-        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120)
-        losses = []
-        for x, y in token_batches(STEPS, batch, seed=2):
-            loss = rt.step(x, y)
-            losses.append(None if loss is None else loss.item())
+        losses = sgd_steps(compiled, mine, batch)
         weights = {(s // depth, f"{s % depth}.{k}"): t for s, mod in mine.items() for k, t in mod.state_dict().items()}
         out[path] = {"losses": losses, "weights": weights}
     return out
@@ -97,11 +92,7 @@ def train_mesh(rank, world, path, pp, dp, batch):
     prob = compiled.problem
     parts = model(prob.pipeline_stages)
     mine = {s: parts[s % prob.pipeline_stages] for s in prob.rank_stages[r]}
-    opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
-    rt = PipelineRuntime(compiled, mine, lm_loss, group=pipeline, data_parallel_group=replicas, optimizer=opt,
-                         timeout=120)
-    for x, y in token_batches(STEPS, dp * batch, seed=2):
-        rt.step(x[d * batch:(d + 1) * batch], y[d * batch:(d + 1) * batch])
+    sgd_steps(compiled, mine, batch, d, dp, group=pipeline, data_parallel_group=replicas)
     return {(s // prob.pipeline_stages, f"{s % prob.pipeline_stages}.{k}"): t
             for s, mod in mine.items() for k, t in mod.state_dict().items()}
 

@@ -12,7 +12,7 @@ from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import lm_loss, token_batches
 from tests.ranks import run_local
-from tests.test_runtime import STEPS, faulty_runtime, model, reference
+from tests.test_runtime import STEPS, faulty_runtime, model, reference, sgd_steps, weights_of
 
 
 def problem(p, v, placement, m, degree, overlap=True):
@@ -39,16 +39,8 @@ def train(rank, world, paths, pp, dp, batch):
         compiled = schedc.load(path)
         prob = compiled.problem
         mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[r]}
-        opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
-        rt = PipelineRuntime(compiled, mine, lm_loss, group=pipeline, data_parallel_group=replicas, optimizer=opt,
-                             timeout=120)
-        losses = []
-        for x, y in token_batches(STEPS, dp * batch, seed=2):
-            x, y = x[d * batch:(d + 1) * batch], y[d * batch:(d + 1) * batch]
-            loss = rt.step(x if 0 in mine else None, y if prob.n_stages - 1 in mine else None)
-            losses.append(None if loss is None else loss.item())
-        weights = {f"{s}.{k}": t for s, mod in mine.items() for k, t in mod.state_dict().items()}
-        out[path] = {"losses": losses, "weights": weights, "replica": d}
+        losses = sgd_steps(compiled, mine, batch, d, dp, group=pipeline, data_parallel_group=replicas)
+        out[path] = {"losses": losses, "weights": weights_of(mine), "replica": d}
     return out
 
 

@@ -10,9 +10,9 @@ import torch
 import schedc
 from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
-from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
+from schedc.runtime.gpt import gpt_blocks, lm_loss, stages
 from tests.ranks import run_local
-from tests.test_runtime import STEPS, reference
+from tests.test_runtime import reference, sgd_steps, weights_of
 
 
 def model(n_stages):
@@ -35,15 +35,8 @@ def train(rank, world, paths, batch):
         mine = {s: parts[s] for s in prob.rank_stages[rank]}
         shared = parts[0][0].tok.weight  # the embedding, also the head's output weight
         tied = {s: [shared] for g in compiled.program.header.tied for s in g if s in mine}
-        params = list({id(q): q for mod in mine.values() for q in mod.parameters()}.values())
-        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
-        rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120, tied_parameters=tied)
-        losses = []
-        for x, y in token_batches(STEPS, batch, seed=2):
-            loss = rt.step(x, y)
-            losses.append(None if loss is None else loss.item())
-        out[path] = {"losses": losses, "weights": {f"{s}.{k}": t for s, mod in mine.items()
-                                                   for k, t in mod.state_dict().items()}}
+        losses = sgd_steps(compiled, mine, batch, tied_parameters=tied)
+        out[path] = {"losses": losses, "weights": weights_of(mine)}
     return out
 
 
