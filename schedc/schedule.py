@@ -330,11 +330,12 @@ _GRADS = candidates(GRADS)  # W, BW: what a stage's reduce waits for, every micr
 
 def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op], ...], ...]:
     """Per rank, its communication lane as the runtime issues it: (op, the compute op it is issued
-    after), in the lane's order; empty without ``data_parallel`` or ``replicas``. Each stage's
+    after), in the lane's order; empty where the problem has no per-stage sync. Each stage's
     all-reduce AR(s) is issued after the ops it waits for (``sync_waits_for``: the stage's last
     weight gradient, W or BW, in the rank's compute order, or, without ``data_parallel.overlap``,
     the rank's last compute op; the later stage first). A collective (RS: the gradient sum of a
-    model stage's copies) is issued after its stage's last weight gradient too, but every member
+    model stage's copies; TS: of tied weights) is issued after its stage's last weight gradient
+    too, but every member
     rank issues the collectives in one order (``comm_ops``), so each also after the one before it
     on its rank (ranks that issued them in different orders would wait for each other forever).
     The lane runs them in issue order, one at a time."""
@@ -345,7 +346,7 @@ def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op]
         items = []  # (issue position, reduces before collectives, then ``comm_ops``'s order; op)
         at = -1  # the collectives': each no earlier than the one before it
         for k, op in enumerate(comm_ops(problem, r)):
-            here = max(k for k, other in enumerate(ops) if sync_waits_for(problem, op, other))
+            here = max(i for i, other in enumerate(ops) if sync_waits_for(problem, op, other))
             collective = ROWS[op.kind].group is not None
             if collective:
                 at = here = max(at, here)
@@ -382,7 +383,7 @@ def fixed_orders(problem: Problem, ops: tuple[Op, ...]) -> list[list[Op]]:
 
 
 def sync_waits_for(problem: Problem, op: Op, other: Op) -> bool:
-    """Whether the communication op ``op`` (AR or RS of a stage) is issued no earlier than the end
+    """Whether the communication op ``op`` (AR, RS or TS of a stage) is issued no earlier than the end
     of ``other``, an op of its rank: every weight gradient of its stage (W or BW), or for an AR
     without ``data_parallel.overlap`` every compute op of the rank (the one rule of ``comm_lane``,
     the ILP's and CP-SAT's rows)."""
@@ -393,8 +394,14 @@ def sync_waits_for(problem: Problem, op: Op, other: Op) -> bool:
     return other.kind in _GRADS and other.stage == op.stage
 
 
+def lead(problem: Problem, op: Op) -> Op:
+    """The op of a collective that stands for all its members (its lowest stage's: they start
+    together, so the ILP and CP-SAT give them one start); ``op`` itself for any other op."""
+    return min((op, *members(problem, op)), key=lambda o: o.stage)
+
+
 def members(problem: Problem, op: Op) -> tuple[Op, ...]:
-    """The ops of a collective ``op`` (RS) on the other stages of its group (``Problem.sync_groups``),
+    """The ops of a collective ``op`` (RS, TS) on the other stages of its group (``Problem.sync_groups``),
     which start with it; () for any other op."""
     group = ROWS[op.kind].group
     if group is None:

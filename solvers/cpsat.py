@@ -66,7 +66,7 @@ from typing import Callable
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, members, sync_waits_for
+from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.common import COPY_LANE, Found, Progress, Settings, longest_paths, order_edges, register_backend
 from schedc.solvers.deadline import Budget
@@ -396,11 +396,11 @@ class _CpModel:
         cp, start, dur, problem = self.cp, self.start, self.dur, self.problem
         lane = []
         for op in self.comm[r]:
-            lead = min((op, *members(problem, op)), key=lambda o: o.stage)  # a collective's first member
-            if lead not in self.comm_start:
-                self.comm_start[lead] = cp.new_int_var(0, horizon, f"c{lead.kind}{lead.stage}")
-                cp.add_hint(self.comm_start[lead], self.comm_hint[lead])
-            a = self.comm_start[op] = self.comm_start[lead]
+            head = lead(problem, op)  # a collective's members share its start
+            if head not in self.comm_start:
+                self.comm_start[head] = cp.new_int_var(0, horizon, f"c{head.kind}{head.stage}")
+                cp.add_hint(self.comm_start[head], self.comm_hint[head])
+            a = self.comm_start[op] = self.comm_start[head]
             for k in ks:
                 if not sync_waits_for(problem, op, self.ops[k]):
                     continue

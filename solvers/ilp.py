@@ -56,7 +56,7 @@ from pathlib import Path
 from schedc.errors import SchedcError
 from schedc.kinds import RECOMPUTES, ROWS, Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, members, sync_waits_for
+from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_waits_for
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
@@ -317,10 +317,10 @@ class _Model:
             origin = 0 if problem.objective == "makespan" else self.first_start[r]
             lane = list(comm_ops(problem, r))
             for op in lane:
-                lead = min((op, *members(problem, op)), key=lambda o: o.stage)  # a collective's first member
-                if lead not in self.comm_start:
-                    self.comm_start[lead] = self.lp.add_variable(f"c{lead.kind}{lead.stage}", lowBound=0)
-                a = self.comm_start[op] = self.comm_start[lead]
+                head = lead(problem, op)  # a collective's members share its start
+                if head not in self.comm_start:
+                    self.comm_start[head] = self.lp.add_variable(f"c{head.kind}{head.stage}", lowBound=0)
+                a = self.comm_start[op] = self.comm_start[head]
                 waits = [k for k in ks if sync_waits_for(problem, op, self.ops[k])]
                 for o in waits:
                     # What it waits for that runs after o runs before it: a sum-of-durations cut (the
