@@ -193,14 +193,10 @@ def _without_overlap(problem: Problem) -> Problem:
         most = max(c[Kind.F][s] for s in stages) + max(c[Kind.B][s] for s in stages)
         for s in stages:
             k[s] = min(1.0, problem.overlap_time[r] / most)
-    data = problem.model_dump(exclude_none=True)
     costs = {"F": [x * y for x, y in zip(c[Kind.F], k)], "B": [x * y for x, y in zip(c[Kind.B], k)], "W": list(c[Kind.W])}
     if problem.costs.BW is not None:
         costs["BW"] = [min(bw, b * y + w) for bw, b, w, y in zip(c[Kind.BW], c[Kind.B], c[Kind.W], k)]
-    data["costs"] = costs
-    if problem.recompute is not None and problem.recompute.time is None:  # it defaulted to F: keep it so
-        data["recompute"]["time"] = list(c[Kind.F])
-    return Problem.parse(data)
+    return _with_costs(problem, costs)
 
 
 def _relaxed(problem: Problem) -> Problem:
@@ -214,10 +210,16 @@ def _relaxed(problem: Problem) -> Problem:
     r = [min(1.0, bw / (b + w)) for b, w, bw in zip(c[Kind.B], c[Kind.W], c[Kind.BW])]
     costs = {Kind.F.value: list(c[Kind.F]), Kind.B.value: [x * k for x, k in zip(c[Kind.B], r)],
              Kind.W.value: [x * k for x, k in zip(c[Kind.W], r)]}
+    return _with_costs(problem, costs)
+
+
+def _with_costs(problem: Problem, costs: dict) -> Problem:
+    """``problem`` with ``costs`` (a relaxation's), everything else as it was: a recompute whose
+    time defaulted to the stage's F keeps that F."""
     data = problem.model_dump(exclude_none=True)
     data["costs"] = costs
     if problem.recompute is not None and problem.recompute.time is None:  # it defaulted to F: keep it so
-        data["recompute"]["time"] = list(c[Kind.F])
+        data["recompute"]["time"] = list(problem.cost[Kind.F])
     return Problem.parse(data)
 
 
