@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -233,16 +234,15 @@ def runtime_table(steps: int) -> str:
                               load=world - 1)
         comm = run_local(_comm_probe, 2, max(prof.sends), 10, timeout=300)[0]
         data = make_problem(prof, ranks=pp, microbatches=m, comm=comm, name=label).model_dump(exclude_none=True)
-        if name == "dualpipe":
-            probe = run_local(_all_reduce_probe, 2, max(max(prof.grads), 1.0), 10, timeout=300)[0]
-            data["replicas"] = {"count": 2, "sync": reduce_times(prof.grads, 2, max(max(prof.grads), 1.0), probe)}
-            data.pop("stage_blocks", None)
+        mib = max(max(prof.grads), 1.0)
+        probe = run_local(_all_reduce_probe, 2, mib, 10, timeout=300)[0]  # an all-reduce over two ranks
+        if name == "dualpipe":  # the copies' sum: an all-reduce over the two ranks holding them
+            data["replicas"] = {"count": 2, "sync": reduce_times(prof.grads, 2, mib, probe)}
         else:
-            probe = run_local(_all_reduce_probe, 2, max(max(prof.grads), 1.0), 10, timeout=300)[0]
-            data["data_parallel"] = {"degree": dp, "reduce": reduce_times(prof.grads, dp, max(max(prof.grads), 1.0), probe)}
+            data["data_parallel"] = {"degree": dp, "reduce": reduce_times(prof.grads, dp, mib, probe)}
         problem = Problem.parse(data)
         compiled = schedc.compile(problem, name)
-        with __import__("tempfile").TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
             path = f"{tmp}/s.json"
             compiled.save(path)
             measured = max(run_local(_timed_rank, world, path, pp, dp, steps, batch // dp, timeout=1800))
