@@ -1,13 +1,17 @@
 """Two directions and gradient synchronization (issue 26): published bubbles of the two-direction
 schedules, and solve against the schedules users run, with data-parallel all-reduces.
 
-    python benchmarks/sync.py [--write] [--time-limit S] [--jobs N] [--alphas 0,0.25,0.5,1] [--only NAME]
+    python benchmarks/sync.py [--write] [--parts published,settings,dualpipe,runtime] [--time-limit S]
+                              [--jobs N] [--alphas 0,0.25,0.5,1] [--only NAME]
 
 Part 1, published bubbles on uniform costs (no search, exact): Chimera (Li and Hoefler, SC'21),
 D stages and N microbatches in all, F equal to the fused backward: 2N + D - 2 per iteration;
 DualPipe (DeepSeek-V3, its table): each rank idles (p/2 - 1)(F&B + B - 3W), here with the pairs run
 one op after the other (F&B = F + B) on the costs the formula assumes (F = B = 2W), and with
-overlapped pairs (``costs.FB`` = 0.75 (F + B)) measured beside it. BitPipe is not built yet.
+overlapped pairs (``costs.FB`` = 0.75 (F + B)) measured beside it; BitPipe (Wu et al. 2024, its
+repository's figure): both directions on the V placement, fused backward twice the forward, p
+microbatches in all: 2(p - 2) forward times idle per rank, and its order with more rounds measured.
+Its own section (``--parts published``, seconds).
 
 Part 2, the zero-bubble paper's settings (``examples/problems/zb-paper``, the 2p files: the memory
 limit of 2p microbatches' activations, objective makespan here since the step ends with the
@@ -63,6 +67,13 @@ BASELINES = ("1f1b", "zb-h1", "zb-v", "chimera", "dualpipe")
 SOLVED = {"one": "p stages", "v": "V, 2p stages", "both": "two directions"}  # the problems solve runs on
 
 
+PUBLISHED_NOTE = (
+    "BitPipe (its repository's figures, p = 4): with p microbatches in all (one round) schedc's order is"
+    " the figure's, and each rank idles 2(p - 2) forward times for every p here; with more rounds the reference implementation's order idles more"
+    " (its repository's figure for p = 4 and 8 microbatches shows 53 where this order takes 54: the"
+    " figure runs a forward in the slot where the code's order waits for a backward's input).")
+
+
 def uniform_table() -> str:
     lines = ["| schedule | p | microbatches | costs | published | schedc | peak activations |",
              "|---|---|---|---|---|---|---|"]
@@ -84,6 +95,15 @@ def uniform_table() -> str:
             lines.append(f"| dualpipe | {d} | {m} each way | F = B = 2, W = 1, F&B = {pair:g}"
                          f"{' (overlapped pairs)' if fb else ' (one after the other)'} |"
                          f" idle (p/2 - 1)(F&B + B - 3W) = {published:g} | idle {idle:g} | {max(t.peak_activation):g} |")
+    for d in (4, 8, 16):
+        for n in (d, 2 * d, 4 * d):
+            p = Problem.parse({"ranks": d, "microbatches": n // 2, "chunks": 2, "placement": "v", "replicas": 2,
+                               "costs": {"F": 1, "B": 1, "W": 1}})
+            t = simulate(p, build("bitpipe", p))
+            published = {(4, 4): "figure: 28 (idle 4)", (4, 8): "figure: 53 (idle 5)"}.get((d, n), "-")
+            lines.append(f"| bitpipe | {d} | {n} in all | per chunk F = 1, BW = 2 | {published} |"
+                         f" {t.makespan:g} (idle {max(t.idle()):g}) |"
+                         f" {max(t.peak_activation):g} chunks |")
     return "\n".join(lines)
 
 
@@ -259,7 +279,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--alphas", default="0,0.25,0.5,1")
     ap.add_argument("--only", help="only the settings whose name contains this")
-    ap.add_argument("--parts", default="settings", help="settings (parts 1 and 2) and/or dualpipe (part 3)")
+    ap.add_argument("--parts", default="settings",
+                    help="comma-separated: published (part 1), settings (part 2), dualpipe (part 3), runtime (part 4)")
     ap.add_argument("--plot", action="store_true", help="only draw benchmarks/sync.png from the table in RESULTS.md")
     ap.add_argument("--steps", type=int, default=10, help="runtime part: steps per run (the first two are warm-up)")
     args = ap.parse_args()
@@ -283,10 +304,15 @@ def main() -> None:
             write_section("sync-dualpipe", "## DualPipe's own problem: solve against DualPipe (issue 26)\n\n"
                           f"`python benchmarks/sync.py --write --parts dualpipe --time-limit {args.time_limit:g}`"
                           f" on {machine()}; makespan in time units, bubble = 1 - busy / (p x makespan).\n\n" + table3)
+    if "published" in parts:
+        table1 = uniform_table()
+        print(table1, flush=True)
+        if args.write:
+            write_section("sync-published", "## Two directions: published bubbles on uniform costs (issue 26)\n\n"
+                          "`python benchmarks/sync.py --write --parts published` (schedc's simulator, no search;"
+                          " exact, no machine dependence).\n\n" + table1 + "\n\n" + PUBLISHED_NOTE)
     if "settings" not in parts:
         return
-    table1 = uniform_table()
-    print(table1, flush=True)
     alphas = [float(a) for a in args.alphas.split(",")]
     settings = [p for p in SETTINGS if args.only is None or args.only in p.stem]
     cells = [(str(p), a, ov, args.time_limit) for p in settings for a in alphas for ov in (True, False)]
@@ -319,7 +345,6 @@ def main() -> None:
         command = "python benchmarks/sync.py --write" + (f" --time-limit {args.time_limit:g}" if args.time_limit != 10 else "") \
             + (f" --alphas {args.alphas}" if args.alphas != "0,0.25,0.5,1" else "") + (f" --only {args.only}" if args.only else "")
         body = (f"## Two directions and gradient synchronization (issue 26)\n\n`{command}` on {machine()}.\n\n"
-                "Published bubbles on uniform costs (schedc's simulator, no search):\n\n" + table1 + "\n\n"
                 "The zero-bubble paper's settings (2p memory limit, makespan) with a data-parallel all-reduce of"
                 " alpha x (F + B + W) per stage; makespan in ms; '(x, over)': over the memory limit. solve: the"
                 " best of solve on the p-stage, the V (2p stages) and the two-direction problem, with its proven"

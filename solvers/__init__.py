@@ -8,7 +8,7 @@ is a module here and one import line below.
 
 from schedc.solvers import heuristics  # noqa: F401  (registers the named schedules)
 from schedc.solvers import vshape  # noqa: F401
-from schedc.solvers import bidirectional  # noqa: F401  (two directions: chimera, bidir-zb)
+from schedc.solvers import bidirectional  # noqa: F401  (two directions: chimera, bidir-zb, dualpipe, bitpipe)
 from schedc.solvers import greedy  # noqa: F401
 from schedc.solvers import memtime  # noqa: F401  (recompute and offload baselines)
 from schedc.solvers import solve  # noqa: F401  (registers the exact search, "ilp")

@@ -23,6 +23,13 @@ other, as the reference runs them for a module that cannot overlap them. Then ea
 (F = B = 2W), and holds p + 1 microbatches' activations (tested). With overlapped pairs the
 published formula does not hold as such: a pair waits for the later of its two inputs, which the
 formula's figure does not count (measured, benchmarks/sync.py).
+
+``bitpipe`` is BitPipe (Wu et al. 2024): both directions on the V placement (rank r holds stages r
+and 2p - 1 - r of each pipeline, so a microbatch turns on the last rank without a transfer), fused
+backward, the per-rank order of the reference implementation. With p microbatches in all (one
+round) each rank idles 2(p - 2) forward times on the costs of the published figure (backward twice
+the forward), whose order it reproduces (tested); with more rounds the reference's order waits
+where a rank's next backward's input has not arrived (measured, benchmarks/sync.py).
 """
 
 from __future__ import annotations
@@ -206,3 +213,76 @@ def dualpipe(problem: Problem) -> Schedule:
     # The pairs run overlapped where the problem says how long that takes (costs.FB); else one op
     # after the other, as the reference does for a module that cannot overlap them.
     return Schedule.from_lists("dualpipe", orders, pairs=pairs if problem.overlap_time is not None else ())
+
+
+def _bitpipe_order(problem: Problem, r: int) -> list[Op]:
+    """Rank r's compute order in BitPipe (Wu et al. 2024; the order of the reference
+    implementation, rewritten from its description). Rank r holds four chunks: 0 and 2 the down
+    pipeline's stages r and 2p - 1 - r (its V), 1 and 3 the up pipeline's p - 1 - r and p + r.
+    The forwards run in one order and the (fused) backwards in another, each a round of 2p ops per
+    p/2 microbatches of each direction: a rank starts with the chunk its pipeline enters it
+    first, n0 ops of it (n0: the rank's distance from the middle, plus one), then alternates with
+    the other direction's chunk. The program: W forwards (W = 3p/2 + the distance from the nearer
+    end), then per further round U = 2p - W forward-backward pairs, W - U + 1 backwards, U - 1
+    pairs and W - U + 1 forwards; last U pairs and the remaining backwards."""
+    p, m, depth = problem.ranks, problem.microbatches, problem.pipeline_stages
+    unit = p // 2
+    low = int(r >= unit)  # the rank's first chunk: 0 (the down pipeline enters it first) or 1
+    n0 = unit - r if r < unit else r - unit + 1
+    stage = (r, depth + p - 1 - r, depth - 1 - r, depth + p + r)  # chunk -> its stage on rank r
+
+    def sequence(first: tuple[int, int], second: tuple[int, int]) -> list[tuple[int, int]]:
+        """One order over (chunk, microbatch): ``first`` and ``second`` the chunk pairs (this
+        direction's, the other's) of the order's two halves, round by round."""
+        out = []
+        for j in range(2 * m // p):
+            base = j * unit
+            a, b = first
+            out += [(a, base + i) for i in range(n0)]
+            for i in range(unit - n0):
+                out += [(b, base + i), (a, base + i + n0)]
+            c, d = second
+            for i in range(n0):
+                out += [(b, base + i + unit - n0), (d, base + i)]
+            for i in range(unit - n0):
+                out += [(c, base + i), (d, base + i + n0)]
+            out += [(c, base + i + unit - n0) for i in range(n0)]
+        return out
+
+    forwards = [Op(Kind.F, stage[c], i) for c, i in sequence((low, 1 - low), (2 + low, 3 - low))]
+    backwards = [Op(Kind.BW, stage[c], i) for c, i in sequence((2 + low, 3 - low), (low, 1 - low))]
+    warm = p + unit + (r if r < unit else p - 1 - r)
+    pairs_first = 2 * p - warm
+    f, b = iter(forwards), iter(backwards)
+    ops = [next(f) for _ in range(warm)]
+    for _ in range(2 * m // p - 1):
+        for _ in range(pairs_first):
+            ops += [next(f), next(b)]
+        ops += [next(b) for _ in range(warm - pairs_first + 1)]
+        for _ in range(pairs_first - 1):
+            ops += [next(f), next(b)]
+        ops += [next(f) for _ in range(warm - pairs_first + 1)]
+    for _ in range(pairs_first):
+        ops += [next(f), next(b)]
+    return ops + list(b)
+
+
+def _bitpipe_fits(problem: Problem) -> str | None:
+    p, m = problem.ranks, problem.microbatches
+    if problem.pipelines != 2 or problem.chunks != 2:
+        return f"needs two pipelines of two chunks per rank (replicas 2, chunks 2; this problem has chunks {problem.chunks})"
+    if p % 2:
+        return f"needs an even number of ranks (ranks is {p})"
+    if m % (p // 2):
+        return f"needs microbatches per direction a multiple of ranks / 2 ({m} is not a multiple of {p // 2})"
+    depth = problem.pipeline_stages
+    down = tuple(range(p)) + tuple(reversed(range(p)))
+    if problem.stage_rank != down + tuple(p - 1 - r for r in down):
+        return "needs the V placement of both pipelines (placement v: rank r holds stages r and 2p - 1 - r of each)"
+    return None
+
+
+@register("bitpipe", "BitPipe: two V-shaped interleaved pipelines in opposite directions (fused B+W)",
+          split_backward=False, requires=_bitpipe_fits, bidirectional=True)
+def bitpipe(problem: Problem) -> Schedule:
+    return Schedule.from_lists("bitpipe", [_bitpipe_order(problem, r) for r in range(problem.ranks)])

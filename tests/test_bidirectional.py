@@ -235,6 +235,59 @@ def test_dualpipe_meets_its_published_bubble_and_memory(d, extra):
     assert "at least as many microbatches per direction" in REGISTRY["dualpipe"].why_not(_bidir(p=4, m=3))
 
 
+# BitPipe's published figure (its repository's BitPipe-v.svg): 4 ranks, microbatches 1 and 2 down,
+# 3 and 4 up; "F13" is the forward of microbatch 3 on its first leg of the V, "B24" the backward on its
+# second. Per rank, the order of the compute lane.
+BITPIPE_FIGURE = (
+    "F11 F12 F13 F23 F14 F24 F21 B21 F22 B22 B23 B13 B24 B14 B11 B12",
+    "F11 F13 F12 F14 F23 F21 F24 F22 B21 B23 B22 B24 B13 B11 B14 B12",
+    "F13 F11 F14 F12 F21 F23 F22 F24 B23 B21 B24 B22 B11 B13 B12 B14",
+    "F13 F14 F11 F21 F12 F22 F23 B23 F24 B24 B21 B11 B22 B12 B13 B14",
+)
+
+
+def _bitpipe(d, m, **extra) -> Problem:
+    return Problem.parse({"ranks": d, "microbatches": m, "chunks": 2, "placement": "v", "replicas": 2,
+                          "costs": {"F": 1, "B": 1, "W": 1}, **extra})
+
+
+@pytest.mark.parametrize("d", [2, 4, 6, 8, 16])
+def test_bitpipe_reproduces_its_published_figure(d):
+    """BitPipe (Wu et al. 2024): two V-shaped pipelines (each rank holds two chunks of each
+    direction), fused backward twice the forward. With d microbatches in all (one round), the
+    published figure's order on 4 ranks, and each rank idles 2 (d - 2) forward times (the figure:
+    28 against 24 of work); the activations of 2d chunks at most."""
+    p = _bitpipe(d, d // 2)
+    schedule = build("bitpipe", p)
+    t = simulate(p, schedule)
+    work = 2 * 2 * (d // 2) * 3
+    assert t.makespan - work == 2 * (d - 2)
+    assert max(t.peak_activation) <= 2 * d
+    if d == 4:
+        def name(op):
+            pipeline, j = divmod(op.stage, p.pipeline_stages)
+            return f"{'F' if op.kind is Kind.F else 'B'}{1 + (j >= d)}{op.mb + 1 + 2 * pipeline}"
+        assert tuple(" ".join(map(name, ops)) for ops in schedule.ranks) == BITPIPE_FIGURE
+        assert t.makespan == 28
+
+
+@pytest.mark.parametrize("d, m", [(2, 3), (4, 4), (4, 6), (6, 6)])
+def test_bitpipe_lowers_checks_and_stays_above_the_bound(d, m):
+    p = _bitpipe(d, m, comm=0.5, data_parallel={"degree": 2, "reduce": 1})
+    schedule = build("bitpipe", p)
+    t = simulate(p, schedule)
+    assert t.makespan >= lower_bound(p).value - 1e-9
+    check(p, lower(p, schedule, t), schedule)
+
+
+def test_bitpipe_refuses_what_it_cannot_run():
+    why = REGISTRY["bitpipe"].why_not
+    assert "two chunks per rank" in why(_bidir())
+    assert "multiple of ranks / 2" in why(_bitpipe(4, 3))
+    assert "V placement" in why(_bitpipe(2, 2, placement="loop"))
+    assert why(_bitpipe(4, 2)) is None
+
+
 def test_the_critical_path_knows_that_a_sum_waits_for_its_copies():
     """The DAG the critical path is read from links each RS to what its members on other ranks wait
     for (their issue points and lane), so the chain explains the whole makespan."""

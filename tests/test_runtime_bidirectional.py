@@ -54,17 +54,23 @@ def test_two_directions_train_exactly_like_one_process(p, tmp_path):
     paths.append(str(tmp_path / "dualpipe-fb.json"))
     batch = 2 * 2 * m  # two sequences per microbatch, m microbatches per direction
     ranks = run_local(train, p, paths, batch, timeout=900)
-    ref_losses, ref_weights = reference(p, 2 * m, batch)
+    reference_run = reference(p, 2 * m, batch)
     for path in paths:
-        per_pipeline = [r[path]["losses"] for r in ranks if r[path]["losses"][0] is not None]
-        assert len(per_pipeline) == 2  # the last stage of each direction
-        torch.testing.assert_close(torch.tensor(per_pipeline).mean(dim=0), torch.tensor(ref_losses), rtol=1e-5,
-                                   atol=0, msg=path)
-        for k in (0, 1):
-            weights = {name: t for r in ranks for (pipe, name), t in r[path]["weights"].items() if pipe == k}
-            assert weights.keys() == ref_weights.keys()
-            for name, t in ref_weights.items():
-                torch.testing.assert_close(weights[name], t, rtol=1e-5, atol=1e-6, msg=f"{path} pipeline {k}: {name}")
+        assert_like_one_process(ranks, path, *reference_run)
+
+
+def assert_like_one_process(ranks, path, ref_losses, ref_weights):
+    """The two pipelines' mean losses average to one process's, and each pipeline's copy of every
+    model stage equals its weights (<= 1e-5)."""
+    per_pipeline = [r[path]["losses"] for r in ranks if r[path]["losses"][0] is not None]
+    assert len(per_pipeline) == 2  # the last stage of each direction
+    torch.testing.assert_close(torch.tensor(per_pipeline).mean(dim=0), torch.tensor(ref_losses), rtol=1e-5,
+                               atol=0, msg=path)
+    for k in (0, 1):
+        weights = {name: t for r in ranks for (pipe, name), t in r[path]["weights"].items() if pipe == k}
+        assert weights.keys() == ref_weights.keys()
+        for name, t in ref_weights.items():
+            torch.testing.assert_close(weights[name], t, rtol=1e-5, atol=1e-6, msg=f"{path} pipeline {k}: {name}")
 
 
 def clipping(rank, world, path):
@@ -111,3 +117,16 @@ def test_two_directions_in_a_data_parallel_mesh_train_exactly_like_one_process(t
         for (_, name), t in weights.items():
             torch.testing.assert_close(t, ref_weights[name], rtol=1e-5, atol=1e-6, msg=name)
     assert sum(len(w) for w in ranks) == 2 * dp * len(ref_weights)  # every copy of every replica
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_bitpipe_trains_exactly_like_one_process(p, tmp_path):
+    """BitPipe: each rank holds two chunks of each direction (the V placement of both pipelines);
+    after 3 steps every copy of every model stage equals one process's weights (<= 1e-5)."""
+    m = p // 2
+    prob = problem(2 * p, m).with_changes(ranks=p, chunks=2, placement="v")
+    path = tmp_path / "bitpipe.json"
+    schedc.compile(prob, "bitpipe").save(path)
+    batch = 2 * 2 * m
+    ranks = run_local(train, p, [str(path)], batch, timeout=900)
+    assert_like_one_process(ranks, str(path), *reference(2 * p, 2 * m, batch))
