@@ -509,12 +509,15 @@ def make_problem(
     stage_blocks: list[int] | None = None,
     policies: bool = False,
     data_parallel: dict[str, Any] | None = None,
+    replicas: dict[str, Any] | None = None,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there.
     ``policies``: also the ``recompute:`` section (time, keep, and ``selective:`` where every stage
     marks a part to drop) and the ``offload:`` section (copy time), from a profile that has them.
-    ``data_parallel``: the problem's ``data_parallel`` section (degree, reduce per stage), as is."""
+    ``data_parallel``: the problem's ``data_parallel`` section (degree, reduce per stage), as is.
+    ``replicas``: the problem's ``replicas`` section (count, sync per model stage), as is: the
+    profiled stages are then each pipeline's, and a rank's static memory counts both its copies."""
     check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
@@ -522,16 +525,17 @@ def make_problem(
     act = profile.activation
     b_delta = [-(a - k) for a, k in zip(act, profile.kept_for_w)]
     w_delta = [-k for k in profile.kept_for_w]
-    base = Problem.parse(dict(ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
-                              costs=dict(F=1, B=1, W=1)))
-    static = [sum(profile.static[s] for s in stages) for stages in base.rank_stages]
+    mesh = dict(ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
+                **({"replicas": replicas} if replicas else {}))
+    base = Problem.parse(dict(**mesh, costs=dict(F=1, B=1, W=1)))
+    static = [sum(profile.static[s % n] for s in stages) for stages in base.rank_stages]
     memory: dict[str, Any] = dict(F=act, B=b_delta, W=w_delta, static=static)
     if profile.working:
         memory["working"] = working_memory(profile)
     if memory_limit is not None:
         memory["limit"] = memory_limit
     return Problem.parse(
-        dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
+        dict(name=name, **mesh,
              costs={kind.value: getattr(profile, kind.value) for kind in TIMED}, comm=comm, memory=memory,
              objective=objective, stage_blocks=stage_blocks,
              **({"data_parallel": data_parallel} if data_parallel else {}),
@@ -628,6 +632,7 @@ def profile_model(
     progress: Callable[[str], None] | None = None,
     policies: bool = False,
     data_parallel: int = 1,
+    replicas: int = 1,
 ) -> tuple[Problem, StageProfile]:
     """Partition, profile and time the transfer: the Problem ``schedc solve`` takes. ``comm``
     None measures it between two local processes (gloo, CPU). ``load`` None: ranks - 1 copies
@@ -635,7 +640,9 @@ def profile_model(
     the problem also gets the ``recompute:`` and ``offload:`` sections (``make_problem``).
     ``data_parallel`` > 1: the ``data_parallel`` section, each stage's gradient all-reduce over that
     many replicas estimated from an all-reduce measured between two local processes
-    (``reduce_times``)."""
+    (``reduce_times``). ``replicas`` 2: two pipelines in opposite directions (the problem's
+    ``replicas`` section), each model stage's copies summing their gradients (RS): an all-reduce
+    of its gradient over two ranks, estimated from the same measurement."""
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -669,16 +676,20 @@ def profile_model(
             mib = max(prof.sends)
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
-    dp = None
-    if data_parallel > 1:
+    dp = sync = None
+    if data_parallel > 1 or replicas > 1:
         mib = max(max(prof.grads), 1.0)
         probe = run_local(_all_reduce_probe, 2, mib, repeats, timeout=300)[0]
-        dp = {"degree": data_parallel, "reduce": reduce_times(prof.grads, data_parallel, mib, probe)}
-        say(f"all-reduce of {mib:.3f} MiB between two local processes: {probe:.3f} ms; over {data_parallel}"
-            f" replicas each stage's gradient takes {', '.join(f'{x:.3f}' for x in dp['reduce'])} ms")
+        say(f"all-reduce of {mib:.3f} MiB between two local processes: {probe:.3f} ms")
+        if data_parallel > 1:
+            dp = {"degree": data_parallel, "reduce": reduce_times(prof.grads, data_parallel, mib, probe)}
+            say(f"over {data_parallel} replicas each stage's gradient takes {', '.join(f'{x:.3f}' for x in dp['reduce'])} ms")
+        if replicas > 1:
+            sync = {"count": replicas, "sync": reduce_times(prof.grads, 2, mib, probe)}
+            say(f"the sum of a stage's two copies takes {', '.join(f'{x:.3f}' for x in sync['sync'])} ms")
     problem = make_problem(prof, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                            comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes,
-                           policies=policies, data_parallel=dp)
+                           policies=policies, data_parallel=dp, replicas=sync)
     return problem, prof
 
 

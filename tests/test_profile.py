@@ -127,13 +127,17 @@ def test_schedc_profile_writes_the_sections_with_policies(tmp_path):
     out = tmp_path / "gpt.yaml"
     result = CliRunner().invoke(main, ["profile", f"{example}:gpt", "-p", "2", "-m", "2", "--partition", "uniform",
                                        "--comm", "0.1", "--repeats", "1", "--policies", "--data-parallel", "4",
-                                       "-o", str(out)])
+                                       "--replicas", "2", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "copy bandwidth" in result.output and "CPU: a memcpy" in result.output
     assert "gradient all-reduce over 4 replicas, ms per stage: " in result.output
     data = yaml.safe_load(out.read_text())
     assert data["data_parallel"]["degree"] == 4 and len(data["data_parallel"]["reduce"]) == 2
     assert min(data["data_parallel"]["reduce"]) > 0
+    # two directions: the copies' sums, an all-reduce over two ranks (4 replicas move 1.5 x as much)
+    assert "two directions: the sum of a stage's copies, ms per stage: " in result.output
+    assert data["replicas"]["count"] == 2
+    assert data["replicas"]["sync"] == pytest.approx([x / 1.5 for x in data["data_parallel"]["reduce"]])
     # stage 0 is the embedding and blocks, stage 1 blocks and the head: both mark attention cores
     assert set(data["recompute"]) == {"time", "keep", "selective"} and len(data["offload"]["time"]) == 2
     assert data["recompute"]["keep"][0] == 0 and data["recompute"]["keep"][1] > 0
@@ -164,3 +168,18 @@ def _all_reduce(rank, world):
 
 def test_measure_all_reduce_between_two_ranks():
     assert all(math.isfinite(t) and t > 0 for t in run_local(_all_reduce, 2, timeout=120))
+
+
+def test_make_problem_with_two_directions_counts_both_copies(profiled):
+    """``replicas``: the profiled stages are each pipeline's; a rank holds a stage of each direction
+    (stage r and p - 1 - r on the bidirectional placement), so its static memory is both copies',
+    and the copies' sums (RS) are the section's."""
+    from schedc.runtime.profile import reduce_times
+
+    _, prof, _ = profiled
+    sync = reduce_times(prof.grads, 2, 1.0, 2.0)
+    prob = make_problem(prof, ranks=4, microbatches=4, replicas={"count": 2, "sync": sync}, stage_blocks=[1, 1, 1, 1])
+    assert prob.pipelines == 2 and prob.pipeline_stages == 4
+    assert prob.static_memory[0] == pytest.approx(prof.static[0] + prof.static[3])
+    assert prob.cost["RS"][:4] == pytest.approx([2 * g for g in prof.grads])
+    assert prob.cost["F"] == pytest.approx(tuple(prof.F) * 2)

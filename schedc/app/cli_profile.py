@@ -36,11 +36,15 @@ from schedc.errors import SchedcError
 @click.option("--data-parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="Data-parallel replicas: also write the data_parallel section, each stage's gradient all-reduce"
                    " estimated from its size and an all-reduce measured between two local processes.")
+@click.option("--replicas", type=click.IntRange(min=1, max=2), default=1, show_default=True,
+              help="2: two pipelines in opposite directions (Chimera, DualPipe, BitPipe): also write the replicas"
+                   " section, each stage's copies' gradient sum estimated from the same all-reduce measurement.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Problem file to write (.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: str, partition: str,
             comm: float | None, memory_limit: float | None, objective: str, threads: int | None, repeats: int,
-            device: str | None, policies: bool, data_parallel: int, output: str, as_json: bool) -> None:
+            device: str | None, policies: bool, data_parallel: int, replicas: int, output: str,
+            as_json: bool) -> None:
     """Profile a model on this machine and write the Problem for `schedc solve`.
 
     MODEL is FILE.py:FUNCTION or MODULE:FUNCTION returning a schedc.runtime.profile.ModelSpec
@@ -63,7 +67,7 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
         prob, prof = profile_model(spec, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                                    partition=partition, comm=comm, memory_limit=memory_limit, objective=objective,
                                    name=name, repeats=repeats, device=dev, progress=say, policies=policies,
-                                   data_parallel=data_parallel)
+                                   data_parallel=data_parallel, replicas=replicas)
     except ValueError as e:
         raise SchedcError(str(e)) from None
     data = prob.model_dump(exclude_none=True)
@@ -80,13 +84,13 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     print_table(
         ["stage", "blocks", "F ms", "B ms", "W ms", "BW ms", "activation MiB", "kept for W", "static MiB"],
         [[str(s), str(prob.stage_blocks[s]), fmt(prof.F[s]), fmt(prof.B[s]), fmt(prof.W[s]), fmt(prof.BW[s]),
-          fmt(prof.activation[s]), fmt(prof.kept_for_w[s]), fmt(prof.static[s])] for s in range(prob.n_stages)],
+          fmt(prof.activation[s]), fmt(prof.kept_for_w[s]), fmt(prof.static[s])] for s in range(prob.pipeline_stages)],
     )
     if policies and prof.recompute:
         print_table(
             ["stage", "recompute ms", "keeps MiB", "selective ms", "selective keeps MiB", "copy ms"],
             [[str(s), fmt(prof.recompute[s]), fmt(prof.keep[s]), fmt(prof.selective[s]), fmt(prof.selective_keep[s]),
-              fmt(prof.offload[s])] for s in range(prob.n_stages)],
+              fmt(prof.offload[s])] for s in range(prob.pipeline_stages)],
         )
         click.echo(f"copy bandwidth {fmt(prof.copy_bandwidth)} MiB/ms"
                    + (" (CPU: a memcpy, no device memory to copy to)" if prof.device == "cpu" else ""))
@@ -95,6 +99,9 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     if prob.data_parallel is not None:
         click.echo(f"gradient all-reduce over {prob.data_parallel.degree} replicas, ms per stage: "
                    + " ".join(fmt(x) for x in prob.cost["AR"]) + " (estimated from a 2-process all-reduce)")
+    if prob.pipelines > 1:
+        click.echo(f"two directions: the sum of a stage's copies, ms per stage: "
+                   + " ".join(fmt(x) for x in prob.cost["RS"][:prob.pipeline_stages]) + " (estimated likewise)")
     click.echo(f"comm {fmt(prob.comm)} ms; wrote {output}")
 
 
