@@ -9,9 +9,10 @@ one of the torch_* names is first used).
 """
 
 from schedc.runtime.interpreter import PipelineError, PipelineRuntime
+from schedc.runtime.mesh import runtime_groups
 
 _TORCH_EXPORT = ("torch_actions", "torch_pipeline", "torch_placement")
-__all__ = ["PipelineError", "PipelineRuntime", *_TORCH_EXPORT]
+__all__ = ["PipelineError", "PipelineRuntime", "runtime_groups", *_TORCH_EXPORT]
 
 
 def __getattr__(name: str):

@@ -33,6 +33,11 @@ Each rank walks its instruction list in order:
   ``microbatches`` of the batch (pipeline k the k-th part), the loss of each scaled by 1 / (its
   pipelines x microbatches), so the copies' summed gradients are the whole batch's mean loss's,
   and the copies, started equal, stay equal.
+- Tensor-parallel stages (torch's ``parallelize_module`` on the ``tp`` dimension of a DeviceMesh;
+  the groups from ``schedc.runtime.mesh.runtime_groups``) run as any module: each tensor-parallel
+  rank sends its replicated output along its own pipeline. Their output (an
+  ``AsyncCollectiveTensor``) is waited for as it leaves the stage; ``AR`` reduces each rank's
+  shard of a DTensor gradient. Clipping, memory measurement and offload are refused with them.
 - ``STEP``: completes every send, checks that nothing is left over, and runs the optimizer if
   one was given (otherwise the caller runs it after ``step``). With ``clip_grad_norm``, it
   clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
@@ -67,6 +72,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -215,6 +221,15 @@ class PipelineRuntime:
             if instr.op not in self._ops:
                 runs = in_order(k for k in self._ops if isinstance(k, Kind))
                 raise PipelineError(str(unsupported(instr.op, "the runtime", runs)))
+        # Tensor-parallel stages (torch's DTensor parameters): what reads a parameter's or gradient's
+        # storage, or sums gradient norms over the pipeline alone, would be wrong or fail with them.
+        parallel = [s for s, mod in self.stages.items() if any(map(_is_dtensor, mod.parameters()))]
+        refused = [what for what, asked in (("clip_grad_norm", clip_grad_norm is not None),
+                                            ("measure_memory", measure_memory),
+                                            ("offload (O)", Kind.O in self.policy.values())) if asked]
+        if parallel and refused:
+            raise PipelineError(f"stage {min(parallel)} has tensor-parallel (DTensor) parameters: the runtime does not"
+                                f" support {' or '.join(refused)} with tensor parallelism yet")
         self.depth = head.pipeline_stages  # stage s is stage s % depth of the model, in pipeline s // depth
         self.m = head.microbatches  # per pipeline
         self.batches = head.microbatches * head.pipelines  # the microbatches a step splits its batch into
@@ -468,7 +483,7 @@ class PipelineRuntime:
 
     def _call_stage(self, s: int, x):
         try:
-            return self.stages[s](x)
+            return _plain_output(s, self.stages[s](x))
         except Exception as e:
             if not refused_graph_break(e):
                 raise
@@ -561,7 +576,7 @@ class PipelineRuntime:
     def _post_sum(self, params: list, group, where: tuple, what: str) -> list:
         """Post the all-reduces of the gradients of ``params`` over ``group``: (pending, flat buffer,
         its gradients) per dtype."""
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [_shard(p.grad) for p in params if p.grad is not None]  # a DTensor's: this rank's shard
         posted = []
         for dtype in sorted({g.dtype for g in grads}, key=str):
             mine = [g for g in grads if g.dtype == dtype]
@@ -944,6 +959,40 @@ class _Attributed:
             tag = where  # a transport that tags its errors otherwise
         target = f"rank {peer}" if peer >= 0 else what or "the collective"
         raise self.stopped(tag, peer, target, posting, cause, collective) from None
+
+
+def _plain_output(s: int, y):
+    """A stage's output as the runtime can send it and drop its storage: a tensor-parallel stage's
+    last layer (torch's ``RowwiseParallel``) returns an ``AsyncCollectiveTensor``, a wrapper whose
+    all-reduce may still be in flight and whose values live in an inner tensor that
+    ``_without_data`` cannot reach (it would hold the output from F to B, and the shape exchange
+    would leave its collective never waited for). ``wait_tensor`` waits for it and gives a plain
+    tensor, differentiable (its gradient passes through unchanged). A DTensor output is refused:
+    its local shard is not the activation the next stage expects. Looked up in ``sys.modules``:
+    without torch's tensor parallelism imported no such tensor exists (and importing DTensor costs
+    a second)."""
+    collectives = sys.modules.get("torch.distributed._functional_collectives")
+    if collectives is not None and isinstance(y, collectives.AsyncCollectiveTensor):
+        return collectives.wait_tensor(y)
+    if _is_dtensor(y):
+        raise PipelineError(f"stage {s} returned a DTensor ({y.placements}); a stage must return a plain tensor: keep"
+                            " use_local_output=True on its last tensor-parallel layer (torch's default), or return"
+                            " y.full_tensor()")
+    return y
+
+
+def _is_dtensor(t) -> bool:
+    """Is ``t`` a torch DTensor (a tensor-parallel parameter or gradient)? Without
+    torch.distributed.tensor imported there is none."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
+def _shard(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or this rank's shard of it where it is a DTensor (a tensor-parallel parameter's
+    gradient): the data-parallel replicas of a rank hold the same shard, so summing shards sums the
+    gradient, and writing into the shard (a view) writes into the DTensor."""
+    return t.to_local() if _is_dtensor(t) else t
 
 
 def _without_data(y: torch.Tensor) -> torch.Tensor:
