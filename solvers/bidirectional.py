@@ -65,6 +65,8 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
     in_flight = [0] * problem.n_stages  # per stage: forwarded, weight gradient not yet run
     limit = [depth - s % depth for s in range(problem.n_stages)]  # 1F1B's warm-up plus one
     order: list[list[Op]] = [[] for _ in range(problem.ranks)]
+    pairs: list[list[Op]] = [[] for _ in range(problem.ranks)]
+    overlap = problem.overlap_cheaper
     free = [0.0] * problem.ranks  # when each rank is free
     t = 0.0
     while left:
@@ -88,22 +90,35 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
                     upcoming += [x[0] for x in ready]
                     continue
                 # forwards first, the deeper in its pipeline first, the earlier microbatch first
-                op = min(now, key=lambda x: (x[1], -(x[3] % depth), x[2], x[3]))[-1]
-                todo[r].discard(op)
-                left -= 1
-                for user in users.get(op, ()):
-                    waiting[user] -= 1
-                    if waiting[user] == 0:
-                        todo[rank_of[user.stage]].add(user)
-                order[r].append(op)
-                end[op] = free[r] = t + cost[op.kind][op.stage]
-                in_flight[op.stage] += 1 if op.kind is Kind.F else (-1 if op.kind is last else 0)
+                def first(xs):
+                    return min(xs, key=lambda x: (x[1], -(x[3] % depth), x[2], x[3]))[-1]
+
+                op = first(now)
+                run = [op]
+                if overlap and op.kind in (Kind.F, back):  # a forward and a backward ready together: a pair
+                    other = back if op.kind is Kind.F else Kind.F
+                    mates = [x for x in now if x[-1].kind is other and (x[3], x[2]) != (op.stage, op.mb)]
+                    if mates:
+                        run = sorted([op, first(mates)], key=lambda o: o.kind is not Kind.F)
+                        pairs[r].append(run[1])
+                took = problem.pair_time(run[0].stage, run[1].kind, run[1].stage) if len(run) == 2 \
+                    else cost[op.kind][op.stage]
+                for op in run:
+                    todo[r].discard(op)
+                    left -= 1
+                    for user in users.get(op, ()):
+                        waiting[user] -= 1
+                        if waiting[user] == 0:
+                            todo[rank_of[user.stage]].add(user)
+                    order[r].append(op)
+                    end[op] = free[r] = t + took
+                    in_flight[op.stage] += 1 if op.kind is Kind.F else (-1 if op.kind is last else 0)
                 moved = True
         later = [u for u in upcoming if tol.gt(u, t)]
         if not later and left:
             raise RuntimeError(f"{name}: ops left that can never start")  # (a bug, not a problem's)
         t = min(later, default=t)
-    return Schedule.from_lists(name, order)
+    return Schedule.from_lists(name, order, pairs=pairs)
 
 
 @register("chimera", "two pipelines in opposite directions, 1F1B each, interleaved (Chimera, fused B+W)",

@@ -166,6 +166,8 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
         if not history or (history[-1].incumbent, history[-1].bound) != (final.incumbent, final.bound):
             history.append(final)
         found = callback.best_schedule or model.schedule(solver.value)
+        if problem.overlap_cheaper:  # its model holds no overlapped pairs: its bound does not hold
+            return Found(found, None, history, f"{result} (bound dropped: the CP-SAT model holds no overlapped pairs)")
         return Found(found, bound, history, result)
     if status == cp_model.INFEASIBLE:  # only with memory rounded conservatively (the warm start is feasible)
         return Found(None, None, history, "infeasible (memory rounded conservatively)")

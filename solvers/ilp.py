@@ -34,6 +34,16 @@ schedule read back holds an R or S only where its z is 1. Offload is not modelle
 does): where the problem declares it the search covers the schedules without offload only, and
 its bound is dropped.
 
+Overlapped pairs (``costs.FB`` faster than a forward then a B, on a rank): a binary per forward
+and B of another (stage, microbatch) on the rank that no edge orders (``_pair_rows``): at most one
+pair per op; a pair's two ops start together, the forward first in the order (so the memory rows
+count its allocation before the B's free, as the simulator does), each lasting the pair's time,
+their two order rows relaxed. The windows and the sum-of-durations cuts count each such F and B
+at its cost scaled so that two that may pair sum to at most the pair's time, and a B's "before"
+cut leaves its pair's forward out: every cut holds for a schedule with pairs. Only in the whole
+model, and not with recompute (whose ops are placed by position): there the search makes no
+pairs and its bound is dropped.
+
 The search: the whole model up to FULL_MODEL_OPS ops; above that, a large-neighbourhood search
 over windows of the incumbent's order (``_neighbourhoods``). The order found is re-timed by the
 simulator (as soon as possible) in the driver, which is never later than the ILP's times.
@@ -130,8 +140,10 @@ class _Model:
         self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in self.kinds]
         self.index = index = {op: k for k, op in enumerate(self.ops)}
         self.cost = [problem.cost[op.kind][op.stage] for op in self.ops]
-        # The shortest each op can last (a recompute not chosen lasts 0): windows, cuts and edges.
+        # The shortest each op can last (a recompute not chosen lasts 0; an op that may run in an
+        # overlapped pair, its share of the pair: ``_pairable``): windows, cuts and edges.
         self.dur = [0.0 if op.kind in RECOMPUTES else c for op, c in zip(self.ops, self.cost)]
+        self.pair_time = _pairable(problem, self.ops, self.dur) if keep is None else [None] * problem.ranks
         self.held = set(keep.ops()) if keep is not None else set()  # the incumbent's ops (its policies)
         if keep is not None:
             keep = augmented(problem, keep)
@@ -151,7 +163,7 @@ class _Model:
         # model (in a neighbourhood the W outside the window keep their place).
         self.twins = {} if keep is not None else _w_follow_b(self.ops, index, n, m)
         edges, earliest, latest, self.reach = _windows(
-            self.dur, edges, self.on_rank, self.free, horizon, self.twins, fix=keep is None
+            self.dur, edges, self.on_rank, self.free, horizon, self.twins, fix=keep is None, open_pair=self._may_pair
         )
 
         self.lp = pulp.LpProblem("schedc", pulp.LpMinimize)
@@ -167,10 +179,22 @@ class _Model:
                 if keep is not None and k not in self.free:  # outside the window: the incumbent's policy
                     z.lowBound = z.upBound = 1 if op in self.held else 0
                 self.chosen[k] = z
+        # Per forward and backward of a rank that may run as an overlapped pair, its binary
+        # (``_pair_rows``); ``paired[k]``: the sum of op k's, 1 when it runs in a pair.
+        self.pairs: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.paired: dict[int, list] = {}
+        for ks in self.on_rank:
+            for f in ks:
+                for b in ks:
+                    if self._may_pair(f, b) and not (self.reach[f] >> b & 1 or self.reach[b] >> f & 1):
+                        z = self.pairs[f, b] = self.lp.add_variable(f"p{f}_{b}", cat="Binary")
+                        self.paired.setdefault(f, []).append(z)
+                        self.paired.setdefault(b, []).append(z)
         for a, b, lat in edges:
             self.lp += self.start[b] >= self.start[a] + self.length(a) + lat
         self.before: dict[tuple[int, int], pulp.LpVariable] = {}  # (a, b) with a < b: 1 if a first
         self._order_pairs(earliest, latest)
+        self._pair_rows(earliest, latest)
         self._policy_rows()
         if problem.memory_limit is not None:
             self._memory_rows()
@@ -186,9 +210,42 @@ class _Model:
         self.lp += self.C
 
     def length(self, k: int):
-        """How long op k lasts: its cost, or for a recompute op its cost times its binary."""
+        """How long op k lasts: its cost, for a recompute op its cost times its binary, for an op
+        that may run in an overlapped pair the pair's time where it does."""
         z = self.chosen.get(k)
-        return self.cost[k] if z is None else self.cost[k] * z
+        if z is not None:
+            return self.cost[k] * z
+        if k in self.paired:
+            import pulp
+
+            extra = self.pair_time[self.problem.stage_rank[self.ops[k].stage]] - self.cost[k]
+            return self.cost[k] + extra * pulp.lpSum(self.paired[k])
+        return self.cost[k]
+
+    def _may_pair(self, f: int, b: int) -> bool:
+        """Whether ops f and b (indices) may run as an overlapped pair: a forward and an input
+        gradient B of another (stage, microbatch) on a rank where a pair is faster, both open."""
+        of, ob = self.ops[f], self.ops[b]
+        return (of.kind is Kind.F and ob.kind is Kind.B and (of.stage, of.mb) != (ob.stage, ob.mb)
+                and self.pair_time[self.problem.stage_rank[of.stage]] is not None
+                and self.problem.stage_rank[of.stage] == self.problem.stage_rank[ob.stage]
+                and f in self.free and b in self.free)
+
+    def _pair_rows(self, earliest: list[float], latest: list[float]) -> None:
+        """Overlapped pairs (``costs.FB``): an op runs in at most one; a pair's forward and
+        backward start together, the forward first in the rank's order (the memory rows count its
+        allocation before the backward's free, as the simulator does), and each lasts the pair's
+        time (``length``); the two order rows of the pair are relaxed for it (``_order_pairs``)."""
+        import pulp
+
+        start = self.start
+        for k, zs in self.paired.items():
+            if len(zs) > 1:
+                self.lp += pulp.lpSum(zs) <= 1
+        for (f, b), z in self.pairs.items():
+            self.lp += self._first(f, b) >= z
+            self.lp += start[b] - start[f] <= max(0.0, max(earliest[b], latest[b]) - earliest[f]) * (1 - z)
+            self.lp += start[f] - start[b] <= max(0.0, max(earliest[f], latest[f]) - earliest[b]) * (1 - z)
 
     def _policy_rows(self) -> None:
         """Per (stage, microbatch): at most one recompute policy; a recompute op not chosen sits
@@ -219,7 +276,7 @@ class _Model:
 
     def _order_pairs(self, earliest: list[float], latest: list[float]) -> None:
         """A binary and two big-M rows for each pair of open ops on a rank that no edge orders."""
-        start, dur, length = self.start, self.cost, self.length
+        start, length = self.start, self.length
         for ks in self.on_rank:
             open_ks = [k for k in ks if k in self.free]  # other pairs are fixed by keep's order
             for x, a in enumerate(open_ks):
@@ -227,16 +284,24 @@ class _Model:
                     if self.reach[a] >> b & 1 or self.reach[b] >> a & 1:
                         continue
                     twin = self.twins.get((a, b))
-                    if twin in self.before:  # W pair: the same binary as its B pair
-                        self.before[a, b] = self.before[twin]
-                        continue
-                    y = self.lp.add_variable(f"y{a}_{b}", cat="Binary")
-                    self.before[a, b] = y
-                    # Each big-M: the most start[a] + dur[a] - start[b] can be when b goes first.
-                    m_ab = max(0.0, max(earliest[a], latest[a]) + dur[a] - earliest[b])
-                    m_ba = max(0.0, max(earliest[b], latest[b]) + dur[b] - earliest[a])
-                    self.lp += start[b] >= start[a] + length(a) - m_ab * (1 - y)
-                    self.lp += start[a] >= start[b] + length(b) - m_ba * y
+                    if twin in self.before:  # W pair: the same binary as its B pair (still one at a time)
+                        y = self.before[a, b] = self.before[twin]
+                    else:
+                        y = self.before[a, b] = self.lp.add_variable(f"y{a}_{b}", cat="Binary")
+                    # Each big-M: the most start[a] + length(a) - start[b] can be when b goes
+                    # first (an op that may run in a pair: the longer of its cost and the pair's).
+                    m_ab = max(0.0, max(earliest[a], latest[a]) + self._longest(a) - earliest[b])
+                    m_ba = max(0.0, max(earliest[b], latest[b]) + self._longest(b) - earliest[a])
+                    # A pair runs its two ops together: neither row holds for it (y is 1 there).
+                    z = self.pairs.get((a, b), 0) + self.pairs.get((b, a), 0)
+                    self.lp += start[b] >= start[a] + length(a) - m_ab * (1 - y + z)
+                    self.lp += start[a] >= start[b] + length(b) - m_ba * (y + z)
+
+    def _longest(self, k: int) -> float:
+        """The longest op k can last."""
+        if k in self.paired:
+            return max(self.cost[k], self.pair_time[self.problem.stage_rank[self.ops[k].stage]])
+        return self.cost[k]
 
     def _first(self, a: int, b: int):
         """1 if op a runs before op b on their rank (a constant when an edge fixes it)."""
@@ -282,8 +347,10 @@ class _Model:
                 continue
             # Sum-of-durations cuts (valid for every schedule, they tighten the LP a lot): what
             # runs after o on its rank ends by C; what runs before o fits after the rank's start.
+            # (An overlapped pair's forward, first in the order, runs with its backward, not before:
+            # the pair's rows keep its own term out of its backward's ``before``.)
             after = pulp.lpSum(dur[b] * first(o, b) for b in ks if b != o)
-            before = pulp.lpSum(dur[a] * first(a, o) for a in ks if a != o)
+            before = pulp.lpSum(dur[a] * (first(a, o) - self.pairs.get((a, o), 0)) for a in ks if a != o)
             self.lp += self.C >= start[o] + dur[o] + after - origin
             self.lp += start[o] >= first_start + before
         if problem.memory_limit is None:
@@ -387,6 +454,9 @@ class _Model:
             y.setInitialValue(1 if key[a] < key[b] else 0)
         for k, z in self.chosen.items():
             z.setInitialValue(1 if self.ops[k] in spans else 0)
+        together = {(self.index[f], self.index[b]) for f, b in timeline.schedule.paired().items()}
+        for fb, z in self.pairs.items():
+            z.setInitialValue(1 if fb in together else 0)
         for op, a in self.comm_start.items():
             a.setInitialValue(times[op])
         for (x, y), b in self.comm_before.items():
@@ -400,9 +470,16 @@ class _Model:
         if any(v is None for v in values):
             return None
         dropped = {k for k, z in self.chosen.items() if z.value() is None or z.value() < 0.5}
-        per_rank = [[self.ops[k] for k in sorted(ks, key=lambda k: (values[k], k)) if k not in dropped]
-                    for ks in self.on_rank]
-        return Schedule.from_lists(name, per_rank)
+        per_rank = [[k for k in sorted(ks, key=lambda k: (values[k], k)) if k not in dropped] for ks in self.on_rank]
+        pairs: list[list[Op]] = [[] for _ in per_rank]
+        for (f, b), z in self.pairs.items():
+            if z.value() is not None and z.value() > 0.5:  # the backward right after its forward
+                r = self.problem.stage_rank[self.ops[f].stage]
+                ks = per_rank[r]
+                ks.remove(b)
+                ks.insert(ks.index(f) + 1, b)
+                pairs[r].append(self.ops[b])
+        return Schedule.from_lists(name, [[self.ops[k] for k in ks] for ks in per_rank], pairs=pairs)
 
 
 def _w_follow_b(ops: list[Op], index: dict[Op, int], n: int, m: int) -> dict[tuple[int, int], tuple[int, int]]:
@@ -433,10 +510,34 @@ def _kept_order(
             edges += [(ks[k], ks[w.stop], 0.0) for k in w]
     return free, edges
 
-def _windows(dur, edges, on_rank, free, horizon, twins, fix=True):
+def _pairable(problem: Problem, ops: list[Op], dur: list[float]) -> list[float | None]:
+    """Per rank, the time of an overlapped pair of a forward and a B (``costs.FB``) where the
+    model holds pairs (a pair is faster than its two ops; not with recompute, whose ops the model
+    places by position), else None. On such a rank each F and B counts, in ``dur`` (the shortest
+    an op can last: windows and sum-of-durations cuts), as its cost scaled so that any two that
+    may pair sum to at most the pair's time: every cut still holds for a schedule with pairs."""
+    if not problem.overlap_cheaper or problem.recomputes:
+        return [None] * problem.ranks
+    c = problem.cost
+    times: list[float | None] = []
+    ratio: list[float] = []
+    for stages in problem.rank_stages:
+        pair = problem.pair_time(stages[0], Kind.B, stages[0])
+        widest = max(c[Kind.F][s] for s in stages) + max(c[Kind.B][s] for s in stages)
+        times.append(pair if problem.time_tol.lt(pair, widest) else None)
+        ratio.append(min(1.0, pair / widest))
+    for k, op in enumerate(ops):
+        r = problem.stage_rank[op.stage]
+        if times[r] is not None and op.kind in (Kind.F, Kind.B):
+            dur[k] *= ratio[r]
+    return times
+
+
+def _windows(dur, edges, on_rank, free, horizon, twins, fix=True, open_pair=lambda a, b: False):
     """Earliest and latest starts and the descendants (bit sets) over ``edges``. With ``fix``
     the edges grow: a same-rank pair that cannot run one way round within the windows gets the
-    other order as an edge, and so does a W pair whose B pair is ordered (or a B pair whose W
+    other order as an edge (unless ``open_pair(a, b)``: it may also run as an overlapped pair,
+    neither way round), and so does a W pair whose B pair is ordered (or a B pair whose W
     pair is), until nothing changes (a pair that fits neither way is left to the solver, which
     then finds the model infeasible). Returns ``(edges, earliest, latest, reach)``."""
     eps = 1e-9 * max(1.0, abs(horizon))
@@ -456,7 +557,7 @@ def _windows(dur, edges, on_rank, free, horizon, twins, fix=True):
             open_ks = [k for k in ks if k in free]
             for x, a in enumerate(open_ks):
                 for b in open_ks[x + 1 :]:
-                    if reach[a] >> b & 1 or reach[b] >> a & 1:
+                    if reach[a] >> b & 1 or reach[b] >> a & 1 or open_pair(a, b) or open_pair(b, a):
                         continue
                     a_first = earliest[a] + dur[a] <= latest[b] + eps  # a can end by b's latest start
                     b_first = earliest[b] + dur[b] <= latest[a] + eps
@@ -514,6 +615,8 @@ def _pulp_search(problem: Problem, incumbent: Timeline, settings: Settings, solv
     found = solve_pulp(problem, incumbent, settings, solver)
     if Kind.O in problem.policies:  # its bound is over the schedules that do not offload only
         return replace(found, bound=None, note=f"{found.note} (bound dropped: the ILP does not model offload)")
+    if problem.overlap_cheaper and problem.recomputes:  # pairs not modelled there (``_pairable``)
+        return replace(found, bound=None, note=f"{found.note} (bound dropped: no overlapped pairs with recompute)")
     return found
 
 
@@ -679,7 +782,7 @@ def _model_and_search(job: _Job, log: Path):
     horizon = incumbent.objective_value() if problem.objective == "makespan" else _span_horizon(problem, incumbent)
     model = _Model(problem, horizon, settings.lower, keep=job.keep, window=job.window)
     model.warm(incumbent)
-    binaries = len(model.before)
+    binaries = len(model.before) + len(model.pairs)
     if job.solver == "cbc":
         stopped = cbc.run_cbc(model.lp, cbc.cbc(gapRel=settings.gap, threads=settings.threads), budget, log)
         if model.lp.status != pulp.LpStatusOptimal:  # no solution read (CBC's "stopped with a solution" counts)
@@ -694,7 +797,7 @@ def _solve_highs(model: _Model, settings: Settings, budget: Budget, log: Path) -
     """The model solved by HiGHS through PuLP (its own time limit: HiGHS stops on it)."""
     import pulp
 
-    binaries = len(model.before)
+    binaries = len(model.before) + len(model.pairs)
     left = budget.left()
     if left < cbc.MIN_SECONDS:
         return _Solved(None, None, "Not Solved", None, "time limit (no time left for highs)", binaries)

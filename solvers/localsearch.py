@@ -26,6 +26,11 @@ is not chosen lasts 0 right after its F, so every op's memory delta is a constan
 (``common.model_deltas``, as in the ILP). A schedule that offloads (a copy lane) is returned as
 given: the search does not model the copy lane.
 
+Where an overlapped pair of a forward and a backward is faster than the two one after the other
+(``costs.FB``, ``Problem.overlap_cheaper``), a move may also make a pair (a forward and a backward
+up to ``reach`` places after it, the backward moved right after it) or break one; pairs a schedule
+already has (DualPipe's) are kept as long as their two ops stay next to each other.
+
 A move is kept when the order still fits the memory limit and is strictly better by (objective,
 sum over ranks of their span or end): the second key lets the search cross plateaus where only a
 non-critical rank gets shorter. Orders are judged by ``schedc.simulate.replay`` (the simulator's
@@ -41,7 +46,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Iterator, Sequence
 
-from schedc.kinds import RECOMPUTES, Kind
+from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
@@ -53,6 +58,7 @@ PATIENCE = 200  # kicks in a row without a better schedule before the search sto
 KICK_MOVES = 4  # at most this many random moves per kick
 KICK_REACH = 6  # each by at most this many places
 KICK_POLICY = 0.3  # the chance that a kick's move changes a policy (where the problem allows recompute)
+KICK_PAIR = 0.3  # the chance that a kick's move makes or breaks an overlapped pair (where a pair is faster)
 
 Orders = list[list[int]]  # per rank, op ids in order
 Score = tuple[float, float]
@@ -94,21 +100,73 @@ class _Evaluator:
         self.room = None if rooms is None else [room + mtol.eps for room in rooms]
         self.makespan = problem.objective == "makespan"
         self.tol = problem.time_tol
+        # Overlapped pairs (``Schedule.pairs``): a forward written as its id + n in an order runs
+        # overlapped with the backward right after it, when that is a B or BW of another (stage,
+        # microbatch) (``_paired``); an id + n anywhere else is the plain forward. The search makes
+        # and breaks pairs (``_pair_moves``) where a pair is faster than its two ops
+        # (``Problem.overlap_cheaper``). Not with recompute ops (their ids are positional too).
+        self.n = n = len(self.ops)
+        self.problem = problem
+        self.pairable = not self.recompute
+        self.pair_moves = self.pairable and problem.overlap_cheaper
+        self.is_f = [op.kind is Kind.F for op in self.ops]
+        self.is_back = [op.kind in BACKWARDS for op in self.ops]
+        self.mem += self.mem  # an id + n: its forward's
+        self.deps += self.deps
+        self._pair_time: dict[tuple[int, int], float] = {}
 
     def orders(self, schedule: Schedule) -> Orders | None:
-        """``schedule``'s order as op ids (the recompute ops it holds: its policies), or None when
-        it holds other ops (a fused backward, a copy lane)."""
-        if schedule.copy:
+        """``schedule``'s order as op ids (the recompute ops it holds: its policies; the forward of
+        each overlapped pair as its id + n), or None when it holds other ops (a copy lane) or
+        pairs the evaluator cannot write."""
+        if schedule.copy or (schedule.pairs and not self.pairable):
             return None
         try:
             orders = [[self.index[op] for op in ops] for ops in schedule.ranks]
         except KeyError:
             return None
+        for ks, paired in zip(orders, schedule.pairs):
+            for b in paired:
+                ks[ks.index(self.index[b]) - 1] += self.n
         return orders if sum(map(len, orders)) == len(self.ops) - len(self.recompute) + sum(
             k in self.recompute for ks in orders for k in ks) else None
 
+    def pairs_with(self, f: int, b: int) -> bool:
+        """Whether forward id ``f`` (< n) may run overlapped with op id ``b`` (a backward of
+        another stage or microbatch)."""
+        return b < self.n and self.is_back[b] and (self.ops[f].stage, self.ops[f].mb) != (self.ops[b].stage, self.ops[b].mb)
+
+    def _pairs(self, orders: Orders) -> Iterator[tuple[int, int, int]]:
+        """(rank, position, backward id) of each overlapped pair the orders write."""
+        n = self.n
+        for r, ks in enumerate(orders):
+            for x in range(len(ks) - 1):
+                if ks[x] >= n and self.pairs_with(ks[x] - n, ks[x + 1]):
+                    yield r, x, ks[x + 1]
+
     def schedule(self, name: str, orders: Orders) -> Schedule:
-        return Schedule.from_lists(name, [[self.ops[k] for k in ks] for ks in orders])
+        pairs: list[list[Op]] = [[] for _ in orders]
+        for r, _, b in self._pairs(orders):
+            pairs[r].append(self.ops[b])
+        return Schedule.from_lists(name, [[self.ops[k % self.n] for k in ks] for ks in orders], pairs=pairs)
+
+    def _paired(self, orders: Orders, dur: list[float]) -> tuple[Orders, list[list[tuple[int, float]]], list[float]]:
+        """The orders over op ids (< n), and the dependencies and durations with their pairs: the
+        forward waits for its backward's producers too and takes the pair's time, the backward
+        none (``schedc.simulate.dependencies``, ``durations``)."""
+        n = self.n
+        deps, dur = self.deps, list(dur)
+        changed = False
+        for r, x, b in self._pairs(orders):
+            f = orders[r][x] - n
+            if not changed:
+                deps, changed = list(deps), True
+            deps[f] = deps[f] + deps[b]
+            if (f, b) not in self._pair_time:
+                fo, bo = self.ops[f], self.ops[b]
+                self._pair_time[f, b] = self.problem.pair_time(fo.stage, bo.kind, bo.stage)
+            dur[f], dur[b] = self._pair_time[f, b], 0.0
+        return [[k % n for k in ks] for ks in orders], deps, dur
 
     def expanded(self, orders: Orders) -> Orders:
         """Every op of the evaluator: the recompute ops ``orders`` does not hold right after their F."""
@@ -145,11 +203,13 @@ class _Evaluator:
         full = self.expanded(orders)
         if not self.fits(full):
             return None
-        dur = self.dur
+        dur, deps = self.dur, self.deps
         if self.recompute:
             held = {k for ks in orders for k in ks if k in self.recompute}
             dur = [0.0 if k in self.recompute and k not in held else c for k, c in enumerate(self.cost)]
-        start, end, pos = replay(full, self.deps, dur)
+        elif self.pairable:
+            full, deps, dur = self._paired(full, dur)
+        start, end, pos = replay(full, deps, dur)
         if any(pos[r] < len(ks) for r, ks in enumerate(full)):
             return None
         if full is not orders:  # the times of the ops ``orders`` holds
@@ -197,6 +257,16 @@ def _apply(ev: _Evaluator, orders: Orders, move: Move) -> Orders:
     """``orders`` after ``move``: (r, i, j) moves rank r's op at i to j; (r, i, None, k) puts
     recompute op k in place of the op at i (None: drops it; a recompute op: swaps it for k) or,
     with i None, adds k right before its B."""
+    if move[0] == "pair":
+        _, r, i, j = move
+        out = orders[:]
+        out[r] = new = orders[r][:]
+        if j is None:  # break the pair
+            new[i] -= ev.n
+        else:  # the backward at j moves right after the forward at i, and runs overlapped with it
+            new.insert(i + 1, new.pop(j))
+            new[i] += ev.n
+        return out
     if move[2] is not None:
         return _moved(orders, *move)
     r, i, _, k = move
@@ -222,9 +292,25 @@ def _policy_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
                     yield r, i, None, ev.partner[k]
 
 
-def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bool) -> Iterator[tuple[int, int, int]]:
-    """(rank, from, to) moves, targeted ones first; the reach-neighbourhood only when ``full``."""
-    where = {k: (r, i) for r, ks in enumerate(orders) for i, k in enumerate(ks)}
+def _pair_moves(ev: _Evaluator, orders: Orders, ranks, reach: int) -> Iterator[Move]:
+    """On ``ranks``: break each overlapped pair; pair each other forward with a backward after it,
+    within ``reach`` places (that backward moved right after it)."""
+    n = ev.n
+    for r in ranks:
+        ks = orders[r]
+        for i, k in enumerate(ks):
+            if k >= n:
+                yield "pair", r, i, None
+            elif ev.is_f[k]:
+                for j in range(i + 1, min(len(ks), i + 2 + reach)):
+                    if ev.pairs_with(k, ks[j]):
+                        yield "pair", r, i, j
+
+
+def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bool) -> Iterator[Move]:
+    """(rank, from, to) moves, targeted ones first; the reach-neighbourhood (and the policy and
+    pair moves) only when ``full``."""
+    where = {k % ev.n: (r, i) for r, ks in enumerate(orders) for i, k in enumerate(ks)}
     key = [(es[-1] if ev.makespan else es[-1] - ss[0]) if es else 0.0 for ss, es in zip(start, end)]
     critical = sorted(range(len(orders)), key=lambda r: -key[r])
     seen = set()
@@ -255,6 +341,8 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
     if not full:
         return
     yield from _policy_moves(ev, orders, critical)
+    if ev.pair_moves:
+        yield from _pair_moves(ev, orders, critical, reach)
     for r in critical:
         for i in range(len(orders[r])):
             for d in range(1, reach + 1):
@@ -288,6 +376,15 @@ def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
     problem allows recompute, some of them change a (stage, microbatch)'s policy."""
     for _ in range(rng.randint(1, KICK_MOVES)):
         for _ in range(20):  # tries for one feasible move
+            if ev.pair_moves and rng.random() < KICK_PAIR:
+                r = rng.randrange(len(orders))
+                moves = list(_pair_moves(ev, orders, (r,), KICK_REACH))
+                if moves:
+                    trial = _apply(ev, orders, rng.choice(moves))
+                    if ev.run(trial) is not None:
+                        orders = trial
+                        break
+                continue
             if ev.recompute and rng.random() < KICK_POLICY:
                 held = {k for ks in orders for k in ks if k in ev.recompute}
                 k = rng.choice(sorted(ev.recompute))
@@ -341,6 +438,8 @@ def improve(
     ev = _Evaluator(problem, start.schedule)
     best_s = score(start)
     best = ev.orders(start.schedule)
+    if best is None:  # pairs with recompute ops: not written by the evaluator
+        return start
 
     def done() -> bool:
         return budget.expired() or (enough is not None and meets(best_s[0], enough))
@@ -392,6 +491,9 @@ def renumbered(schedule: Schedule) -> Schedule:
     models number them so). Microbatches are interchangeable, so times and memory do not change."""
     entry = [op.mb for ops in schedule.ranks for op in ops if op.kind == Kind.F and op.stage == 0]
     new = {old: k for k, old in enumerate(entry)}
-    return Schedule.from_lists(
-        schedule.name, [[Op(op.kind, op.stage, new[op.mb]) for op in ops] for ops in schedule.ranks]
-    )
+
+    def renamed(ops):
+        return [Op(op.kind, op.stage, new[op.mb]) for op in ops]
+
+    return Schedule.from_lists(schedule.name, [renamed(ops) for ops in schedule.ranks],
+                               pairs=[renamed(ops) for ops in schedule.pairs])

@@ -472,8 +472,6 @@ def solve(
     out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
     if problem.fused_cheaper:
         _prefer_fused(call, out)
-    if problem.overlap_cheaper:  # the backends' models hold no overlapped pairs: their bounds do not hold
-        out.found = replace(out.found, bound=None)
     return _result(call, out, own)
 
 

@@ -717,3 +717,40 @@ def _fits(problem, order, pol, room):
             return False
         level += d
     return True
+
+
+def pair_optimum(problem, objective=None):
+    """The best objective over every split schedule of ``problem`` (one pipeline, no recompute)
+    with any per-rank order that respects the dependencies among the rank's ops and any choice of
+    overlapped pairs (``Schedule.pairs``: a forward and the backward B of another (stage,
+    microbatch) right after it), judged by schedc's simulator; returns ``(value, schedule)``.
+    Tiny problems only: it enumerates."""
+    import itertools
+
+    from schedc import Op, Schedule, ScheduleError, simulate
+
+    objective = objective or problem.objective
+    pol = {(s, i): None for s in range(problem.n_stages) for i in range(problem.microbatches)}
+    room = problem.activation_room
+    per_rank = []
+    for r in range(problem.ranks):
+        choices = []
+        for order in _rank_orders(problem, r, pol):
+            if room is not None and not _fits(problem, order, pol, room[r] + problem.memory_tol.eps):
+                continue
+            spots = [x for x in range(len(order) - 1) if order[x][0] == "F" and order[x + 1][0] == "B"
+                     and order[x][1:] != order[x + 1][1:]]
+            for chosen in itertools.chain.from_iterable(itertools.combinations(spots, k) for k in range(len(spots) + 1)):
+                choices.append((order, tuple(Op(*order[x + 1]) for x in chosen)))
+        per_rank.append(choices)
+    best, best_schedule = math.inf, None
+    for ranks in itertools.product(*per_rank):
+        schedule = Schedule("any", tuple(tuple(Op(*op) for op in ops) for ops, _ in ranks),
+                            pairs=tuple(pairs for _, pairs in ranks))
+        try:
+            t = simulate(problem, schedule)
+        except ScheduleError:
+            continue
+        if t.fits and t.objective_value(objective) < best:
+            best, best_schedule = t.objective_value(objective), t.schedule
+    return best, best_schedule

@@ -367,3 +367,16 @@ def test_pairs_are_checked_and_kept_in_the_schedule_file(tmp_path):
         simulate(p, schedc.Schedule.from_lists("x", moved, pairs=compiled.schedule.pairs))
     with pytest.raises(schedc.ScheduleError, match="has pairs for 1 ranks"):
         simulate(p, schedc.Schedule.from_lists("x", ranks, pairs=[[first]]))
+
+
+def test_list_scheduled_directions_pair_a_forward_and_a_backward_ready_together():
+    """Where an overlapped pair is faster (``costs.FB`` below F + B), chimera and bidir-zb run a
+    forward and a backward that are ready at once as a pair: faster than without pairs here, and
+    the program lowers and checks."""
+    for name in ("chimera", "bidir-zb"):
+        plain = Problem.parse({"ranks": 4, "microbatches": 8, "costs": {"F": 2, "B": 2, "W": 1}, "replicas": 2})
+        paired = plain.with_changes(costs={"FB": 3.0})
+        t = simulate(paired, build(name, paired))
+        assert any(t.schedule.pairs) and not any(build(name, plain).pairs)
+        assert t.makespan < simulate(plain, build(name, plain)).makespan
+        check(paired, lower(paired, t.schedule, t), t.schedule)

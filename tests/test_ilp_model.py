@@ -200,3 +200,32 @@ def test_cpsat_with_gradient_reduces_proves_the_exhaustive_optimum(problem):
         assert result.objective == pytest.approx(truth, abs=1e-6)
     else:
         assert result.objective <= truth + 1e-6
+
+
+# ---- overlapped pairs (costs.FB, issue 26) ----
+
+PAIR_PROBLEMS = [
+    dict(ranks=2, microbatches=2, costs=dict(F=2, B=2, W=1, FB=3)),
+    dict(ranks=2, microbatches=2, costs=dict(F=[2, 1], B=[2, 3], W=1, FB=[3, 2.5]), comm=0.5),
+    dict(ranks=1, microbatches=2, chunks=2, costs=dict(F=2, B=2, W=1, FB=3)),
+    dict(ranks=1, microbatches=2, chunks=2, placement="v", costs=dict(F=[1, 2], B=[3, 1], W=[1, 2], FB=2.5),
+         memory=dict(F=1, limit=3)),
+]
+
+
+@pytest.mark.parametrize("data", PAIR_PROBLEMS)
+def test_the_model_with_overlapped_pairs_equals_the_enumeration(data):
+    """Where a forward and a backward run faster together (``costs.FB``), the model's optimum is the
+    best over every order and every choice of pairs (``pair_optimum``: the simulator's timing), its
+    schedule read back times so, and ``solve`` proves it."""
+    from tests.exhaustive import pair_optimum
+
+    problem = Problem.parse(data)
+    truth, best = pair_optimum(problem)
+    assert_model_optimum_is(problem, truth)
+    result = solve(problem, time_limit=30, threads=1)
+    assert result.status == "optimal" and result.objective == pytest.approx(truth)
+    without = Problem.parse({**data, "costs": {k: v for k, v in data["costs"].items() if k != "FB"}})
+    if any(best.pairs):  # the pairs gain here: the model without them could not reach it
+        assert simulate(without, schedc.Schedule.from_lists("apart", best.ranks)).makespan > truth
+        assert any(result.timeline.schedule.pairs)

@@ -98,3 +98,41 @@ def test_kicks_and_other_starts_reach_an_optimum_the_climb_alone_misses():
     optimum, _ = exhaustive_optimum(problem, time_budget=120)
     assert optimum == 94 == best.objective_value()
     assert simulate(problem, best.schedule).objective_value() == 94
+
+
+# ---- overlapped pairs (costs.FB, issue 26) ----
+
+
+def test_the_evaluator_times_overlapped_pairs_as_the_simulator_does():
+    """DualPipe's pairs, as the evaluator writes them (a paired forward's id + n), score what the
+    simulator says; its schedule keeps them."""
+    from schedc import Problem
+    from schedc.solvers.registry import build
+
+    for fb in (3.0, 5.0):  # a pair faster than F then B, and one slower (kept, not made)
+        p = Problem.parse({"ranks": 4, "microbatches": 6, "costs": {"F": 2, "B": 2, "W": 1, "FB": fb}, "replicas": 2})
+        t = simulate(p, build("dualpipe", p))
+        ev = _Evaluator(p, t.schedule)
+        orders = ev.orders(t.schedule)
+        assert ev.run(orders)[0] == score(t)
+        assert ev.schedule("x", orders).pairs == t.schedule.pairs
+        assert ev.pair_moves is (fb == 3.0)
+
+
+def test_the_search_makes_overlapped_pairs_where_they_are_faster():
+    """From the registry's best (none of which pairs ops on one pipeline), the search pairs a
+    forward with a backward where that is faster, and the simulator agrees; without costs.FB the
+    same search makes none."""
+    from schedc import Problem
+    from schedc.solvers.solve import best_registry_schedule
+
+    data = {"ranks": 2, "microbatches": 4, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3}}
+    p = Problem.parse(data)
+    _, warm = best_registry_schedule(p)
+    assert not any(warm.schedule.pairs)
+    t = improve(p, warm, Budget.seconds(120))  # (seeded: stops after PATIENCE kicks in a row, not on time)
+    assert any(t.schedule.pairs) and t.makespan < warm.makespan
+    assert simulate(p, t.schedule).makespan == t.makespan
+    plain = Problem.parse({**data, "costs": {"F": 2, "B": 2, "W": 1}})
+    _, warm = best_registry_schedule(plain)
+    assert not any(improve(plain, warm, Budget.seconds(120)).schedule.pairs)
