@@ -104,10 +104,11 @@ class _Evaluator:
         # overlapped with the backward right after it, when that is a B or BW of another (stage,
         # microbatch) (``_paired``); an id + n anywhere else is the plain forward. The search makes
         # and breaks pairs (``_pair_moves``) where a pair is faster than its two ops
-        # (``Problem.overlap_cheaper``). Not with recompute ops (their ids are positional too).
+        # (``Problem.overlap_cheaper``). Not with recompute ops (their ids are positional too), and
+        # not where no pair can be (no costs.FB, none in the schedule): no cost to the others.
         self.n = n = len(self.ops)
         self.problem = problem
-        self.pairable = not self.recompute
+        self.pairable = not self.recompute and (problem.overlap_time is not None or any(schedule.pairs))
         self.pair_moves = self.pairable and problem.overlap_cheaper
         self.is_f = [op.kind is Kind.F for op in self.ops]
         self.is_back = [op.kind in BACKWARDS for op in self.ops]
