@@ -21,26 +21,35 @@ def problem(p, m, **extra):
                               replicas=dict(count=2, sync=[0.5] * p), **extra))
 
 
-def train(rank, world, paths, batch):
-    """Each schedule file in turn: a fresh model (each stage a copy of its model stage), 3 steps of
-    SGD on the global batch; this rank's losses and weights, by model stage and pipeline."""
+def train(rank, world, paths, batch, device="cpu"):
+    """Each schedule file in turn: a fresh model (each stage a copy of its model stage, on
+    ``device``), 3 steps of SGD on the global batch; this rank's losses and weights (on the host),
+    by model stage and pipeline."""
     out = {}
     for path in paths:
         compiled = schedc.load(path)
         prob = compiled.problem
         depth = prob.pipeline_stages
         parts = model(depth)
-        mine = {s: parts[s % depth] for s in prob.rank_stages[rank]}
+        mine = {s: parts[s % depth].to(device) for s in prob.rank_stages[rank]}
         losses = sgd_steps(compiled, mine, batch)
-        weights = {(s // depth, f"{s % depth}.{k}"): t for s, mod in mine.items() for k, t in mod.state_dict().items()}
+        weights = {(s // depth, f"{s % depth}.{k}"): t.cpu() for s, mod in mine.items()
+                   for k, t in mod.state_dict().items()}
         out[path] = {"losses": losses, "weights": weights}
     return out
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="torch sees no CUDA device (the GPU case runs the ranks with gloo on one)"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("p", [2, 4])
-def test_two_directions_train_exactly_like_one_process(p, tmp_path):
+def test_two_directions_train_exactly_like_one_process(p, device, tmp_path):
     """After 3 steps each copy of every model stage equals one process's weights on the global
-    batch (<= 1e-5), and the two pipelines' mean losses average to the global one."""
+    batch (<= 1e-5), and the two pipelines' mean losses average to the global one. On CUDA: the
+    same with CUDA tensors, the ranks on one GPU over gloo (NCCL refuses two ranks on one
+    device), against one process on the host."""
     m = p  # (DualPipe needs at least as many microbatches per direction as ranks)
     prob = problem(p, m, data_parallel=None)
     paths = []
@@ -53,7 +62,7 @@ def test_two_directions_train_exactly_like_one_process(p, tmp_path):
     schedc.compile(overlapped, "dualpipe").save(tmp_path / "dualpipe-fb.json")
     paths.append(str(tmp_path / "dualpipe-fb.json"))
     batch = 2 * 2 * m  # two sequences per microbatch, m microbatches per direction
-    ranks = run_local(train, p, paths, batch, timeout=900)
+    ranks = run_local(train, p, paths, batch, device, timeout=900)
     reference_run = reference(p, 2 * m, batch)
     for path in paths:
         assert_like_one_process(ranks, path, *reference_run)
@@ -119,8 +128,9 @@ def test_two_directions_in_a_data_parallel_mesh_train_exactly_like_one_process(t
     assert sum(len(w) for w in ranks) == 2 * dp * len(ref_weights)  # every copy of every replica
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("p", [2, 4])
-def test_bitpipe_trains_exactly_like_one_process(p, tmp_path):
+def test_bitpipe_trains_exactly_like_one_process(p, device, tmp_path):
     """BitPipe: each rank holds two chunks of each direction (the V placement of both pipelines);
     after 3 steps every copy of every model stage equals one process's weights (<= 1e-5)."""
     m = p // 2
@@ -128,5 +138,5 @@ def test_bitpipe_trains_exactly_like_one_process(p, tmp_path):
     path = tmp_path / "bitpipe.json"
     schedc.compile(prob, "bitpipe").save(path)
     batch = 2 * 2 * m
-    ranks = run_local(train, p, [str(path)], batch, timeout=900)
+    ranks = run_local(train, p, [str(path)], batch, device, timeout=900)
     assert_like_one_process(ranks, str(path), *reference(2 * p, 2 * m, batch))
