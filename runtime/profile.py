@@ -491,6 +491,26 @@ def reduce_times(grads: Sequence[float], degree: int, probe_mib: float, probe_ms
     return [per_mib * g * 2 * (degree - 1) / degree for g in grads]
 
 
+def tied_groups(parts: Sequence[nn.Module]) -> list[tuple[list[int], float]]:
+    """Stages that share parameters (a tied embedding: one Parameter in the first stage's
+    embedding and the last stage's head), as ``(stages, MiB shared)``, stages merged into one
+    group where they share any parameter."""
+    holders: dict[int, set[int]] = {}
+    size: dict[int, int] = {}
+    for s, part in enumerate(parts):
+        for p in part.parameters():
+            holders.setdefault(id(p), set()).add(s)
+            size[id(p)] = p.numel() * p.element_size()
+    groups: list[tuple[set[int], int]] = []
+    for key, stages in holders.items():
+        if len(stages) < 2:
+            continue
+        joined = [g for g in groups if g[0] & stages]
+        groups = [g for g in groups if not g[0] & stages]
+        groups.append((stages.union(*(g[0] for g in joined)), size[key] + sum(g[1] for g in joined)))
+    return sorted((sorted(g), b / MiB) for g, b in groups)
+
+
 def _global(group, r: int) -> int:
     return dist.get_global_rank(group, r) if group is not None else r
 
@@ -510,6 +530,7 @@ def make_problem(
     policies: bool = False,
     data_parallel: dict[str, Any] | None = None,
     replicas: dict[str, Any] | None = None,
+    tied: dict[str, Any] | None = None,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there.
@@ -517,7 +538,8 @@ def make_problem(
     marks a part to drop) and the ``offload:`` section (copy time), from a profile that has them.
     ``data_parallel``: the problem's ``data_parallel`` section (degree, reduce per stage), as is.
     ``replicas``: the problem's ``replicas`` section (count, sync per model stage), as is: the
-    profiled stages are then each pipeline's, and a rank's static memory counts both its copies."""
+    profiled stages are then each pipeline's, and a rank's static memory counts both its copies.
+    ``tied``: the problem's ``tied`` section (groups, sync per stage), as is."""
     check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
@@ -539,6 +561,7 @@ def make_problem(
              costs={kind.value: getattr(profile, kind.value) for kind in TIMED}, comm=comm, memory=memory,
              objective=objective, stage_blocks=stage_blocks,
              **({"data_parallel": data_parallel} if data_parallel else {}),
+             **({"tied": tied} if tied else {}),
              **(policy_sections(profile) if policies else {})),
         source=name,
     )
@@ -642,7 +665,10 @@ def profile_model(
     many replicas estimated from an all-reduce measured between two local processes
     (``reduce_times``). ``replicas`` 2: two pipelines in opposite directions (the problem's
     ``replicas`` section), each model stage's copies summing their gradients (RS): an all-reduce
-    of its gradient over two ranks, estimated from the same measurement."""
+    of its gradient over two ranks, estimated from the same measurement. Stages that share
+    parameters (a tied embedding, ``tied_groups``) get the ``tied`` section, each group's sum an
+    all-reduce of the shared weights over two ranks, estimated likewise (not with two directions,
+    which the problem refuses with tied weights for now)."""
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -667,7 +693,9 @@ def profile_model(
     if load is None:
         load = ranks - 1 if torch.device(device or _device_of(blocks[0])).type == "cpu" else 0
     say(f"profiling {n} stages" + (f" with {load} busy copies beside each (the other ranks' load)" if load else ""))
-    prof = profile_stages(cut(blocks, sizes), inputs, targets, model.loss_fn, microbatches=microbatches,
+    parts = cut(blocks, sizes)
+    shared = tied_groups(parts)
+    prof = profile_stages(parts, inputs, targets, model.loss_fn, microbatches=microbatches,
                           warmup=warmup, repeats=repeats, device=device, optimizer_state=model.optimizer_state,
                           load=load, progress=say)
     if comm is None:
@@ -676,8 +704,12 @@ def profile_model(
             mib = max(prof.sends)
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
-    dp = sync = None
-    if data_parallel > 1 or replicas > 1:
+    dp = sync = tied = None
+    if shared and replicas > 1:
+        say("stages share weights (tied), not written: tied weights with two directions are not supported yet")
+        shared = []
+    probe = None
+    if data_parallel > 1 or replicas > 1 or (shared and ranks > 1):
         mib = max(max(prof.grads), 1.0)
         probe = run_local(_all_reduce_probe, 2, mib, repeats, timeout=300)[0]
         say(f"all-reduce of {mib:.3f} MiB between two local processes: {probe:.3f} ms")
@@ -687,9 +719,17 @@ def profile_model(
         if replicas > 1:
             sync = {"count": replicas, "sync": reduce_times(prof.grads, 2, mib, probe)}
             say(f"the sum of a stage's two copies takes {', '.join(f'{x:.3f}' for x in sync['sync'])} ms")
+    if shared:
+        per_stage = [0.0] * n
+        for group, size in shared:
+            took = reduce_times([size], 2, mib, probe)[0] if probe is not None else 0.0
+            for s in group:
+                per_stage[s] = took
+            say(f"stages {group} share {size:.3f} MiB of weights (tied): their gradient sum takes {took:.3f} ms")
+        tied = {"groups": [group for group, _ in shared], "sync": per_stage}
     problem = make_problem(prof, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                            comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes,
-                           policies=policies, data_parallel=dp, replicas=sync)
+                           policies=policies, data_parallel=dp, replicas=sync, tied=tied)
     return problem, prof
 
 

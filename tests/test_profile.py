@@ -183,3 +183,22 @@ def test_make_problem_with_two_directions_counts_both_copies(profiled):
     assert prob.static_memory[0] == pytest.approx(prof.static[0] + prof.static[3])
     assert prob.cost["RS"][:4] == pytest.approx([2 * g for g in prof.grads])
     assert prob.cost["F"] == pytest.approx(tuple(prof.F) * 2)
+
+
+def test_tied_weights_are_found_and_their_sum_estimated():
+    """A tied GPT (the head's weight is the embedding's Parameter): the first and last stage share
+    it, whatever the cut; the profiler writes the tied section with the sum's estimate, an
+    all-reduce of the embedding over two ranks; an untied model has none."""
+    from schedc.runtime.gpt import gpt_blocks, stages
+    from schedc.runtime.profile import ModelSpec, profile_model, tied_groups
+
+    blocks = gpt_blocks(d_model=16, n_layers=2, seq_len=8, tied=True)
+    embedding = blocks[0].tok.weight
+    for n in (2, 3):
+        (group, mib), = tied_groups(stages(blocks, n))
+        assert group == [0, n - 1] and mib == pytest.approx(embedding.numel() * 4 / MiB)
+    assert tied_groups(stages(gpt_blocks(d_model=16, n_layers=2, seq_len=8), 3)) == []
+    (x, y), = token_batches(1, 4, seq_len=8)
+    prob, _ = profile_model(ModelSpec(blocks, (x, y), lm_loss), ranks=2, microbatches=2, partition="uniform",
+                            comm=0.1, repeats=1, warmup=1)
+    assert prob.tied.groups == [[0, 1]] and prob.cost["TS"][0] == prob.cost["TS"][1] > 0

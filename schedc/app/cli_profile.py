@@ -99,6 +99,9 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     if prob.data_parallel is not None:
         click.echo(f"gradient all-reduce over {prob.data_parallel.degree} replicas, ms per stage: "
                    + " ".join(fmt(x) for x in prob.cost["AR"]) + " (estimated from a 2-process all-reduce)")
+    if prob.tied is not None:
+        click.echo(f"tied weights: stages {prob.tied.groups}; their gradient sum, ms per stage: "
+                   + " ".join(fmt(x) for x in prob.cost["TS"][:prob.pipeline_stages]) + " (estimated likewise)")
     if prob.pipelines > 1:
         click.echo(f"two directions: the sum of a stage's copies, ms per stage: "
                    + " ".join(fmt(x) for x in prob.cost["RS"][:prob.pipeline_stages]) + " (estimated likewise)")
