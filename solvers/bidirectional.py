@@ -43,7 +43,9 @@ from schedc.solvers.registry import any_placement, register
 def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
     """Both directions' 1F1B, interleaved by list scheduling on the problem's costs (see the module
     notes): backwards first, forwards within each stage's 1F1B in-flight limit, and (``split``)
-    the weight gradients W only where nothing else is ready."""
+    the weight gradients W only where nothing else is ready. Where an overlapped pair is faster
+    (``costs.FB``), the op chosen runs as a pair with a backward (or forward) ready at the same
+    time, if there is one."""
     depth, m, comm = problem.pipeline_stages, problem.microbatches, problem.comm
     cost, rank_of, tol = problem.cost, problem.stage_rank, problem.time_tol
     back = Kind.B if split else Kind.BW
@@ -68,6 +70,12 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
     pairs: list[list[Op]] = [[] for _ in range(problem.ranks)]
     overlap = problem.overlap_cheaper
     free = [0.0] * problem.ranks  # when each rank is free
+
+    def first(ready):
+        """Of ``ready`` (entries as below): forwards first, the deeper in its pipeline first, the
+        earlier microbatch first."""
+        return min(ready, key=lambda x: (x[1], -(x[3] % depth), x[2], x[3]))[-1]
+
     t = 0.0
     while left:
         upcoming = []  # times after t when something may change: a rank frees, an input arrives
@@ -89,10 +97,6 @@ def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
                 if not now:
                     upcoming += [x[0] for x in ready]
                     continue
-                # forwards first, the deeper in its pipeline first, the earlier microbatch first
-                def first(xs):
-                    return min(xs, key=lambda x: (x[1], -(x[3] % depth), x[2], x[3]))[-1]
-
                 op = first(now)
                 run = [op]
                 if overlap and op.kind in (Kind.F, back):  # a forward and a backward ready together: a pair
