@@ -5,9 +5,9 @@ With ``replicas: 2`` a rank holds stage r of one direction and stage p - 1 - r o
 schedule (Li and Hoefler, SC'21): each direction runs 1F1B (a stage at position j of its chain
 keeps at most L - j microbatches in flight, L stages per pipeline), and a rank fills the idle time
 of one direction with the other's work. It is built by list scheduling on the problem's costs:
-whenever a rank is free it runs, of the ops whose inputs have arrived, a backward first (the one
-whose input came first), else a forward the in-flight limit allows (the earliest ready), so the
-two 1F1B pipelines interleave as Chimera's figure shows: on uniform costs with F equal to the
+whenever a rank is free it runs, of the ops whose inputs have arrived, a forward the in-flight
+limit allows first (the deeper in its pipeline, then the earlier microbatch), else a backward, so
+that the limit makes each direction's 1F1B and the two interleave as Chimera's figure shows: on uniform costs with F equal to the
 fused backward, D stages and D microbatches in all, each rank idles D - 2 forward times against
 1F1B's 2 (D - 1) (tests/test_bidirectional.py checks the published figure). With a split
 backward (``bidir-zb``), each W waits until its rank has nothing else ready, as in the
@@ -42,8 +42,8 @@ from schedc.solvers.registry import any_placement, register
 
 def list_scheduled(problem: Problem, name: str, split: bool) -> Schedule:
     """Both directions' 1F1B, interleaved by list scheduling on the problem's costs (see the module
-    notes): backwards first, forwards within each stage's 1F1B in-flight limit, and (``split``)
-    the weight gradients W only where nothing else is ready. Where an overlapped pair is faster
+    notes): forwards first within each stage's 1F1B in-flight limit, then backwards, and
+    (``split``) the weight gradients W only where nothing else is ready. Where an overlapped pair is faster
     (``costs.FB``), the op chosen runs as a pair with a backward (or forward) ready at the same
     time, if there is one."""
     depth, m, comm = problem.pipeline_stages, problem.microbatches, problem.comm
