@@ -254,6 +254,15 @@ class PipelineRuntime:
                                   " computed at B and its W does not do them: compile it without fullgraph=True"
                                   " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
+        if head.pipelines > 1:  # each copy's sum (RS) takes its stage's parameters: one Parameter in two would count twice
+            holder: dict[int, int] = {}
+            for s, params in self.params.items():
+                for q in params:
+                    if holder.setdefault(id(q), s) != s:
+                        raise PipelineError(
+                            f"stages {holder[id(q)]} and {s} of rank {self.rank} share a parameter: with replicas"
+                            " each stage needs its own (each pipeline its own copy of the model; tied weights are"
+                            " summed by the schedule's TS)")
         self.tied = self._tied(tied_parameters or {})
         # (kind, stage) -> the process group of the collective RS or TS of that stage, and its ranks
         self.sync_groups = self._stage_groups(group)

@@ -667,8 +667,7 @@ def profile_model(
     ``replicas`` section), each model stage's copies summing their gradients (RS): an all-reduce
     of its gradient over two ranks, estimated from the same measurement. Stages that share
     parameters (a tied embedding, ``tied_groups``) get the ``tied`` section, each group's sum an
-    all-reduce of the shared weights over two ranks, estimated likewise (not with two directions,
-    which the problem refuses with tied weights for now)."""
+    all-reduce of the shared weights over two ranks, estimated likewise."""
     say = progress or (lambda msg: None)
     n = ranks * chunks
     inputs, targets = model.batch
@@ -705,9 +704,6 @@ def profile_model(
             comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
             say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
     dp = sync = tied = None
-    if shared and replicas > 1:
-        say("stages share weights (tied), not written: tied weights with two directions are not supported yet")
-        shared = []
     probe = None
     if data_parallel > 1 or replicas > 1 or (shared and ranks > 1):
         mib = max(max(prof.grads), 1.0)

@@ -509,29 +509,37 @@ class Problem(_Strict):
 
     def _tied_groups(self) -> tuple[tuple[int, ...], ...]:
         """``tied.groups`` checked (stages in range, two or more distinct per group, none in two
-        groups, no replicas), those whose stages sit on more than one rank, in the file's order."""
+        groups), those whose stages sit on more than one rank, in the file's order. With replicas
+        the groups name model stages (0 .. L - 1), and each pipeline's copies of a group sum their
+        tied weights' gradients (after each copy's sum with its own copies, RS, which every rank
+        takes first: the tied weights' gradient is then the sum over every copy of every stage of
+        the group); there each pipeline's stages of a group must sit on different ranks."""
         if self.tied is None:
             return ()
-        if self.replicas is not None:
-            raise ValueError("tied with replicas is not supported yet: each copy's tied weights would need summing"
-                             " with every other copy's")
+        length = self.pipeline_stages
         seen: dict[int, int] = {}
         out = []
         for k, group in enumerate(self.tied.groups):
             if len(set(group)) < 2 or len(set(group)) != len(group):
                 raise ValueError(f"tied.groups[{k}] is {group}: a group is two or more distinct stages")
             for s in group:
-                if not 0 <= s < self.n_stages:
-                    raise ValueError(f"tied.groups[{k}]: stage {s} is out of range 0..{self.n_stages - 1}")
+                if not 0 <= s < length:
+                    what = "model stage" if self.replicas is not None else "stage"
+                    raise ValueError(f"tied.groups[{k}]: {what} {s} is out of range 0..{length - 1}")
                 if s in seen:
                     raise ValueError(f"tied: stage {s} is in groups {seen[s]} and {k}; merge them into one")
                 seen[s] = k
-            ranks = [self.stage_rank[s] for s in group]
-            if len(set(ranks)) == len(ranks):
-                out.append(tuple(sorted(group)))
-            elif len(set(ranks)) > 1:
-                raise ValueError(f"tied.groups[{k}] {group}: two of its stages share a rank but not all; put the"
-                                 " stages of a group each on its own rank, or all on one")
+            for copy in (tuple(p * length + s for s in sorted(group)) for p in range(self.pipelines)):
+                ranks = [self.stage_rank[s] for s in copy]
+                if len(set(ranks)) == len(ranks):
+                    out.append(copy)
+                elif self.replicas is not None:
+                    raise ValueError(f"tied.groups[{k}] {group}: with replicas each pipeline's stages of a tied group"
+                                     f" must sit on different ranks (stages {list(copy)} share a rank): not supported"
+                                     " yet")
+                elif len(set(ranks)) > 1:
+                    raise ValueError(f"tied.groups[{k}] {group}: two of its stages share a rank but not all; put the"
+                                     " stages of a group each on its own rank, or all on one")
         return tuple(out)
 
     @cached_property

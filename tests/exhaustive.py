@@ -20,7 +20,8 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
 - replicas: each model stage's copies sum their gradients (one op on every rank holding a copy,
   starting together when all have come to it), each released at its stage's last W, every rank
   taking them in one order (the model's later stage first) on the same lane as its reduces; tied
-  stages on different ranks sum their shared weights' gradients the same way, after the copies';
+  stages on different ranks sum their shared weights' gradients the same way, after the copies'
+  (with replicas, each pipeline's copy of a tied group of model stages);
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start),
   both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
   may do better starting late on purpose (see ``span_with_delays``, the least span of given
@@ -142,10 +143,12 @@ class _Search:
         # Replicas: per stage, the gradient sum of its model stage's copies (stages j, j + depth, ...).
         self.depth = depth
         self.sync = None if problem.replicas is None else [conv(x) for x in problem.cost["RS"]]
-        # Tied weights: groups of stages on different ranks, their gradient sums' time per stage.
+        # Tied weights: groups of stages on different ranks, their gradient sums' time per stage
+        # (with replicas the file's groups name model stages: each pipeline's copy of a group).
         self.rank_of_stage = list(stage_rank)
-        self.tied_groups = [] if problem.tied is None else [
-            tuple(g) for g in problem.tied.groups if len({stage_rank[s] for s in g}) == len(g)]
+        copies = [] if problem.tied is None else [
+            tuple(k * depth + s for s in sorted(g)) for g in problem.tied.groups for k in range(n // depth)]
+        self.tied_groups = [g for g in copies if len({stage_rank[s] for s in g}) == len(g)]
         self.tied_sync = None if problem.tied is None else [conv(x) for x in problem.cost["TS"]]
         self.rank_stage_list = [[s for s in range(n) if stage_rank[s] == r] for r in range(p)]
         self.n, self.m = n, m

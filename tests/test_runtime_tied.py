@@ -84,3 +84,54 @@ def test_the_tied_parameters_must_be_given(tmp_path):
     assert errors[0] == ("stage 0 shares weights with another rank in '1f1b': pass tied_parameters={0: [the shared"
                          " parameters of its module]}")
     assert run_local(construct, 2, str(tmp_path / "t.json"), True, timeout=120) == [None, None]
+
+
+def train_both_ways(rank, world, path, batch):
+    """Two directions: each pipeline its own copy of the tied model (the same initial weights), this
+    rank's stages of both; its losses and weights by (pipeline, model stage name)."""
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    depth = prob.pipeline_stages
+    copies = [model(depth) for _ in range(prob.pipelines)]
+    mine = {s: copies[s // depth][s % depth] for s in prob.rank_stages[rank]}
+    tied = {s: [copies[s // depth][0][0].tok.weight] for g in compiled.program.header.tied for s in g if s in mine}
+    losses = sgd_steps(compiled, mine, batch, tied_parameters=tied)
+    weights = {(s // depth, f"{s % depth}.{k}"): t for s, mod in mine.items() for k, t in mod.state_dict().items()}
+    return {path: {"losses": losses, "weights": weights}}
+
+
+@pytest.mark.parametrize("p, name", [(2, "chimera"), (4, "dualpipe")])
+def test_tied_embeddings_with_two_directions_train_exactly_like_one_process(p, name, tmp_path):
+    """Replicas and tied weights: each copy of a model stage sums its gradients with its copies' (RS),
+    then each pipeline's first and last stage sum their tied weights' (TS): the tied weight's
+    gradient is the sum over every copy of both stages, and every copy equals one process's."""
+    from tests.test_runtime_bidirectional import assert_like_one_process
+
+    m = p
+    prob = Problem.parse(dict(ranks=p, microbatches=m, comm=0.1, costs=dict(F=1, B=1.5, W=1),
+                              replicas=dict(count=2, sync=0.5), tied=dict(groups=[[0, p - 1]], sync=0.5)))
+    assert prob.sync_groups["tied"] == ((0, p - 1), (p, 2 * p - 1))
+    path = tmp_path / f"{name}.json"
+    schedc.compile(prob, name).save(path)
+    batch = 2 * 2 * m
+    ranks = run_local(train_both_ways, p, str(path), batch, timeout=900)
+    assert_like_one_process(ranks, str(path), *reference(p, 2 * m, batch, make=model))
+
+
+def shared_across_stages(rank, world, path):
+    compiled = schedc.load(path)
+    parts = model(compiled.problem.pipeline_stages)  # one model: stages 0 and 1 of rank 0 share the embedding
+    mine = {s: parts[s % compiled.problem.pipeline_stages] for s in compiled.problem.rank_stages[rank]}
+    try:
+        PipelineRuntime(compiled, mine, lm_loss, tied_parameters={s: [parts[0][0].tok.weight] for s in mine})
+    except PipelineError as e:
+        return str(e)
+    return None
+
+
+def test_two_directions_refuse_a_parameter_shared_by_two_stages_of_a_rank(tmp_path):
+    prob = Problem.parse(dict(ranks=2, microbatches=2, costs=dict(F=1, B=1, W=1), replicas=2, tied=[[0, 1]]))
+    schedc.compile(prob, "chimera").save(tmp_path / "c.json")
+    errors = run_local(shared_across_stages, 2, str(tmp_path / "c.json"), timeout=120)
+    assert errors[0] == ("stages 0 and 3 of rank 0 share a parameter: with replicas each stage needs its own (each"
+                         " pipeline its own copy of the model; tied weights are summed by the schedule's TS)")

@@ -36,9 +36,12 @@ def test_bad_tied_groups_are_refused_in_one_line(tied, message):
     with pytest.raises(ProblemError, match=message) as e:
         Problem.parse({"ranks": 4, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}, "tied": tied})
     assert "\n" not in str(e.value)
-    with pytest.raises(ProblemError, match="tied with replicas is not supported yet"):
-        Problem.parse({"ranks": 2, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}, "tied": [[0, 3]],
-                       "replicas": 2})
+    both = {"ranks": 2, "microbatches": 2, "costs": {"F": 1, "B": 1, "W": 1}, "replicas": 2}
+    with pytest.raises(ProblemError, match=r"tied.groups\[0\]: model stage 3 is out of range 0..1"):
+        Problem.parse({**both, "tied": [[0, 3]]})
+    with pytest.raises(ProblemError, match="with replicas each pipeline's stages of a tied group must sit on"
+                                           r" different ranks \(stages \[0, 3\] share a rank\): not supported yet"):
+        Problem.parse({**both, "chunks": 2, "placement": "v", "tied": [[0, 3]]})
 
 
 def test_tied_stages_on_two_ranks_sum_together_and_on_one_rank_need_nothing():
@@ -93,4 +96,18 @@ def tiny_tied_problems(count=8, seed=3):
 def test_the_models_with_tied_sums_equal_the_exhaustive_search(problem):
     """The exhaustive search times the sums on its own (every rank of a group at once, one order on
     every rank): see ``assert_models_meet_the_oracle``."""
+    assert_models_meet_the_oracle(problem)
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_models_with_tied_sums_and_two_directions_equal_the_exhaustive_search(seed):
+    """Replicas and tied weights together, 2 ranks, one microbatch each way: each pipeline's first
+    and last stage sum their tied weights (TS) after each copy's sum with its copies (RS), on the
+    same two ranks' lanes in one order; the ILP and CP-SAT meet the oracle, which times them on
+    its own."""
+    rng = random.Random(seed)
+    problem = Problem.parse(dict(ranks=2, microbatches=1, comm=rng.choice([0, 0.5]),
+                                 costs={kind: [rng.randint(1, 3) for _ in range(2)] for kind in "FBW"},
+                                 replicas=dict(count=2, sync=[rng.choice([0, 1, 2]) for _ in range(2)]),
+                                 tied=dict(groups=[[0, 1]], sync=rng.choice([1, 2]))))
+    assert problem.sync_groups["tied"] == ((0, 1), (2, 3))
     assert_models_meet_the_oracle(problem)
