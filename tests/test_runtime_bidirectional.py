@@ -21,18 +21,20 @@ def problem(p, m, **extra):
                               replicas=dict(count=2, sync=[0.5] * p), **extra))
 
 
-def train(rank, world, paths, batch, device="cpu"):
-    """Each schedule file in turn: a fresh model (each stage a copy of its model stage, on
-    ``device``), 3 steps of SGD on the global batch; this rank's losses and weights (on the host),
-    by model stage and pipeline."""
+def train(rank, world, paths, batch, device="cpu", make=model, tied_weight=None):
+    """Each schedule file in turn: each pipeline a fresh copy of the model (``make``: the same
+    initial weights), this rank's stages of every pipeline on ``device``, 3 steps of SGD on the
+    global batch; this rank's losses and weights (on the host), by model stage and pipeline.
+    ``tied_weight(parts)``: where the schedule sums tied weights, a model copy's shared weight."""
     out = {}
     for path in paths:
         compiled = schedc.load(path)
         prob = compiled.problem
         depth = prob.pipeline_stages
-        parts = model(depth)
-        mine = {s: parts[s % depth].to(device) for s in prob.rank_stages[rank]}
-        losses = sgd_steps(compiled, mine, batch)
+        copies = [make(depth) for _ in range(prob.pipelines)]
+        mine = {s: copies[s // depth][s % depth].to(device) for s in prob.rank_stages[rank]}
+        tied = {s: [tied_weight(copies[s // depth])] for g in compiled.program.header.tied for s in g if s in mine}
+        losses = sgd_steps(compiled, mine, batch, tied_parameters=tied)
         weights = {(s // depth, f"{s % depth}.{k}"): t.cpu() for s, mod in mine.items()
                    for k, t in mod.state_dict().items()}
         out[path] = {"losses": losses, "weights": weights}

@@ -19,6 +19,11 @@ def model(n_stages):
     return stages(gpt_blocks(n_layers=max(1, n_stages - 2), seed=1, tied=True), n_stages)
 
 
+def embedding(parts):
+    """A tied model copy's shared weight: the token embedding, also the head's output weight."""
+    return parts[0][0].tok.weight
+
+
 def problem(p, v, placement, m):
     n = p * v
     return Problem.parse(dict(ranks=p, microbatches=m, chunks=v, placement=placement, comm=0.1,
@@ -33,7 +38,7 @@ def train(rank, world, paths, batch):
         prob = compiled.problem
         parts = model(prob.n_stages)
         mine = {s: parts[s] for s in prob.rank_stages[rank]}
-        shared = parts[0][0].tok.weight  # the embedding, also the head's output weight
+        shared = embedding(parts)
         tied = {s: [shared] for g in compiled.program.header.tied for s in g if s in mine}
         losses = sgd_steps(compiled, mine, batch, tied_parameters=tied)
         out[path] = {"losses": losses, "weights": weights_of(mine)}
@@ -86,26 +91,12 @@ def test_the_tied_parameters_must_be_given(tmp_path):
     assert run_local(construct, 2, str(tmp_path / "t.json"), True, timeout=120) == [None, None]
 
 
-def train_both_ways(rank, world, path, batch):
-    """Two directions: each pipeline its own copy of the tied model (the same initial weights), this
-    rank's stages of both; its losses and weights by (pipeline, model stage name)."""
-    compiled = schedc.load(path)
-    prob = compiled.problem
-    depth = prob.pipeline_stages
-    copies = [model(depth) for _ in range(prob.pipelines)]
-    mine = {s: copies[s // depth][s % depth] for s in prob.rank_stages[rank]}
-    tied = {s: [copies[s // depth][0][0].tok.weight] for g in compiled.program.header.tied for s in g if s in mine}
-    losses = sgd_steps(compiled, mine, batch, tied_parameters=tied)
-    weights = {(s // depth, f"{s % depth}.{k}"): t for s, mod in mine.items() for k, t in mod.state_dict().items()}
-    return {path: {"losses": losses, "weights": weights}}
-
-
 @pytest.mark.parametrize("p, name", [(2, "chimera"), (4, "dualpipe")])
 def test_tied_embeddings_with_two_directions_train_exactly_like_one_process(p, name, tmp_path):
     """Replicas and tied weights: each copy of a model stage sums its gradients with its copies' (RS),
     then each pipeline's first and last stage sum their tied weights' (TS): the tied weight's
     gradient is the sum over every copy of both stages, and every copy equals one process's."""
-    from tests.test_runtime_bidirectional import assert_like_one_process
+    from tests.test_runtime_bidirectional import assert_like_one_process, train as train_both_ways
 
     m = p
     prob = Problem.parse(dict(ranks=p, microbatches=m, comm=0.1, costs=dict(F=1, B=1.5, W=1),
@@ -114,7 +105,7 @@ def test_tied_embeddings_with_two_directions_train_exactly_like_one_process(p, n
     path = tmp_path / f"{name}.json"
     schedc.compile(prob, name).save(path)
     batch = 2 * 2 * m
-    ranks = run_local(train_both_ways, p, str(path), batch, timeout=900)
+    ranks = run_local(train_both_ways, p, [str(path)], batch, "cpu", model, embedding, timeout=900)
     assert_like_one_process(ranks, str(path), *reference(p, 2 * m, batch, make=model))
 
 
@@ -123,7 +114,7 @@ def shared_across_stages(rank, world, path):
     parts = model(compiled.problem.pipeline_stages)  # one model: stages 0 and 1 of rank 0 share the embedding
     mine = {s: parts[s % compiled.problem.pipeline_stages] for s in compiled.problem.rank_stages[rank]}
     try:
-        PipelineRuntime(compiled, mine, lm_loss, tied_parameters={s: [parts[0][0].tok.weight] for s in mine})
+        PipelineRuntime(compiled, mine, lm_loss, tied_parameters={s: [embedding(parts)] for s in mine})
     except PipelineError as e:
         return str(e)
     return None
