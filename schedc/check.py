@@ -22,7 +22,11 @@ ranks under strict rules until all finish or none can move:
 - a collective RS (with ``replicas``: the gradient sum of a model stage's copies, one per stage,
   after every weight gradient of its stage) is issued and never holds up compute; the
   communication lanes run on their own, and every member of a collective must come to it with
-  nothing before it that waits for a member at another collective (``_check_collectives``).
+  nothing before it that waits for a member at another collective (``_check_collectives``);
+- an UPDATE (asynchronous programs: ``Header.rounds`` above 1) is a stage's own optimizer step and
+  never waits; there is one per stage of the rank and round, after every weight gradient of that
+  stage and round and before every forward of that stage two rounds later (``_check_updates``),
+  and a synchronous program has none.
 
 If the ranks stop short, the wait-for graph has a cycle, which the error names.
 """
@@ -72,14 +76,19 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
     p = problem.ranks
     if len(program.ranks) != p:
         raise ProgramError(f"the program has {len(program.ranks)} ranks, the problem has {p}")
+    rounds = 1 if program.header is None else program.header.rounds
+    if schedule is not None and schedule.rounds != rounds:
+        raise ProgramError(f"the program runs {rounds} round(s) of the microbatches but the schedule"
+                           f" {schedule.name!r} has {schedule.rounds}: a synchronous and an asynchronous one do not mix")
     for r, instrs in enumerate(program.ranks):
         for k, instr in enumerate(instrs):
-            _check_fields(problem, r, k, instr)
+            _check_fields(problem, r, k, instr, rounds)
         steps = [k for k, i in enumerate(instrs) if i.op is Opcode.STEP]
         if steps != [len(instrs) - 1]:
             raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {len(steps)})")
 
-    order = Schedule.from_lists("program", program.compute_order(), program.copy_order(), program.issued_after())
+    order = Schedule.from_lists("program", program.compute_order(), program.copy_order(), program.issued_after(),
+                                rounds=rounds)
     try:
         order.check_complete(problem)
     except ScheduleError as e:
@@ -106,6 +115,7 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
                                        f" {schedule.name!r} issues it after {b or 'nothing'}")
 
     _check_reduces(problem, program, schedule if issue else None)
+    _check_updates(problem, program, rounds)
     feeds = _check_dataflow(problem, program)
     buffers = _run(program, _pair(program), feeds)
     count = lambda op: tuple(sum(i.op is op for i in instrs) for instrs in program.ranks)  # noqa: E731
@@ -118,15 +128,24 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
     )
 
 
-def _check_fields(problem: Problem, r: int, k: int, instr: Instr) -> None:
+def _check_fields(problem: Problem, r: int, k: int, instr: Instr, rounds: int) -> None:
     where = f"rank {r} instruction {k} ({instr})"
-    n, m = problem.n_stages, problem.microbatches
+    n, m = problem.n_stages, problem.microbatches * rounds
     stage_rank = problem.stage_rank
     if isinstance(instr.op, Kind) and instr.op not in CHECKED:
         raise ProgramError(f"rank {r} instruction {k}: {unsupported(instr.op, 'the checker', in_order(CHECKED))}")
     if instr.op is Opcode.STEP:
         if (instr.stage, instr.mb, instr.tensor, instr.peer, instr.peer_stage) != (-1, -1, "", -1, -1):
             raise ProgramError(f"{where}: STEP takes no stage, microbatch, tensor or peer")
+        return
+    if instr.op is Opcode.UPDATE:
+        if rounds == 1:
+            raise ProgramError(f"{where}: UPDATE is the step of an asynchronous program, and this one is synchronous"
+                               " (one round): the two do not mix")
+        if not (0 <= instr.stage < n and 0 <= instr.mb < rounds) or (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
+            raise ProgramError(f"{where}: UPDATE takes a stage and a round (of {rounds}), no tensor or peer")
+        if stage_rank[instr.stage] != r:
+            raise ProgramError(f"{where}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
         return
     if not (0 <= instr.stage < n and 0 <= instr.mb < m):
         raise ProgramError(f"{where}: stage or microbatch outside {n} stages x {m} microbatches")
@@ -200,6 +219,33 @@ def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None
             if tuple(zip(ops, after)) != want[r]:
                 raise ProgramError(f"rank {r}: the gradient syncs are issued as {_issued(ops, after)}, but the"
                                    f" schedule {schedule.name!r} issues them as {_issued(*zip(*want[r]))}")
+
+
+def _check_updates(problem: Problem, program: Program, rounds: int) -> None:
+    """An asynchronous program: per rank, one UPDATE per stage and round, after every weight
+    gradient of that stage and round, before every forward of that stage two rounds later."""
+    if rounds == 1:
+        return
+    m, grads = problem.microbatches, candidates(GRADS)
+    for r, instrs in enumerate(program.ranks):
+        pending = {(s, k): m for s in problem.rank_stages[r] for k in range(rounds)}  # weight gradients to run
+        done: set[tuple[int, int]] = set()
+        for instr in instrs:
+            if instr.op is Opcode.UPDATE:
+                key = (instr.stage, instr.mb)
+                if key in done:
+                    raise ProgramError(f"rank {r}: {instr} is listed twice")
+                if pending[key]:
+                    raise ProgramError(f"rank {r}: {instr} comes before {pending[key]} weight gradient(s) of its round")
+                done.add(key)
+            elif isinstance(instr.op, Kind) and instr.op in grads:
+                pending[instr.stage, instr.mb // m] -= 1
+            elif instr.op is Kind.F and instr.mb // m >= 2 and (instr.stage, instr.mb // m - 2) not in done:
+                raise ProgramError(f"rank {r}: {instr.compute} (round {instr.mb // m}) comes before UPDATE s{instr.stage}"
+                                   f" round {instr.mb // m - 2}, whose weights it uses")
+        missing = sorted(pending.keys() - done)
+        if missing:
+            raise ProgramError(f"rank {r}: no UPDATE for stage {missing[0][0]} round {missing[0][1]}")
 
 
 def _check_collectives(problem: Problem, comm: tuple[tuple[Op, ...], ...]) -> None:

@@ -73,8 +73,17 @@ def refuse_pipelines(pipelines: int, name: str) -> None:
                             f" {pipelines} (replicas): run it with schedc's runtime")
 
 
+def refuse_asynchronous(rounds: int, name: str) -> None:
+    """Raise a one-line ScheduleError for an asynchronous schedule (``Schedule.rounds`` above 1):
+    torch's pipelining steps once after every microbatch of the step, and keeps no weight versions."""
+    if rounds > 1:
+        raise ScheduleError(f"{name}: asynchronous ({rounds} rounds on weight versions), and"
+                            " torch.distributed.pipelining runs synchronous schedules only: run it with schedc's runtime")
+
+
 def to_torch_csv(schedule: Schedule) -> str:
     """One row per rank, the rank's ops in order, no idle cells (order is all a Schedule has)."""
+    refuse_asynchronous(schedule.rounds, schedule.name)
     refuse_untorchable(schedule.ops(), schedule.name)
     if schedule.pairs:
         raise ScheduleError(f"{schedule.name}: the schedule overlaps forward-and-backward pairs, which this export"
@@ -98,6 +107,7 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     runtime hands off inside F and B, and the caller steps."""
     name = program.header.schedule if program.header is not None else "program"
     refuse_pipelines(program.header.pipelines if program.header is not None else 1, name)
+    refuse_asynchronous(program.header.rounds if program.header is not None else 1, name)
     refuse_untorchable((i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)), name)
     rows = []
     reduces = any(i.op is Kind.AR for instrs in program.ranks for i in instrs)

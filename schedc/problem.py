@@ -201,6 +201,11 @@ class Memory(_Strict):
         description="per stage: memory an op of the stage needs while it runs, above its level (temporaries,"
         " a received tensor); default 0",
     )
+    weights: Number | None = Field(
+        default=None,
+        description="per stage: one copy of its parameters (part of static memory); an asynchronous schedule"
+        " (PipeDream-2BW) keeps a second copy. Default: not given (counted as 0, and said so)",
+    )
 
     @field_validator("F", "B", "W", mode="before")
     @classmethod
@@ -212,7 +217,7 @@ class Memory(_Strict):
     def _static(cls, v: Any) -> Any:
         return _check_numbers(v, nonnegative=True)
 
-    @field_validator("limit", "working", mode="before")
+    @field_validator("limit", "working", "weights", mode="before")
     @classmethod
     def _nonnegative(cls, v: Any) -> Any:
         return v if v is None else _check_numbers(v, nonnegative=True)
@@ -318,7 +323,7 @@ class Problem(_Strict):
     replicas: Optional[Replicas] = Field(
         default=None, description="copies of the pipeline on the same ranks (bidirectional), or their count")
     tied: Optional[Tied] = Field(default=None, description="stages sharing weights (tied embeddings), or their groups")
-    objective: Literal["makespan", "span"] = "makespan"
+    objective: Literal["makespan", "span", "steady"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage of the model (of one pipeline), from the partitioner"
     )
@@ -391,6 +396,7 @@ class Problem(_Strict):
                     )
         self._per_rank("memory.static", self.memory.static)
         self.stage_working  # read once here so a memory.working of the wrong length is refused now
+        self.stage_weights  # and a memory.weights
         if self.stage_blocks is not None and len(self.stage_blocks) != self.pipeline_stages:
             raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.pipeline_stages}"
                              " stages")
@@ -732,6 +738,26 @@ class Problem(_Strict):
         give (``memory.working``; 0 when not given)."""
         w = self.memory.working
         return (0.0,) * self.n_stages if w is None else self._per_stage("memory.working", w)
+
+    @cached_property
+    def stage_weights(self) -> tuple[float, ...]:
+        """Per stage, one copy of its parameters (``memory.weights``; 0 when not given)."""
+        w = self.memory.weights
+        return (0.0,) * self.n_stages if w is None else self._per_stage("memory.weights", w)
+
+    @cached_property
+    def weight_copy(self) -> tuple[float, ...]:
+        """Per rank, one copy of the parameters of its stages: what an asynchronous schedule's
+        second weight version adds to its static memory."""
+        w = self.stage_weights
+        return tuple(sum(w[s] for s in stages) for stages in self.rank_stages)
+
+    @property
+    def search_objective(self) -> str:
+        """What a search over synchronous schedules minimises: the span, or else the makespan
+        (``steady``, the time per microbatch of iterations run back to back with a flush each, is
+        the makespan over the microbatches)."""
+        return "span" if self.objective == "span" else "makespan"
 
     @cached_property
     def working_memory(self) -> tuple[float, ...]:

@@ -26,7 +26,14 @@ Instructions:
   wait; the compute that uses the tensor waits for it. ``SEND`` may block until the peer has
   posted the matching ``RECV`` (NCCL does for large messages).
 - ``LOCAL``: a hand-off between two stages on the same rank (V placement), no communication.
-- ``STEP``: the optimizer step, last on every rank.
+- ``STEP``: the optimizer step, last on every rank. In an asynchronous program (``Header.rounds``
+  above 1: PipeDream-2BW, ``Schedule.rounds``) the steps are the ``UPDATE``s and ``STEP`` only ends
+  the program (sends completed, nothing left over).
+- ``UPDATE`` on (stage, round), asynchronous programs only: the optimizer step of one stage after
+  its last weight gradient of the round (the gradients of the round's microbatches, computed on the
+  weights the round started with), applied to the stage's newest weights; the result is the
+  version round + 2 runs on. Listed right before the compute op that follows that weight
+  gradient (or before ``STEP``), on every rank for each of its stages and rounds.
 
 Between two ranks, the sends of one and the receives of the other list the same messages in the
 same order (NCCL and gloo match point-to-point messages in posting order).
@@ -54,7 +61,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from schedc.errors import ProgramError
-from schedc.kinds import BY_NAME, ROWS, Kind, candidates, check_supported
+from schedc.kinds import BY_NAME, GRADS, ROWS, Kind, candidates, check_supported
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, comm_lane, producers
 from schedc.simulate import simulate
@@ -68,6 +75,7 @@ class Opcode(str, Enum):
     RECV = "RECV"
     LOCAL = "LOCAL"
     STEP = "STEP"
+    UPDATE = "UPDATE"
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -76,7 +84,7 @@ class Opcode(str, Enum):
 COMPUTE = tuple(k for k, row in ROWS.items() if row.lane == "compute")  # F, B, W, BW, R, S
 COPY = tuple(k for k, row in ROWS.items() if row.lane == "copy")  # O, L: issued, completed on the copy lane
 COMM = (Opcode.SEND, Opcode.RECV)
-OPCODES = (*Kind, *Opcode)  # F, B, W, BW, R, S, O, L, AR, SEND, RECV, LOCAL, STEP
+OPCODES = (*Kind, *Opcode)  # F, B, W, BW, R, S, O, L, AR, RS, TS, SEND, RECV, LOCAL, STEP, UPDATE
 _OPCODE_OF: dict[str, Kind | Opcode] = {**BY_NAME, **{o.value: o for o in Opcode}}
 TENSORS = ("act", "grad")  # what a row's ``carries`` names
 DIRECTION = {"act": 1, "grad": -1}  # a tensor goes from stage s to s + its direction
@@ -97,6 +105,7 @@ def _consumers() -> dict[tuple[str, int], tuple[Kind, ...]]:
 
 
 _CONSUMERS = _consumers()
+_GRADS = candidates(GRADS)  # W, BW: the weight gradients an UPDATE follows
 
 
 class Message(NamedTuple):
@@ -160,6 +169,8 @@ class Instr(_InstrFields):
             return f"RECV {self.message} from rank {self.peer}"
         if self.op is Opcode.LOCAL:
             return f"LOCAL {self.message}"
+        if self.op is Opcode.UPDATE:
+            return f"UPDATE s{self.stage} round {self.mb}"
         return str(self.op)
 
     def to_data(self) -> dict:
@@ -199,7 +210,8 @@ class Header:
     the backward is split into B and W, over how many data-parallel replicas each stage's gradient
     is all-reduced (1: none), how many copies of the pipeline run on the ranks (``pipelines``:
     2 in a bidirectional schedule; stage s is stage s % (n_stages / pipelines) of the model), and
-    which stages on different ranks share weights (``tied``)."""
+    which stages on different ranks share weights (``tied``), and how many rounds of the
+    microbatches it runs (``rounds``: 1 synchronous, more asynchronous: ``Schedule.rounds``)."""
 
     schedule: str
     microbatches: int
@@ -208,12 +220,17 @@ class Header:
     data_parallel: int = 1
     pipelines: int = 1
     tied: tuple[tuple[int, ...], ...] = ()  # the groups of stages on different ranks that share weights
+    rounds: int = 1
 
     @classmethod
     def of(cls, problem: Problem, schedule: Schedule) -> "Header":
         degree = 1 if problem.data_parallel is None else problem.data_parallel.degree
         return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward, degree,
-                   problem.pipelines, problem.sync_groups["tied"])
+                   problem.pipelines, problem.sync_groups["tied"], schedule.rounds)
+
+    @property
+    def synchronous(self) -> bool:
+        return self.rounds == 1
 
     @property
     def pipeline_stages(self) -> int:
@@ -354,6 +371,8 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
             instrs = _with_issued(instrs, schedule.copy[r], schedule.after[r])
         if reduces and reduces[r]:
             instrs = _with_issued(instrs, *zip(*reduces[r]))
+        if not schedule.synchronous:
+            instrs = _with_updates(instrs, schedule.ranks[r], problem.microbatches)
         ranks.append((*instrs, Instr(Opcode.STEP)))
     return Program(tuple(ranks), Header.of(problem, schedule))
 
@@ -362,18 +381,43 @@ def _with_issued(instrs: list[Instr], issued: tuple[Op, ...], after: tuple[Op | 
     """One rank's instructions with the ops of a lane beside compute, ``issued`` (copies or
     reduces, in the lane's order), each listed right before the compute op that follows the one it
     is issued after (``after``), or last."""
-    placed: dict[Op | None, list[Op]] = {}  # the compute op an op is issued after -> those ops
+    placed: dict[Op | None, list[Instr]] = {}  # the compute op an op is issued after -> those ops
     for op, anchor in zip(issued, after):
-        placed.setdefault(anchor, []).append(op)
+        placed.setdefault(anchor, []).append(Instr(op.kind, op.stage, op.mb))
+    return _listed_after(instrs, placed)
+
+
+def updates(compute: tuple[Op, ...], m: int) -> dict[Op, list[tuple[int, int]]]:
+    """One rank of an asynchronous schedule: its last weight gradient (W or BW) of each (stage,
+    round) in its compute order ``compute`` -> the (stage, round) updates it is the last of."""
+    last: dict[tuple[int, int], Op] = {}
+    for op in compute:
+        if op.kind in _GRADS:
+            last[op.stage, op.mb // m] = op
+    out: dict[Op, list[tuple[int, int]]] = {}
+    for key, op in last.items():
+        out.setdefault(op, []).append(key)
+    return out
+
+
+def _with_updates(instrs: list[Instr], compute: tuple[Op, ...], m: int) -> list[Instr]:
+    """One rank's instructions with an UPDATE per (stage, round), each listed right before the
+    compute op that follows the round's last weight gradient of the stage, or last."""
+    return _listed_after(instrs, {op: [Instr(Opcode.UPDATE, s, r) for s, r in keys]
+                                  for op, keys in updates(compute, m).items()})
+
+
+def _listed_after(instrs: list[Instr], placed: dict[Op | None, list[Instr]]) -> list[Instr]:
+    """``instrs`` with ``placed[a]`` listed right before the compute op that follows compute op
+    ``a`` (None: before the first), or last."""
     out: list[Instr] = []
     pending = placed.get(None, [])
     for instr in instrs:
         if isinstance(instr.op, Kind) and ROWS[instr.op].lane == "compute":
-            out += [Instr(op.kind, op.stage, op.mb) for op in pending]
+            out += pending
             pending = placed.get(instr.compute, [])
         out.append(instr)
-    out += [Instr(op.kind, op.stage, op.mb) for op in pending]
-    return out
+    return out + pending
 
 
 def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:

@@ -24,7 +24,9 @@ run overlapped with the forward before them). A schedule
 is written in the oldest version that holds it, byte for byte as before: without recompute or
 offload as version 1, so that a schedc from before version 2 still reads it; with recompute only
 as version 2; with a copy lane as version 3; with data parallelism as version 4; with replicas as
-version 5. An older schedc
+version 5; asynchronous (``"rounds"`` above 1 and ``"synchronous": false`` in "schedule": weight
+versions, PipeDream-2BW, issue 27; its program steps each stage per round, ``UPDATE``), or with the
+problem's ``objective: steady`` or ``memory.weights``, as version 6. An older schedc
 refuses a newer version with "written by a newer schedc". Reading takes every version; a file that
 holds what its version cannot is refused. A version 2 file's copy lane is read as it was written: each copy issued as early as it can be (the
 rule then), its program as it was lowered then.
@@ -53,13 +55,13 @@ from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, short
 from schedc.kinds import POLICIES, ROWS, Kind
 from schedc.problem import Boundary, Problem, load_problem
 from schedc.program import OPCODES, Header, Instr, Program, lower
-from schedc.schedule import Schedule
+from schedc.schedule import MAX_ROUNDS, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.tolerance import meets
 from schedc.version import __version__
 
 FORMAT = "schedc.schedule"
-VERSION = 5  # the newest version this schedc reads and writes (see the module notes)
+VERSION = 6  # the newest version this schedc reads and writes (see the module notes)
 V1_KINDS = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW})  # what a version 1 file may hold
 
 
@@ -138,6 +140,10 @@ class ScheduleModel(_Strict):
     pairs: list[list[tuple[Literal[KIND_NAMES], int, int]]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="version 5: per rank, the backwards run overlapped with the forward"
                                           " before them (costs.FB)")
+    rounds: int = Field(default=1, ge=1, le=MAX_ROUNDS, strict=True,
+                        description="version 6: rounds of the problem's microbatches the ops cover (more than 1:"
+                                    " asynchronous, weight versions)")
+    synchronous: bool = Field(default=True, strict=True, description="version 6: false for an asynchronous schedule")
 
 
 def _plain_text(v: str) -> str:
@@ -162,7 +168,7 @@ class SolverStats(_Strict):
 
     status: Literal["optimal", "feasible", "time limit", "warm start"]
     objective: Amount
-    objective_kind: Literal["makespan", "span"]
+    objective_kind: Literal["makespan", "span", "steady"]
     bound: Amount
     bound_reason: PlainText
     gap: Amount = Field(ge=0, le=1)
@@ -185,7 +191,7 @@ class ScheduleFile(_Strict):
     """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
 
     format: Literal["schedc.schedule"]
-    version: Literal[1, 2, 3, 4, 5]
+    version: Literal[1, 2, 3, 4, 5, 6]
     provenance: Provenance
     problem: Problem
     schedule: ScheduleModel
@@ -232,6 +238,8 @@ def dump(compiled) -> str:
                 f' "after": {per_rank(after, "  ")}')
     if schedule.pairs:
         copy += f', "pairs": {per_rank([[list(op) for op in ops] for ops in schedule.pairs], "  ")}'
+    if not schedule.synchronous:
+        copy += f', "rounds": {schedule.rounds}, "synchronous": false'
     fields = [
         plain("format", FORMAT),
         plain("version", version),
@@ -249,7 +257,9 @@ def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
     """The version a file of ``schedule`` (of ``problem``) is written as: 1 without recompute or
     offload (readable by every schedc), 2 with recompute only, 3 with a copy lane (offload), 4 where
     the problem has data parallelism, 5 where it has replicas, tied weights or overlapped pairs
-    (``costs.FB``)."""
+    (``costs.FB``), 6 for an asynchronous schedule or a problem with what version 6 adds."""
+    if not schedule.synchronous or (problem is not None and _needs_six(problem)):
+        return 6
     if schedule.pairs or (problem is not None and (problem.replicas is not None or problem.tied is not None
                                                    or problem.costs.FB is not None)):
         return 5
@@ -258,6 +268,11 @@ def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
     if schedule.copy:
         return 3
     return 1 if all(op.kind in V1_KINDS for ops in schedule.ranks for op in ops) else 2
+
+
+def _needs_six(problem: Problem) -> bool:
+    """What version 6 adds to the problem: the steady objective, the weights' memory."""
+    return problem.objective == "steady" or problem.memory.weights is not None
 
 
 def timeline_summary(timeline: Timeline, version: int) -> dict:
@@ -316,8 +331,15 @@ def from_data(data: Any, path: str | Path = "schedule file"):
             raise ScheduleError(f"schedule format version {version} cannot hold 'after' (version 3 does)")
         if model.schedule.pairs and version < 5:
             raise ScheduleError(f"schedule format version {version} cannot hold 'pairs' (version 5 does)")
+        rounds, synchronous = model.schedule.rounds, model.schedule.synchronous
+        if (rounds > 1 or not synchronous or _needs_six(problem)) and version < 6:
+            raise ScheduleError(f"schedule format version {version} cannot hold an asynchronous schedule, the steady"
+                                " objective or memory.weights (version 6 does)")
+        if synchronous != (rounds == 1):
+            raise ScheduleError(f"the schedule says synchronous: {str(synchronous).lower()} but runs {rounds} round(s):"
+                                " a synchronous schedule runs one, an asynchronous one more; the two do not mix")
         schedule = Schedule.from_lists(model.schedule.name, model.schedule.ranks, model.schedule.copy_lane,
-                                       model.schedule.after, model.schedule.pairs)
+                                       model.schedule.after, model.schedule.pairs, rounds)
     except ScheduleError as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
     for section, needs in (("data_parallel", 4), ("replicas", 5)):
@@ -372,7 +394,7 @@ def _same_solver(path, stats: dict, timeline) -> None:
             f"{path}: inconsistent: solver.objective_kind is {stats['objective_kind']!r} but the problem's"
             f" objective is {problem.objective!r}"
         )
-    actual = {"objective": timeline.makespan if problem.objective == "makespan" else timeline.span,
+    actual = {"objective": timeline.objective_value(),
               "makespan": timeline.makespan, "span": timeline.span, "bubble": timeline.bubble_rate(),
               "peak_memory": list(timeline.peak_memory), "fits": timeline.fits}
     if "policies" in stats:  # the counts the solver reported, for the policies it names

@@ -81,15 +81,27 @@ class Schedule:
 
     ``pairs``: per rank, the backward ops (B, or a fused BW) that run overlapped with the forward
     just before them in the rank's compute order (DualPipe's forward-and-backward pairs): the pair
-    starts when both may, and both end after ``Problem.pair_time`` (``costs.FB``). () when none is."""
+    starts when both may, and both end after ``Problem.pair_time`` (``costs.FB``). () when none is.
+
+    ``rounds``: 1 for a synchronous schedule (one iteration of the problem's microbatches, then
+    one optimizer step, today's kind). More makes it asynchronous (PipeDream-2BW): its ops cover
+    ``rounds`` rounds of the problem's microbatches with no flush between them (microbatch i is in
+    round i // m), each stage steps its optimizer after its last weight gradient of each round,
+    and a microbatch's forward and backward use the weights its round started with: round r
+    uses the version stepped after round r - 2 (double-buffered weights; rounds 0 and 1 the
+    initial weights), so a forward of round r comes after every weight gradient of round r - 2
+    of its stage on the rank (``check_complete``)."""
 
     name: str
     ranks: tuple[tuple[Op, ...], ...]
     copy: tuple[tuple[Op, ...], ...] = ()
     after: tuple[tuple[Op | None, ...], ...] = ()
     pairs: tuple[tuple[Op, ...], ...] = ()
+    rounds: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ScheduleError(f"{self.name}: rounds must be a whole number from 1 to {MAX_ROUNDS}, not {self.rounds!r}")
         if self.pairs and not any(self.pairs):  # no pair: the same schedule as without
             object.__setattr__(self, "pairs", ())
         if self.copy and not any(self.copy):  # no copy op: the same schedule as without a copy lane
@@ -110,11 +122,17 @@ class Schedule:
         copy: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
         after: Iterable[Iterable[Op | tuple[str, int, int] | None]] = (),
         pairs: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
+        rounds: int = 1,
     ) -> "Schedule":
         return cls(name, tuple(tuple(Op(*op) for op in ops) for ops in per_rank),
                    tuple(tuple(Op(*op) for op in ops) for ops in copy),
                    tuple(tuple(None if op is None else Op(*op) for op in ops) for ops in after),
-                   tuple(tuple(Op(*op) for op in ops) for ops in pairs))
+                   tuple(tuple(Op(*op) for op in ops) for ops in pairs), rounds)
+
+    @property
+    def synchronous(self) -> bool:
+        """One optimizer step after the iteration (``rounds`` 1), or weight versions (more)."""
+        return self.rounds == 1
 
     def paired(self) -> dict[Op, Op]:
         """forward -> the backward it runs overlapped with (``pairs``)."""
@@ -191,7 +209,9 @@ class Schedule:
             self._check_issue(where)
         if self.pairs:
             self._check_pairs(where, problem)
-        n, m = problem.n_stages, problem.microbatches
+        n, m = problem.n_stages, problem.microbatches * self.rounds
+        if not self.synchronous:
+            self._check_versions(where, problem)
         allowed = set(problem.kinds)
         for lane, per_rank in self.lanes.items():
             for r, ops in enumerate(per_rank):
@@ -248,6 +268,28 @@ class Schedule:
                                         " right after a forward F")
                 if (before.stage, before.mb) == (op.stage, op.mb):
                     raise ScheduleError(f"{self.name}: rank {r}: {op} is paired with its own forward {before}")
+
+    def _check_versions(self, where: dict[Op, tuple[int, int]], problem: Problem) -> None:
+        """An asynchronous schedule: per-iteration collectives refused (they are not per round yet),
+        and each forward of round r >= 2 after every weight gradient of round r - 2 of its stage in
+        its rank's compute order (it uses the weights stepped after them; two versions are kept)."""
+        for section in ("data_parallel", "replicas", "tied"):
+            if getattr(problem, section) is not None:
+                raise ScheduleError(f"{self.name}: an asynchronous schedule (rounds {self.rounds}) cannot run a problem"
+                                    f" with {section} yet: its gradient sums are once per iteration, not per round")
+        m = problem.microbatches
+        last: dict[tuple[int, int], int] = {}  # (stage, round) -> position of its last weight gradient
+        for op, (_, k) in where.items():
+            if op.kind in _GRADS:
+                key = (op.stage, op.mb // m)
+                last[key] = max(last.get(key, -1), k)
+        for r, ops in enumerate(self.ranks):
+            for k, op in enumerate(ops):
+                if op.kind is Kind.F and op.mb // m >= 2 and last.get((op.stage, op.mb // m - 2), -1) > k:
+                    raise ScheduleError(
+                        f"{self.name}: rank {r}: {op} (round {op.mb // m}) comes before the last weight gradient of"
+                        f" round {op.mb // m - 2} on stage {op.stage}: it needs the weights stepped after that round"
+                        " (two weight versions are kept)")
 
     def _check_issue(self, where: dict[Op, tuple[int, int]]) -> None:
         """Each copy op issued after a compute op of its own rank, the lane's issue points in its
@@ -323,6 +365,7 @@ _NEEDS = {k: tuple((candidates(need), plain(need), offset) for need, offset in r
 _USERS = {k: tuple(u for u, row in ROWS.items() if row.lane == "compute"
                   for need, offset in row.needs if offset == 0 and k in candidates(need))
           for k, row in ROWS.items() if row.lane == "copy"}
+MAX_ROUNDS = 1000  # rounds an asynchronous schedule may cover
 _new = tuple.__new__  # an Op of a Kind without Op.__new__'s check: producers() runs in every simulation
 _PER_STAGE = frozenset(PER_STAGE)
 _GRADS = candidates(GRADS)  # W, BW: what a stage's reduce waits for, every microbatch's

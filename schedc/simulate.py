@@ -99,32 +99,81 @@ class Timeline:
     def span(self) -> float:
         return max(self.rank_span, default=0.0)
 
+    @property
+    def units(self) -> int:
+        """How many microbatches the schedule runs: the problem's, of every pipeline, of every round."""
+        return self.problem.microbatches * self.problem.pipelines * self.schedule.rounds
+
+    def round_ends(self) -> tuple[float, ...]:
+        """Per round (``Schedule.rounds``), when its last op ends, on any lane."""
+        m, ends = self.problem.microbatches, [0.0] * self.schedule.rounds
+        for op, (_, _, e) in self.op_times().items():
+            r = op.mb // m
+            ends[r] = max(ends[r], e)
+        return tuple(ends)
+
+    @property
+    def per_microbatch(self) -> float:
+        """The steady-state time per microbatch (the ``steady`` objective). Synchronous: the
+        makespan over the microbatches, iterations running back to back, each flushed.
+        Asynchronous (``rounds`` R >= 3): the time from the end of the first round to the end of
+        the last but one, over the microbatches in between; the first round's fill and the last's
+        drain (where no later forward fills the bubbles) fall outside. A schedule that repeats
+        every round (2BW with at least as many microbatches as stages) gives its period exactly;
+        one that repeats every k rounds, exactly where k divides R - 2 (else within one period's
+        variation over the R - 2 rounds). R = 2 has no round in between: the mean with both."""
+        rounds, m = self.schedule.rounds, self.problem.microbatches * self.problem.pipelines
+        if rounds == 1:
+            return self.makespan / m
+        ends = self.round_ends()
+        if rounds == 2:
+            return self.makespan / (2 * m)
+        return (ends[-2] - ends[0]) / ((rounds - 2) * m)
+
     def objective_value(self, objective: str | None = None) -> float:
         objective = objective or self.problem.objective
+        if objective == "steady":
+            return self.per_microbatch
         return self.makespan if objective == "makespan" else self.span
 
     def rank_objective(self, objective: str | None = None) -> tuple[float, ...]:
-        """Per rank, what it gives the objective: its step's time (``rank_end``, makespan) or its
-        own span; the rank with the largest sets the objective (copy lanes aside)."""
-        if (objective or self.problem.objective) == "makespan":
-            return self.rank_end
-        return self.rank_span
+        """Per rank, what it gives the objective: its step's time (``rank_end``, makespan and
+        steady) or its own span; the rank with the largest sets the objective (copy lanes aside)."""
+        if (objective or self.problem.objective) == "span":
+            return self.rank_span
+        return self.rank_end
 
     def idle(self, objective: str | None = None) -> tuple[float, ...]:
-        """Per rank idle time within the objective's window (the makespan, or its own span)."""
-        if (objective or self.problem.objective) == "makespan":
-            return tuple(self.makespan - b for b in self.busy)
-        return tuple(sp - b for sp, b in zip(self.rank_span, self.busy))
+        """Per rank idle time within the objective's window (the makespan, or its own span; steady:
+        per round of the problem's microbatches in the steady state)."""
+        objective = objective or self.problem.objective
+        if objective == "span":
+            return tuple(sp - b for sp, b in zip(self.rank_span, self.busy))
+        if objective == "steady" and not self.schedule.synchronous:
+            m, rounds = self.problem.microbatches * self.problem.pipelines, self.schedule.rounds
+            return tuple(self.per_microbatch * m - b / rounds for b in self.busy)
+        return tuple(self.makespan - b for b in self.busy)
 
     def bubble_rate(self, objective: str | None = None) -> float:
-        """Idle fraction of the rank-time the objective measures: 1 - busy / (p * T)."""
-        total = self.objective_value(objective) * self.problem.ranks
-        return 1.0 - sum(self.busy) / total if total > 0 else 0.0
+        """Idle fraction of the rank-time the objective measures: 1 - busy / (p * T) (steady: per
+        microbatch, the rank-time of one microbatch against the work of one)."""
+        objective = objective or self.problem.objective
+        work, length = sum(self.busy), self.objective_value(objective)
+        if objective == "steady":
+            work /= self.units
+        total = length * self.problem.ranks
+        return 1.0 - work / total if total > 0 else 0.0
 
     # ---- memory ----
     @property
+    def static_memory(self) -> tuple[float, ...]:
+        """Per rank, the problem's static memory, and for an asynchronous schedule its second copy
+        of the weights (``Problem.weight_copy``)."""
+        return static_memory(self.problem, self.schedule)
+
+    @property
     def peak_memory(self) -> tuple[float, ...]:
-        return tuple(s + a for s, a in zip(self.problem.static_memory, self.peak_activation))
+        return tuple(s + a for s, a in zip(self.static_memory, self.peak_activation))
 
     @property
     def fits(self) -> bool:
@@ -182,6 +231,9 @@ class Timeline:
             "fits": self.fits,
             "violations": [str(v) for v in self.violations],
             **({"exposed_reduce": list(self.exposed_reduce)} if self.comm else {}),
+            **({} if self.schedule.synchronous else {
+                "rounds": self.schedule.rounds, "per_microbatch": self.per_microbatch,
+                "bubble_steady": self.bubble_rate("steady")}),
         }
 
 
@@ -411,12 +463,23 @@ def _describe_wait(lanes: list[str], orders, pos, stuck, deps) -> str:
     return "; ".join(parts)
 
 
+def static_memory(problem: Problem, schedule: Schedule) -> tuple[float, ...]:
+    """Per rank, the static memory ``schedule`` needs: the problem's, and for an asynchronous
+    schedule one more copy of its stages' weights (the second version)."""
+    if schedule.synchronous:
+        return problem.static_memory
+    return tuple(s + w for s, w in zip(problem.static_memory, problem.weight_copy))
+
+
 def _memory(problem: Problem, schedule: Schedule, start, end, copy_start, copy_end):
     """Per rank: the activation level after each compute op, the peak activation (the highest
     level held, plus the rank's working memory) and the first op during which the level passes the
     rank's ``activation_room``. Each op's delta is ``Problem.delta`` under its (stage, microbatch)'s
     policy; an allocation counts from the op's start, a free from its end."""
-    static, room, tol = problem.static_memory, problem.activation_room, problem.memory_tol
+    static, tol = static_memory(problem, schedule), problem.memory_tol
+    room = problem.activation_room
+    if room is not None and not schedule.synchronous:
+        room = tuple(a - w for a, w in zip(room, problem.weight_copy))
     working, mem = problem.working_memory, problem.mem
     policy = schedule.policies() if problem.policies else {}
 

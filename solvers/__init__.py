@@ -11,6 +11,7 @@ from schedc.solvers import vshape  # noqa: F401
 from schedc.solvers import bidirectional  # noqa: F401  (two directions: chimera, bidir-zb, dualpipe, bitpipe)
 from schedc.solvers import greedy  # noqa: F401
 from schedc.solvers import memtime  # noqa: F401  (recompute and offload baselines)
+from schedc.solvers import asynchronous  # noqa: F401  (weight versions: 2bw)
 from schedc.solvers import solve  # noqa: F401  (registers the exact search, "ilp")
 from schedc.solvers import ilp  # noqa: F401  (registers the PuLP backends, "cbc" and "highs")
 from schedc.solvers import cpsat  # noqa: F401  (registers the CP-SAT backend, "cpsat")

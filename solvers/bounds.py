@@ -105,7 +105,7 @@ def _largest(problem: Problem, items: list[tuple]) -> tuple:
 def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     """Every term separately: per-rank bounds (work, idle, tail, memory-time), then the critical
     path of one microbatch, then (span) per rank the best term over it and another rank."""
-    objective = objective or problem.objective
+    objective = objective or problem.search_objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     check_supported(problem.cost, "the lower bounds", BOUNDED)

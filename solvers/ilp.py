@@ -339,7 +339,7 @@ class _Model:
         self.first_start.append(first_start)
         for o in ks:
             self.lp += first_start <= start[o]
-        origin = 0 if problem.objective == "makespan" else first_start
+        origin = 0 if problem.search_objective == "makespan" else first_start
         for o in ks:
             if self.ops[o].kind == Kind.W:  # every other op feeds one on its rank: W ends last
                 self.lp += self.C >= start[o] + dur[o] - origin
@@ -381,7 +381,7 @@ class _Model:
 
         problem, start, dur, first = self.problem, self.start, self.dur, self._first
         for r, ks in enumerate(self.on_rank):
-            origin = 0 if problem.objective == "makespan" else self.first_start[r]
+            origin = 0 if problem.search_objective == "makespan" else self.first_start[r]
             lane = list(comm_ops(problem, r))
             for op in lane:
                 head = lead(problem, op)  # a collective's members share its start
@@ -779,7 +779,7 @@ def _model_and_search(job: _Job, log: Path):
 
     problem, incumbent, settings = job.problem, job.incumbent, job.settings
     budget = settings.budget.less(SOLUTION_SECONDS)
-    horizon = incumbent.objective_value() if problem.objective == "makespan" else _span_horizon(problem, incumbent)
+    horizon = incumbent.objective_value(problem.search_objective) if problem.search_objective == "makespan" else _span_horizon(problem, incumbent)
     model = _Model(problem, horizon, settings.lower, keep=job.keep, window=job.window)
     model.warm(incumbent)
     binaries = len(model.before) + len(model.pairs)

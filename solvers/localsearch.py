@@ -98,7 +98,7 @@ class _Evaluator:
         self.b_of = {k: index[Op(Kind.B, self.ops[k].stage, self.ops[k].mb)] for k in self.recompute}
         rooms, mtol = problem.activation_room, problem.memory_tol
         self.room = None if rooms is None else [room + mtol.eps for room in rooms]
-        self.makespan = problem.objective == "makespan"
+        self.makespan = problem.search_objective == "makespan"
         self.tol = problem.time_tol
         # Overlapped pairs (``Schedule.pairs``): a forward written as its id + n in an order runs
         # overlapped with the backward right after it, when that is a B or BW of another (stage,
@@ -228,7 +228,7 @@ class _Evaluator:
 def score(t: Timeline) -> Score:
     """(objective, sum over ranks of their own end or span): lower is better; the second key
     breaks plateaus."""
-    return _score(t.start, t.end, t.problem.objective == "makespan")
+    return _score(t.start, t.end, t.problem.search_objective == "makespan")
 
 
 def _score(start, end, makespan: bool) -> Score:

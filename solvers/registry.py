@@ -26,6 +26,7 @@ class ScheduleSpec:
     split_backward: bool  # True: separate B and W ops; False: fused BW
     requires: Callable[[Problem], str | None]  # why it does not apply, or None
     bidirectional: bool = False  # runs the pipelines of a problem with replicas (else one pipeline)
+    synchronous: bool = True  # False: weight versions (Schedule.rounds > 1), outside the synchronous search
 
     def why_not(self, problem: Problem) -> str | None:
         if self.bidirectional and problem.replicas is None:
@@ -44,11 +45,11 @@ SEARCHES: dict[str, Callable[..., Any]] = {}
 
 
 def register(name: str, summary: str, *, split_backward: bool, requires: Callable[[Problem], str | None],
-             bidirectional: bool = False):
+             bidirectional: bool = False, synchronous: bool = True):
     def wrap(fn: Builder) -> Builder:
         if name in REGISTRY:
             raise ValueError(f"schedule {name!r} registered twice")
-        REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires, bidirectional)
+        REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires, bidirectional, synchronous)
         return fn
 
     return wrap
@@ -70,6 +71,7 @@ def build(name: str, problem: Problem) -> Schedule:
 
 
 NOT_EVALUATED = "not evaluated (time limit)"  # Evaluated.reason of a schedule the time budget left out
+ASYNCHRONOUS = "asynchronous (weight versions): not a start for the synchronous search"  # Evaluated.reason
 NO_FIT = "does not fit the memory limit"  # Evaluated.reason, with ``warm_start``, of one not simulated
 
 
@@ -116,7 +118,8 @@ def evaluate(
     stop mid-build (for large problems). ``say`` hears a line per schedule."""
     say = say or (lambda note: None)
     specs = [get(n) for n in (REGISTRY if names is None else names)]
-    reasons = {spec.name: spec.why_not(problem) for spec in specs}
+    reasons = {spec.name: ASYNCHRONOUS if warm_start and not spec.synchronous else spec.why_not(problem)
+               for spec in specs}
     applies = [name for name, reason in reasons.items() if reason is None]
     out = {name: Evaluated(name, reason, None, None, 0.0) for name, reason in reasons.items() if reason}
     if warm_start:
@@ -180,7 +183,7 @@ def unfuse(schedule: Schedule) -> Schedule:
         per_rank.append(out)
     after = [[a if a is None or a.kind != Kind.BW else Op(Kind.W, a.stage, a.mb) for a in ops] for ops in schedule.after]
     pairs = [[Op(Kind.B, op.stage, op.mb) if op.kind == Kind.BW else op for op in ops] for ops in schedule.pairs]
-    return Schedule.from_lists(schedule.name, per_rank, schedule.copy, after, pairs)
+    return Schedule.from_lists(schedule.name, per_rank, schedule.copy, after, pairs, schedule.rounds)
 
 
 def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:

@@ -440,6 +440,10 @@ def solve(
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
+    if problem.objective == "steady":  # the makespan over the microbatches: the same search, rescaled
+        found = solve(problem.with_changes(objective="makespan"), solver=solver, time_limit=time_limit, gap=gap,
+                      threads=threads, progress=progress, candidates=candidates)
+        return per_microbatch(found, problem)
     clock = _Clock(progress)
     budget = time_limit if isinstance(time_limit, Budget) else Budget.seconds(time_limit)
     # The registry may take the whole budget when the rest would be too short for a neighbourhood
@@ -573,6 +577,24 @@ def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
         registry=[(name, t) for name, t in run.fitting if name not in run.derived or name == warm_name],
         not_evaluated=run.not_evaluated,
     )
+
+
+def per_microbatch(found: SolveResult, problem: Problem) -> SolveResult:
+    """``found`` (a search on ``problem``'s makespan) for ``problem``, whose objective is the time
+    per microbatch (``steady``): a synchronous schedule's is its makespan over the microbatches, so
+    the objective, the bound and the history divide by them, and the timelines judge ``problem``."""
+    units = problem.microbatches * problem.pipelines
+
+    def judged(t: Timeline) -> Timeline:
+        return replace(t, problem=problem)
+
+    def scaled(x: float | None) -> float | None:
+        return None if x is None else x / units
+
+    return replace(found, timeline=judged(found.timeline), objective=found.objective / units,
+                   bound=found.bound / units, warm_objective=found.warm_objective / units,
+                   history=[replace(h, incumbent=scaled(h.incumbent), bound=scaled(h.bound)) for h in found.history],
+                   registry=[(name, judged(t)) for name, t in found.registry])
 
 
 SEARCHES["ilp"] = solve  # the exact search, by the name schedules go by

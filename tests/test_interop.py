@@ -28,7 +28,8 @@ def problem(v: int, placement: str = "loop", p: int = 4, m: int = 8) -> Problem:
 
 
 PROBLEMS = {"v1": problem(1), "v2-loop": problem(2), "v2-v": problem(2, "v")}
-CASES = [(key, name) for key, prob in PROBLEMS.items() for name, spec in S.REGISTRY.items() if not spec.why_not(prob)]
+CASES = [(key, name) for key, prob in PROBLEMS.items() for name, spec in S.REGISTRY.items()
+         if not spec.why_not(prob) and spec.synchronous]
 
 
 def torch_load(path: Path, prob: Problem):

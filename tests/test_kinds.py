@@ -63,7 +63,7 @@ def test_instr_coerces_opcode_names_and_refuses_unknown_ones():
     assert Instr("SEND", 0, 0, "act", 1, 1).op is Opcode.SEND
     assert Instr("W", 0, 0).op is Kind.W
     assert Instr("STEP")._replace(op="RECV").op is Opcode.RECV
-    assert [str(o) for o in OPCODES] == ["F", "B", "W", "BW", "R", "S", "O", "L", "AR", "RS", "TS", "SEND", "RECV", "LOCAL", "STEP"]
+    assert [str(o) for o in OPCODES] == ["F", "B", "W", "BW", "R", "S", "O", "L", "AR", "RS", "TS", "SEND", "RECV", "LOCAL", "STEP", "UPDATE"]
     with pytest.raises(ProgramError, match="unknown op 'NOP'"):
         Instr("NOP")
 

@@ -52,9 +52,12 @@ def test_lowering_every_registry_schedule_gives_a_checked_program(problem):
         crossing = sum(
             problem.stage_rank[s] != problem.stage_rank[s + 1] for s in range(problem.n_stages - 1)
         )
-        assert sum(report.sends) == sum(report.receives) == 2 * crossing * problem.microbatches
-        assert sum(report.local) == 2 * (problem.n_stages - 1 - crossing) * problem.microbatches
+        units = problem.microbatches * schedule.rounds
+        assert sum(report.sends) == sum(report.receives) == 2 * crossing * units
+        assert sum(report.local) == 2 * (problem.n_stages - 1 - crossing) * units
         assert all(instrs[-1] == Instr("STEP") for instrs in program.ranks)
+        updates = [i for instrs in program.ranks for i in instrs if i.op == "UPDATE"]
+        assert len(updates) == (0 if schedule.synchronous else problem.n_stages * schedule.rounds)
 
 
 def test_receives_are_posted_before_their_consumer_and_overlap_an_op():
@@ -213,7 +216,7 @@ def first(instrs, op):
         (lambda d: d["program"][0].pop(0), "inconsistent: compute ops: 1 ops missing: F0@s0"),
         (lambda d: d["program"][2].insert(0, d["program"][2].pop(d["program"][2].index(first(d["program"][2], "SEND")))),
          "inconsistent: rank 2: SEND .* comes before the op that computes it"),
-        (lambda d: d.__setitem__("version", 6), "written by a newer schedc \\(schedule format version 6"),
+        (lambda d: d.__setitem__("version", 7), "written by a newer schedc \\(schedule format version 7"),
         (lambda d: d.__setitem__("version", "1"), "version must be a positive integer"),
         (lambda d: d.pop("program"), "program: Field required"),
         (lambda d: d.__setitem__("progam", []), "unknown field 'progam' \\(did you mean 'program'\\?\\)"),

@@ -135,7 +135,7 @@ def test_every_schedule_is_complete_deadlock_free_and_respects_dependencies(prob
         schedule = spec.build(problem)
         t = simulate(problem, schedule)  # raises on missing/duplicate ops or deadlock
         times = t.op_times()
-        want = problem.n_stages * problem.microbatches * (3 if spec.split_backward else 2)
+        want = problem.n_stages * problem.microbatches * schedule.rounds * (3 if spec.split_backward else 2)
         assert len(times) == want
         for op, (r, start, end) in times.items():
             assert problem.stage_rank[op.stage] == r
