@@ -55,6 +55,29 @@ D``), each stage's gradient all-reduce over the d replicas is estimated from the
 (``reduce_times``), and written as the problem's ``data_parallel`` section.
 ``make_problem`` turns a profile into a Problem for any placement of the stages.
 
+Tensor-parallel stages (torch's ``parallelize_module`` on the ``tp`` dimension of a DeviceMesh):
+their F, B and W run collectives over the tensor-parallel group, so every rank of it calls
+``profile_stages(..., group=mesh["tp"].get_group())`` at once with the same stages and batch.
+
+- times are the group's: before each timed region the group meets at a barrier (on CUDA after the
+  device's queued work is done), and each repeat counts the slowest rank's time (an all-reduce of
+  the max), so the medians are the same on every rank of the group. F includes waiting for the
+  stage output's collective (torch's ``AsyncCollectiveTensor``), as the runtime's F does.
+- memory is one rank's: static memory and ``grads`` from its local shards of the parameters; the
+  activation and what B keeps for W from the local tensors (``schedc.runtime.dtensor.local``: a
+  DTensor's own storage is the whole tensor's, which no rank holds); on CUDA the allocator's growth,
+  as without tensor parallelism (not yet run on a GPU). The send size is the (replicated) stage
+  output's, which each rank sends whole.
+- not measured: offload (``offload`` empty, ``copy_bandwidth`` 0; the runtime refuses O with
+  DTensor parameters) and, on CUDA, working memory (``working`` empty).
+- refused in one line: DTensor parameters without ``group``, a ``group`` other than the one the
+  stages are parallelised over, ``load`` copies beside them (their collectives would mix with the
+  timed stage's on the same group), a stage that returns a DTensor.
+
+The profile records the group's size in ``tensor_parallel``; ``make_problem`` makes its Problem as
+any other's (the pipeline's ``comm`` is the caller's to time, e.g. ``measure_comm`` on the pipeline
+group). ``profile_model`` and ``schedc profile`` profile in one process and do not parallelise.
+
 ``profile_model`` is the whole of ``schedc profile``: a model given as a ``ModelSpec`` (ordered
 blocks, a sample batch, the loss) is partitioned into stages (uniform, parameter-balanced, or
 time-balanced from per-block profiles), the stages are profiled, the transfer is timed between two
