@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -89,6 +88,7 @@ from schedc.program import Instr, Message, Opcode
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport, describe
 from schedc.runtime.device import indexed
+from schedc.runtime.dtensor import is_dtensor, local, refused_output, waited
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.policies import (Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng,
                                      without_storage)
@@ -223,7 +223,7 @@ class PipelineRuntime:
                 raise PipelineError(str(unsupported(instr.op, "the runtime", runs)))
         # Tensor-parallel stages (torch's DTensor parameters): what reads a parameter's or gradient's
         # storage, or sums gradient norms over the pipeline alone, would be wrong or fail with them.
-        parallel = [s for s, mod in self.stages.items() if any(map(_is_dtensor, mod.parameters()))]
+        parallel = [s for s, mod in self.stages.items() if any(map(is_dtensor, mod.parameters()))]
         refused = [what for what, asked in (("clip_grad_norm", clip_grad_norm is not None),
                                             ("measure_memory", measure_memory),
                                             ("offload (O)", Kind.O in self.policy.values())) if asked]
@@ -585,7 +585,7 @@ class PipelineRuntime:
     def _post_sum(self, params: list, group, where: tuple, what: str) -> list:
         """Post the all-reduces of the gradients of ``params`` over ``group``: (pending, flat buffer,
         its gradients) per dtype."""
-        grads = [_shard(p.grad) for p in params if p.grad is not None]  # a DTensor's: this rank's shard
+        grads = [local(p.grad) for p in params if p.grad is not None]  # a DTensor's: this rank's shard
         posted = []
         for dtype in sorted({g.dtype for g in grads}, key=str):
             mine = [g for g in grads if g.dtype == dtype]
@@ -975,33 +975,13 @@ def _plain_output(s: int, y):
     last layer (torch's ``RowwiseParallel``) returns an ``AsyncCollectiveTensor``, a wrapper whose
     all-reduce may still be in flight and whose values live in an inner tensor that
     ``_without_data`` cannot reach (it would hold the output from F to B, and the shape exchange
-    would leave its collective never waited for). ``wait_tensor`` waits for it and gives a plain
+    would leave its collective never waited for). ``waited`` waits for it and gives a plain
     tensor, differentiable (its gradient passes through unchanged). A DTensor output is refused:
-    its local shard is not the activation the next stage expects. Looked up in ``sys.modules``:
-    without torch's tensor parallelism imported no such tensor exists (and importing DTensor costs
-    a second)."""
-    collectives = sys.modules.get("torch.distributed._functional_collectives")
-    if collectives is not None and isinstance(y, collectives.AsyncCollectiveTensor):
-        return collectives.wait_tensor(y)
-    if _is_dtensor(y):
-        raise PipelineError(f"stage {s} returned a DTensor ({y.placements}); a stage must return a plain tensor: keep"
-                            " use_local_output=True on its last tensor-parallel layer (torch's default), or return"
-                            " y.full_tensor()")
+    its local shard is not the activation the next stage expects."""
+    y = waited(y)
+    if is_dtensor(y):
+        raise PipelineError(refused_output(s, y))
     return y
-
-
-def _is_dtensor(t) -> bool:
-    """Is ``t`` a torch DTensor (a tensor-parallel parameter or gradient)? Without
-    torch.distributed.tensor imported there is none."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(t, dtensor.DTensor)
-
-
-def _shard(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or this rank's shard of it where it is a DTensor (a tensor-parallel parameter's
-    gradient): the data-parallel replicas of a rank hold the same shard, so summing shards sums the
-    gradient, and writing into the shard (a view) writes into the DTensor."""
-    return t.to_local() if _is_dtensor(t) else t
 
 
 def _without_data(y: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from schedc.runtime.dtensor import local
+
 _RANGE = "schedc.instr."  # record_function name prefix: schedc.instr.K
 
 
@@ -133,7 +135,7 @@ class MemoryMeter:
         out = {}
         for p in self.params:
             if p.grad is not None:
-                st = p.grad.untyped_storage()
+                st = local(p.grad).untyped_storage()  # a DTensor's: this rank's shard
                 out[st.data_ptr()] = st.nbytes()
         return out
 

@@ -55,6 +55,29 @@ D``), each stage's gradient all-reduce over the d replicas is estimated from the
 (``reduce_times``), and written as the problem's ``data_parallel`` section.
 ``make_problem`` turns a profile into a Problem for any placement of the stages.
 
+Tensor-parallel stages (torch's ``parallelize_module`` on the ``tp`` dimension of a DeviceMesh):
+their F, B and W run collectives over the tensor-parallel group, so every rank of it calls
+``profile_stages(..., group=mesh["tp"].get_group())`` at once with the same stages and batch.
+
+- times are the group's: before each timed region the group meets at a barrier (on CUDA after the
+  device's queued work is done), and each repeat counts the slowest rank's time (an all-reduce of
+  the max), so the medians are the same on every rank of the group. F includes waiting for the
+  stage output's collective (torch's ``AsyncCollectiveTensor``), as the runtime's F does.
+- memory is one rank's: static memory and ``grads`` from its local shards of the parameters; the
+  activation and what B keeps for W from the local tensors (``schedc.runtime.dtensor.local``: a
+  DTensor's own storage is the whole tensor's, which no rank holds); on CUDA the allocator's growth,
+  as without tensor parallelism (not yet run on a GPU). The send size is the (replicated) stage
+  output's, which each rank sends whole.
+- not measured: offload (``offload`` empty, ``copy_bandwidth`` 0; the runtime refuses O with
+  DTensor parameters) and, on CUDA, working memory (``working`` empty).
+- refused in one line: DTensor parameters without ``group``, a ``group`` other than the one the
+  stages are parallelised over, ``load`` copies beside them (their collectives would mix with the
+  timed stage's on the same group), a stage that returns a DTensor.
+
+The profile records the group's size in ``tensor_parallel``; ``make_problem`` makes its Problem as
+any other's (the pipeline's ``comm`` is the caller's to time, e.g. ``measure_comm`` on the pipeline
+group). ``profile_model`` and ``schedc profile`` profile in one process and do not parallelise.
+
 ``profile_model`` is the whole of ``schedc profile``: a model given as a ``ModelSpec`` (ordered
 blocks, a sample batch, the loss) is partitioned into stages (uniform, parameter-balanced, or
 time-balanced from per-block profiles), the stages are profiled, the transfer is timed between two
@@ -83,6 +106,7 @@ from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
+from schedc.runtime.dtensor import is_dtensor, local, local_bytes, refused_output, waited
 from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
 from schedc.runtime.memory import MemoryMeter
@@ -124,6 +148,9 @@ class StageProfile:
     # MiB of the trainable parameters' gradients per stage, what a data-parallel all-reduce moves
     # (empty in profiles from before it was recorded)
     grads: list[float] = field(default_factory=list)
+    # ranks of the tensor-parallel group each stage was profiled on (1: not tensor-parallel); times
+    # are then the group's, memory one rank's (its shards)
+    tensor_parallel: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,10 +169,16 @@ def profile_stages(
     optimizer_state: float = 2.0,
     load: int = 0,
     progress: Callable[[str], None] | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> StageProfile:
     """Profile ``stages`` (in pipeline order) on one microbatch of the batch ``inputs`` /
     ``targets`` split into ``microbatches``, with ``load`` copies of each stage running beside it.
-    The modules are copied, not changed."""
+    The modules are copied, not changed.
+
+    ``group``: the stages are tensor-parallel over this process group (torch's
+    ``parallelize_module`` on a DeviceMesh: ``group=mesh["tp"].get_group()``), and every rank of it
+    calls ``profile_stages`` at once with the same stages and batch (see the module docstring)."""
+    _check_tensor_parallel(stages, group, load)
     if inputs.shape[0] % microbatches:
         raise ValueError(f"a batch of {inputs.shape[0]} does not split into {microbatches} equal microbatches")
     size = inputs.shape[0] // microbatches
@@ -160,37 +193,72 @@ def profile_stages(
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
         module = _split_copy(original, device)
-        run = _StageRunner(module, x, y if last else None, loss_fn)
+        run = _StageRunner(module, x, y if last else None, loss_fn, group)
+        following = run.output(s)  # the next stage's input (first: a DTensor output is refused before any timing)
         with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
                           for _ in range(load)]):
             times = dict(zip(TIMED, run.times(warmup, repeats)))
             recompute, selective = run.recompute_times(warmup, repeats)
         held, kept = run.memory()
-        working = run.working()
+        working = run.working() if group is None or device.type == "cpu" else None
         selective_held = run.memory(selective=True)[0] if selective > 0 else held
-        params = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+        params = sum(local_bytes(p) for p in module.parameters() if p.requires_grad)  # this rank's shards
         for kind, ms in times.items():
             out[kind.value].append(ms)
         out["activation"].append(held / MiB)
         out["kept_for_w"].append(min(kept, held) / MiB)
         out["static"].append(params * (2 + optimizer_state) / MiB)
         out["grads"].append(params / MiB)
-        out["working"].append(working / MiB)
+        if working is not None:
+            out["working"].append(working / MiB)
         out["recompute"].append(recompute)
         out["keep"].append(min(run.input_bytes(), held) / MiB)
         out["selective"].append(selective)
         out["selective_keep"].append(min(selective_held, held) / MiB)
-        x = run.output()
+        x = following
         out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
         if progress:
             progress(f"stage {s}: " + "  ".join(f"{kind} {ms:.3f} ms" for kind, ms in times.items())
-                     + f"  activation {held / MiB:.2f} MiB  working {working / MiB:.2f} MiB")
+                     + f"  activation {held / MiB:.2f} MiB"
+                     + (f"  working {working / MiB:.2f} MiB" if working is not None else ""))
+    degree = 1 if group is None else dist.get_world_size(group)
+    if group is not None:
+        # Not measured, rather than measured wrong: the runtime refuses offload with DTensor
+        # parameters, and on CUDA what a collective allocates beside an op is not known to be the
+        # caching allocator's.
+        out["offload"] = []
+        if progress:
+            progress(f"tensor-parallel over {degree} ranks: times are the group's, memory this rank's shards;"
+                     " offload not measured (the runtime refuses offload with tensor parallelism)"
+                     + ("" if device.type == "cpu" else "; working memory not measured on CUDA"))
+        return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads(),
+                            tensor_parallel=degree)
     bandwidth = copy_bandwidth(device, max(max(out["activation"]), 1.0))
     out["offload"] = [a / bandwidth for a in out["activation"]]
     if progress:
         progress(f"host<->device copy: {bandwidth:.1f} MiB/ms" + (" (CPU: a memcpy)" if device.type == "cpu" else ""))
     return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads(),
                         copy_bandwidth=bandwidth)
+
+
+def _check_tensor_parallel(stages: Sequence[nn.Module], group: dist.ProcessGroup | None, load: int) -> None:
+    """Refuse, in one line, tensor-parallel stages profiled as if they were not (by one rank alone, its
+    collectives unanswered), stages parallelised over other ranks than ``group``, and load copies
+    beside them (their collectives would interleave with the timed stage's on the same group)."""
+    for s, stage in enumerate(stages):
+        meshes = {tuple(p.device_mesh.mesh.flatten().tolist()) for p in stage.parameters() if is_dtensor(p)}
+        if meshes and group is None:
+            raise ValueError(f"stage {s} has tensor-parallel (DTensor) parameters: profile it on every rank of its"
+                             " tensor-parallel group at once, each calling profile_stages(..., group=mesh['tp']"
+                             ".get_group())")
+        ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else ()
+        if any(sorted(m) != sorted(ranks) for m in meshes):
+            raise ValueError(f"stage {s} is tensor-parallel over ranks {sorted(meshes)[0]} but group has ranks"
+                             f" {ranks}: pass the group of the mesh dimension the stage is parallelised on")
+    if group is not None and load:
+        raise ValueError(f"load={load} copies cannot run beside tensor-parallel stages (their collectives would"
+                         " mix with the timed stage's on the group): pass load=0; the group's own ranks share the"
+                         " machine already")
 
 
 def copy_bandwidth(device: torch.device, mib: float, repeats: int = 5) -> float:
@@ -226,11 +294,25 @@ def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
 class _StageRunner:
     """F, B and W of one stage on one microbatch, as the runtime runs them."""
 
-    def __init__(self, module: nn.Module, x: torch.Tensor, target: Any, loss_fn):
+    def __init__(self, module: nn.Module, x: torch.Tensor, target: Any, loss_fn,
+                 group: dist.ProcessGroup | None = None):
         self.module, self.x, self.target, self.loss_fn = module, x, target, loss_fn
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.store = WeightGradStore()
         self.device = x.device
+        self.group = group  # tensor-parallel: every rank of it runs the same ops at once
+
+    def timer(self) -> _Timer:
+        return _Timer(self.device, self.group)
+
+    def median(self, samples: list[float]) -> float:
+        """The median of ``samples`` (ms); tensor-parallel, of the group's (each sample the slowest
+        rank's), the same on every rank of the group."""
+        if self.group is not None:
+            slowest = torch.tensor(samples, dtype=torch.float64, device=self.device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.group)
+            samples = slowest.tolist()
+        return statistics.median(samples)
 
     def once(self) -> None:
         x, out = self.forward()
@@ -239,7 +321,7 @@ class _StageRunner:
 
     def forward(self):
         x = self.x.detach().requires_grad_(True) if self.x.is_floating_point() else self.x
-        out = self.module(x)
+        out = waited(self.module(x))  # as the runtime's F: a tensor-parallel stage's collective waited for
         if self.target is not None:
             out = self.loss_fn(out, self.target)
         return x, out
@@ -256,13 +338,13 @@ class _StageRunner:
         r, sel = [], []
         for i in range(warmup + repeats):
             rng = capture_rng(self.device)
-            with _Timer(self.device) as tr, replaying_rng(rng, self.device):
+            with self.timer() as tr, replaying_rng(rng, self.device):
                 x, out = self.forward()
             del x, out
             regions: list[Region] = []
             with dropping(parts, regions):
                 x, out = self.forward()
-            with _Timer(self.device) as ts:
+            with self.timer() as ts:
                 for region in regions:
                     region.recompute()
             self.backward_input(x, out)
@@ -272,7 +354,7 @@ class _StageRunner:
                 r.append(tr.ms)
                 sel.append(ts.ms if parts else 0.0)
         self.module.zero_grad(set_to_none=True)
-        return statistics.median(r), statistics.median(sel)
+        return self.median(r), self.median(sel)
 
     def input_bytes(self) -> int:
         """What a recomputed microbatch keeps: its input, unless it is the caller's batch (stage 0,
@@ -283,14 +365,14 @@ class _StageRunner:
         """Median F, B, W and fused BW in ms."""
         f, b, w, bw = [], [], [], []
         for i in range(warmup + repeats):
-            with _Timer(self.device) as tf:
+            with self.timer() as tf:
                 x, out = self.forward()
-            with _Timer(self.device) as tb:
+            with self.timer() as tb:
                 self.backward_input(x, out)
-            with _Timer(self.device) as tw:
+            with self.timer() as tw:
                 self.store.backward_weight("profile")
             x, out = self.forward()
-            with _Timer(self.device) as tbw:
+            with self.timer() as tbw:
                 grad = None if self.target is not None else torch.ones_like(out)
                 self.store.backward_full(out, grad, [x] if x.requires_grad else [], self.params)
             if i >= warmup:
@@ -299,26 +381,26 @@ class _StageRunner:
                 w.append(tw.ms)
                 bw.append(tbw.ms)
         self.module.zero_grad(set_to_none=True)
-        return tuple(statistics.median(x) for x in (f, b, w, bw))
+        return tuple(self.median(x) for x in (f, b, w, bw))
 
     def memory(self, selective: bool = False) -> tuple[float, float]:
         """(bytes F holds for backward, bytes B keeps for W); ``selective``: of a forward that drops
         the stage's marked parts (their inputs counted as held)."""
         if self.device.type == "cuda":
             return self._cuda_memory(selective)
-        param_storages = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+        # What this rank holds: a DTensor's own storage is the whole tensor's, which no rank holds.
+        param_storages = {local(p).untyped_storage().data_ptr() for p in self.module.parameters()}
         saved: dict[int, int] = {}
 
         def pack(t: torch.Tensor):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in param_storages:
-                saved[ptr] = t.untyped_storage().nbytes()
+            storage = local(t).untyped_storage()
+            if storage.data_ptr() not in param_storages:
+                saved[storage.data_ptr()] = storage.nbytes()
             return t
 
         kept = []
         hooks = [
-            m.register_forward_hook(lambda mod, args, out: kept.append(args[0].numel() * args[0].element_size()
-                                                                       + out.numel() * out.element_size()))
+            m.register_forward_hook(lambda mod, args, out: kept.append(local_bytes(args[0]) + local_bytes(out)))
             for m in self.module.modules() if isinstance(m, SplitLinear)
         ]
         regions: list[Region] = []
@@ -389,9 +471,14 @@ class _StageRunner:
         self.module.zero_grad(set_to_none=True)
         return float(held), float(max(0, kept))
 
-    def output(self) -> torch.Tensor:
+    def output(self, s: int = 0) -> torch.Tensor:
+        """The stage's output, as the next stage receives it: a plain tensor (a tensor-parallel
+        stage's collective waited for; a DTensor refused, as the runtime refuses it)."""
         with torch.no_grad():
-            return self.module(self.x).detach()
+            y = waited(self.module(self.x))
+        if is_dtensor(y):
+            raise ValueError(refused_output(s, y))
+        return y.detach()
 
 
 class _Background:
@@ -419,11 +506,20 @@ class _Background:
 
 
 class _Timer:
-    def __init__(self, device: torch.device):
+    """Milliseconds of the body (CUDA events on GPU). With a ``group`` (tensor parallelism), every
+    rank of it starts together: the device's queued work is finished and the group meets at a
+    barrier before the clock starts."""
+
+    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None):
         self.cuda = device.type == "cuda"
+        self.device, self.group = device, group
         self.ms = 0.0
 
     def __enter__(self):
+        if self.group is not None:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.group)
         if self.cuda:
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.start.record()
