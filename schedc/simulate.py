@@ -118,10 +118,11 @@ class Timeline:
         makespan over the microbatches, iterations running back to back, each flushed.
         Asynchronous (``rounds`` R >= 3): the time from the end of the first round to the end of
         the last but one, over the microbatches in between; the first round's fill and the last's
-        drain (where no later forward fills the bubbles) fall outside. A schedule that repeats
-        every round (2BW with at least as many microbatches as stages) gives its period exactly;
-        one that repeats every k rounds, exactly where k divides R - 2 (else within one period's
-        variation over the R - 2 rounds). R = 2 has no round in between: the mean with both."""
+        drain (where no later forward fills the bubbles) fall outside. The mean over those
+        rounds: a schedule that repeats every round (2BW without latency) gives its period
+        exactly; with latency 2BW's pattern can repeat only every few rounds, or settle after a
+        few, and the mean over R - 2 rounds is then within the rounds' variation divided by R - 2
+        of the limit. R = 2 has no round in between: the mean with both."""
         rounds, m = self.schedule.rounds, self.problem.microbatches * self.problem.pipelines
         if rounds == 1:
             return self.makespan / m

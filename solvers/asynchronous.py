@@ -23,12 +23,14 @@ from schedc.schedule import Op, Schedule
 from schedc.solvers.heuristics import one_f_one_b
 from schedc.solvers.registry import one_chunk, register
 
-MIN_ROUNDS = 4  # the first round, two rounds measured in the steady state, the last round
+MIN_ROUNDS = 8  # the first round, six rounds measured in the steady state, the last round
 
 
 def default_rounds(problem: Problem) -> int:
     """Rounds enough that the steady state measured between the first round's end and the last
-    but one's spans at least two rounds and twice the pipeline's depth in microbatches."""
+    but one's spans at least six rounds and twice the pipeline's depth in microbatches: with
+    latency the pattern may repeat only every few rounds (e.g. every five), and the measure is
+    their mean."""
     return max(MIN_ROUNDS, 2 + math.ceil(2 * problem.n_stages / problem.microbatches))
 
 

@@ -45,10 +45,12 @@ def test_2bw_steady_time_is_the_busiest_stage_without_latency_and_never_below_it
     if comm == 0:  # the busiest stage sets the pace, every round alike
         assert t.per_microbatch == pytest.approx(busiest)
         assert max(steps) - min(steps) < 1e-9
-    else:  # latency can add to it; a pattern may repeat every few rounds, measured within one round's variation
+    else:  # latency can add to it: the mean of the rounds between the first and the last
         assert t.per_microbatch >= busiest - 1e-9
-        long = simulate(prob, two_bw(prob, rounds=26)).per_microbatch
-        assert abs(t.per_microbatch - long) <= (max(steps) - min(steps)) / (len(steps) * m) + 1e-9
+        assert min(steps) / m - 1e-9 <= t.per_microbatch <= max(steps) / m + 1e-9
+        if m >= p:  # the rounds measured run as in a longer run (its drain comes after them)
+            long = simulate(prob, two_bw(prob, rounds=t.schedule.rounds + 3)).round_ends()
+            assert long[:-4] == pytest.approx(ends[:-1])
     flushed = simulate(prob, solvers.build("1f1b", prob))
     assert t.per_microbatch <= flushed.per_microbatch + 1e-9 == flushed.makespan / m + 1e-9
 
@@ -133,10 +135,10 @@ def test_the_file_says_asynchronous_and_refuses_a_mix(tmp_path):
     compiled = schedc.compile(prob, "2bw")
     compiled.save(tmp_path / "a.json")
     data = json.loads((tmp_path / "a.json").read_text())
-    assert data["version"] == 6 and data["schedule"]["synchronous"] is False and data["schedule"]["rounds"] == 4
+    assert data["version"] == 6 and data["schedule"]["synchronous"] is False and data["schedule"]["rounds"] == 8
     back = schedc.load(tmp_path / "a.json")
     assert back.schedule == compiled.schedule and back.program == compiled.program
-    for edit, message in (({"synchronous": True}, "says synchronous: true but runs 4 round"),
+    for edit, message in (({"synchronous": True}, "says synchronous: true but runs 8 round"),
                           ({"rounds": 1}, "says synchronous: false but runs 1 round")):
         bad = {**data, "schedule": {**data["schedule"], **edit}}
         (tmp_path / "b.json").write_text(json.dumps(bad))
@@ -158,3 +160,31 @@ def test_solve_under_the_steady_objective_searches_synchronous_schedules():
     assert r.objective == pytest.approx(flat.objective / 8) == r.timeline.objective_value()
     assert r.bound == pytest.approx(flat.bound / 8) and r.gap == pytest.approx(flat.gap)
     assert r.summary()["objective_kind"] == "steady"
+
+
+def test_the_cli_states_the_semantics(tmp_path):
+    from click.testing import CliRunner
+
+    from schedc.app.cli import main
+
+    def run(*args, code=0):
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    listed = {line.split()[0]: line.split()[3] for line in run("schedules").splitlines()[2:] if line.strip()
+              and line.split()[0] in solvers.REGISTRY}
+    assert listed["2bw"] == "asynchronous" and listed["1f1b"] == "synchronous"
+    path = tmp_path / "p.yaml"
+    path.write_text("ranks: 4\nmicrobatches: 8\ncosts: {F: 1, B: 1, W: 1}\n")
+    table = run("compare", path, "--objective", "steady", "--schedules", "1f1b,2bw")
+    assert "per microbatch" in table and "bubble% (steady)" in table
+    row = next(line for line in table.splitlines() if line.startswith("2bw"))
+    assert row.split()[:7] == ["2bw", "(async,", "8", "rounds)", "201", "201", "3"]
+    data = json.loads(run("compare", path, "--schedules", "1f1b,2bw", "--json"))
+    assert [(r["synchronous"], r["per_microbatch"]) for r in data["results"]] == [(True, 33 / 8), (False, 3.0)]
+    assert "asynchronous: 8 rounds of 8 microbatches" in run("simulate", path, "-s", "2bw")
+    run("compile", path, "-s", "2bw", "-o", tmp_path / "a.json")
+    run("check", tmp_path / "a.json")
+    refused = run("export", path, "-s", "2bw", "--format", "torch-csv", "-o", tmp_path / "a.csv", code=2)
+    assert "torch.distributed.pipelining runs synchronous schedules only" in refused

@@ -91,7 +91,7 @@ class Grid(_Strict):
         default=None,
         description="x 1F1B's activation memory; null: no limit (without this axis: each problem's own limit)",
     )
-    objective: _axis(Literal["makespan", "span"]) = None
+    objective: _axis(Literal["makespan", "span", "steady"]) = None
     policies: _axis(Literal[POLICY_VALUES]) = Field(  # type: ignore[valid-type]
         default=None,
         description="which recompute / offload sections each cell declares: none, recompute (full), selective"

@@ -147,7 +147,8 @@ def input_options(fn):
 
 def problem_options(fn, metavar: str = "PROBLEM"):
     fn = click.option(
-        "--objective", type=click.Choice(["makespan", "span"]), help="Override the problem's objective."
+        "--objective", type=click.Choice(["makespan", "span", "steady"]),
+        help="Override the problem's objective (steady: time per microbatch, iterations back to back)."
     )(fn)
     fn = click.option(
         "--memory-limit", type=Finite(min=0, min_open=True), help="Override the memory limit (every rank), same unit as the problem."
@@ -210,13 +211,18 @@ def policies_line(prob: Problem, schedule: Schedule) -> str:
 def timeline_table(prob: Problem, named: list[tuple[str, Timeline]]) -> None:
     """The comparison table of `compare` and `solve`: one row per schedule; where the problem
     allows recompute or offload, a column per policy it allows: how many (stage, microbatch) of
-    the schedule use it."""
+    the schedule use it. Where a schedule is asynchronous (or the objective is ``steady``), the
+    time per microbatch in the steady state beside, and an asynchronous one's name says so: its
+    makespan and span cover all its rounds."""
     policies = policy_names(prob)
+    steady = prob.objective == "steady" or any(not t.schedule.synchronous for _, t in named)
     rows = [
-        [name, fmt(t.makespan), fmt(t.span), f"{100 * t.bubble_rate():.2f}", peaks(t.peak_memory), fits_text(t),
+        [name + ("" if t.schedule.synchronous else f" (async, {t.schedule.rounds} rounds)"),
+         fmt(t.makespan), fmt(t.span), *([fmt(t.per_microbatch)] if steady else []),
+         f"{100 * t.bubble_rate():.2f}", peaks(t.peak_memory), fits_text(t),
          *(str(t.schedule.policy_counts()[n]) for n in policies)]
         for name, t in named
     ]
-    print_table(["schedule", "makespan", "span", f"bubble% ({prob.objective})", "peak memory per rank", "fits",
-                 *policies], rows)
+    print_table(["schedule", "makespan", "span", *(["per microbatch"] if steady else []), f"bubble% ({prob.objective})",
+                 "peak memory per rank", "fits", *policies], rows)
 

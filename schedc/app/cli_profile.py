@@ -24,7 +24,7 @@ from schedc.errors import SchedcError
               help="time: balance profiled F+B+W per block (DP); params: balance parameter counts; uniform.")
 @click.option("--comm", type=Finite(min=0), help="Transfer time in ms (default: measured between two local processes).")
 @click.option("--memory-limit", type=Finite(min=0, min_open=True), help="Memory limit per rank, MiB.")
-@click.option("--objective", type=click.Choice(["makespan", "span"]), default="makespan", show_default=True)
+@click.option("--objective", type=click.Choice(["makespan", "span", "steady"]), default="makespan", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1),
               help="torch threads while profiling on CPU (default: the cores each of the ranks will get).")
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True, help="Timed runs per op (median).")

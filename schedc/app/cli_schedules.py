@@ -33,13 +33,17 @@ def schedules(as_json: bool) -> None:
     """List the named schedules of the registry."""
     reg = solvers.REGISTRY
     rows = [
-        {"name": s.name, "backward": "split B/W" if s.split_backward else "fused BW", "summary": s.summary}
+        {"name": s.name, "backward": "split B/W" if s.split_backward else "fused BW",
+         "semantics": "synchronous" if s.synchronous else "asynchronous", "summary": s.summary}
         for s in reg.values()
     ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    print_table(["name", "backward", "summary"], [[r["name"], r["backward"], r["summary"]] for r in rows])
+    print_table(["name", "backward", "semantics", "summary"],
+                [[r["name"], r["backward"], r["semantics"], r["summary"]] for r in rows])
+    click.echo("synchronous: one optimizer step after every microbatch's gradient (a flush each step);"
+               " asynchronous: weight versions, no flush, gradients one step stale (PipeDream-2BW)")
 
 
 @main.command(name="simulate")
@@ -76,6 +80,12 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
         f"makespan {fmt(t.makespan)}  span {fmt(t.span)}  bubble {100 * t.bubble_rate('makespan'):.2f}%"
         f" (makespan) / {100 * t.bubble_rate('span'):.2f}% (span)"
     )
+    if not t.schedule.synchronous or prob.objective == "steady":
+        click.echo(f"per microbatch {fmt(t.per_microbatch)} in the steady state, bubble"
+                   f" {100 * t.bubble_rate('steady'):.2f}%"
+                   + ("" if t.schedule.synchronous else
+                      f" (asynchronous: {t.schedule.rounds} rounds of {prob.microbatches} microbatches, weight"
+                      " versions; makespan and span cover every round)"))
     limits = prob.memory_limit
     rows = [
         [
@@ -131,7 +141,8 @@ def compare(
     if as_json:
         results = [
             {"schedule": name, "applies": False, "reason": reason} if t is None
-            else {"applies": True, **t.summary(), **policy_report(prob, t.schedule)}
+            else {"applies": True, **t.summary(), "per_microbatch": t.per_microbatch, "synchronous": t.schedule.synchronous,
+                  **policy_report(prob, t.schedule)}
             for name, reason, t in entries
         ]
         click.echo(json.dumps({"problem": prob.name, "objective": prob.objective, "results": results}, indent=2))

@@ -150,8 +150,10 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
 def _block_title(tl: Timeline) -> str:
     fits = "" if tl.fits else ", OVER the memory limit"
     policies = policy_text(tl.schedule.policy_counts()) if tl.schedule.policies() else ""
+    rounds = "" if tl.schedule.synchronous else (f" (asynchronous, {tl.schedule.rounds} rounds: {tl.per_microbatch:g}"
+                                                  " per microbatch in the steady state)")
     return (
-        f"{tl.schedule.name}: makespan {tl.makespan:g}, span {tl.span:g},"
+        f"{tl.schedule.name}{rounds}: makespan {tl.makespan:g}, span {tl.span:g},"
         f" bubble {tl.bubble_rate():.1%} ({tl.problem.objective}),"
         f" peak memory {max(tl.peak_memory):g}{fits}" + (f"; {policies}" if policies else "")
     )
