@@ -30,3 +30,20 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def v_twin(base, **changes):
+    """``base`` (a one-chunk Problem) as the same model cut into 2p stages on the V placement:
+    each stage's costs and memory deltas halved, two per rank (``changes``: more fields)."""
+    from schedc import Problem
+
+    data = base.model_dump(exclude_none=True)
+    c, mem = base.cost, base.mem_deltas
+
+    def halved(values):
+        return [x / 2 for x in values for _ in (0, 1)]
+
+    return Problem.parse({**data, "chunks": 2, "placement": "v",
+                          "costs": {k: halved(c[k]) for k in ("F", "B", "W")},
+                          "memory": {**data["memory"], "F": halved(mem[0]), "B": halved(mem[1]), "W": halved(mem[2])},
+                          **changes})

@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _results import RESULTS, machine, write_section  # noqa: E402
+from _results import RESULTS, machine, v_twin, write_section  # noqa: E402
 
 import schedc  # noqa: E402
 import schedc.solvers  # noqa: E402,F401  (registers the schedules)
@@ -113,12 +113,7 @@ def cell_problems(path: Path, alpha: float, overlap: bool) -> dict[str, Problem]
     reduce = [alpha * (c["F"][s] + c["B"][s] + c["W"][s]) for s in range(base.n_stages)]
     one = base.with_changes(data_parallel={"degree": 2, "reduce": reduce, "overlap": overlap})
     data = one.model_dump(exclude_none=True)
-    halved = {k: [x / 2 for x in v for _ in (0, 1)] for k, v in (("F", c["F"]), ("B", c["B"]), ("W", c["W"]))}
-    mem = base.mem_deltas
-    v = Problem.parse({**data, "chunks": 2, "placement": "v", "costs": halved,
-                       "memory": {**data["memory"], "F": [x / 2 for x in mem[0] for _ in (0, 1)],
-                                  "B": [x / 2 for x in mem[1] for _ in (0, 1)], "W": [x / 2 for x in mem[2] for _ in (0, 1)]},
-                       "data_parallel": {**data["data_parallel"], "reduce": [x / 2 for x in reduce for _ in (0, 1)]}})
+    v = v_twin(one, data_parallel={**data["data_parallel"], "reduce": [x / 2 for x in reduce for _ in (0, 1)]})
     both = Problem.parse({**data, "microbatches": base.microbatches // 2,
                           "replicas": {"count": 2, "sync": [x / 2 for x in reduce]}})
     return {"one": one, "v": v, "both": both}
