@@ -33,7 +33,8 @@ So W of chunk c may run any time after B of chunk c, in any order with the other
 Memory: a microbatch's state on a stage holds, per chunk not yet backwarded, its input, its output
 and its keys and values (storage shared with what autograd saved for the chunk anyway). A chunk's
 record goes at its backward; the whole state once chunk 0's backward is done (``release`` drops it
-earlier, e.g. after a failed step).
+earlier, e.g. after a failed step). ``chunk_activation_bytes`` measures what each chunk's forward
+makes autograd save, as the profiler measures a stage's activation on CPU (``profile.SavedBytes``).
 
 Exactness needs dropout 0 (or eval mode): with dropout the chunks draw other random numbers than
 the unchunked run, which is still a valid training run but not the same one.
@@ -42,7 +43,7 @@ the unchunked run, which is still a valid training run but not the same one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from schedc.runtime.gpt import AttentionCore, Embedding
+from schedc.runtime.profile import SavedBytes
 from schedc.runtime.wgrad import WeightGradStore
 
 
@@ -214,3 +216,21 @@ class ChunkedStage:
         """Drop what is kept for ``mb`` (done by itself after chunk 0's backward)."""
         self.states.pop(mb, None)
 
+
+def chunk_activation_bytes(module: nn.Module, xs: Sequence[Tensor], targets: Sequence[Any] | None = None,
+                           loss_fn: Callable[[Tensor, Any], Tensor] | None = None) -> list[int]:
+    """Bytes autograd saves for each chunk's forward of one microbatch (``xs``: its chunks in
+    order) on the stage ``module``, parameters excluded, each storage counted once (a storage an
+    earlier chunk's forward saved again is the earlier chunk's): the profiler's CPU measure."""
+    stage = ChunkedStage(module, len(xs), loss_fn)
+    saved = SavedBytes(module.parameters())
+    out = []
+    try:
+        for c, x in enumerate(xs):
+            before = saved.nbytes
+            with saved.hooks():
+                stage.forward(x, "measure", c, None if targets is None else targets[c])
+            out.append(saved.nbytes - before)
+    finally:
+        stage.release("measure")
+    return out

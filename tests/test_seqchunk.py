@@ -16,7 +16,8 @@ from torch import nn
 
 from schedc.runtime import seqchunk
 from schedc.runtime.gpt import AttentionCore, Embedding, cut, gpt_blocks, lm_loss, token_batches
-from schedc.runtime.seqchunk import ChunkedStage, split_sequence
+from schedc.runtime.profile import SavedBytes
+from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
 from schedc.runtime.wgrad import enable_split
 
 SEQ, D = 16, 32
@@ -130,3 +131,22 @@ def test_attention_over_earlier_keys_is_the_end_of_causal_attention():
     tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     close(emb(tokens[:, 5:], start=5), emb(tokens)[:, 5:])
 
+
+def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """The profiler's CPU activation of ``module`` on the whole sequence ``x``."""
+    saved = SavedBytes(module.parameters())
+    with saved.hooks():
+        module(x.detach().requires_grad_(True))
+    return saved.nbytes
+
+
+def test_chunk_activation_bytes_as_the_profiler_measures():
+    """One chunk: exactly the profiler's activation of the stage. A stage without attention (the
+    head): every chunk saves the same bytes, 1/k of the whole sequence's."""
+    blocks = gpt_blocks(d_model=D, seq_len=SEQ, n_layers=2)
+    x = torch.randn(3, SEQ, D)
+    middle = nn.Sequential(*blocks[1:3])
+    assert chunk_activation_bytes(middle, [x]) == [saved_bytes(middle, x)]
+    head = nn.Sequential(blocks[3])
+    assert chunk_activation_bytes(head, split_sequence(x, 4)) == [saved_bytes(head, x) // 4] * 4
+    assert saved_bytes(head, x) % 4 == 0
