@@ -29,15 +29,21 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(seq_len, d_model)
         self.drop = _dropout(dropout)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.tok(tokens) + self.pos(torch.arange(tokens.shape[-1], device=tokens.device)))
+    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``start``: the position of the first token (a later chunk of the sequence, ``seqchunk``)."""
+        positions = torch.arange(start, start + tokens.shape[-1], device=tokens.device)
+        return self.drop(self.tok(tokens) + self.pos(positions))
 
 
 class AttentionCore(nn.Module):
     """Causal softmax(q k^T / sqrt(d)) v over heads, with dropout on the attention weights: the
     part whose activations grow with the square of the sequence, which Megatron-LM's selective
     recompute drops. ``schedc_selective`` marks it for the runtime's selective recompute (S,
-    ``schedc.runtime.policies``)."""
+    ``schedc.runtime.policies``).
+
+    Given more keys than queries (a later chunk of the sequence attending to the earlier chunks'
+    keys too, ``schedc.runtime.seqchunk``), the queries are the last positions: query i sees keys
+    0 .. i + (keys - queries)."""
 
     schedc_selective = True
 
@@ -47,7 +53,11 @@ class AttentionCore(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        t, s = q.shape[-2], k.shape[-2]
+        if s == t:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        later = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)  # causal, aligned at the end
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=later, dropout_p=p)
 
 
 class Block(nn.Module):

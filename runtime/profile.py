@@ -93,7 +93,7 @@ import inspect
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,6 +285,32 @@ def copy_bandwidth(device: torch.device, mib: float, repeats: int = 5) -> float:
     return src.numel() / MiB / statistics.median(ways[1:])
 
 
+class SavedBytes:
+    """The CPU measure of activation memory: the bytes of the tensors autograd saves for backward
+    while ``hooks()`` is active (``saved_tensors_hooks``), each storage counted once, whole, and the
+    ``exclude`` storages (the parameters) not at all. ``nbytes`` grows as forwards run under it.
+    What this rank holds: a DTensor counts its local shard (its own storage is the whole tensor's,
+    which no rank holds)."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self.exclude = {local(t).untyped_storage().data_ptr() for t in exclude}
+        self.saved: dict[int, int] = {}
+
+    def add(self, t: torch.Tensor) -> torch.Tensor:
+        """Count ``t``'s storage (autograd's pack hook; also for tensors kept outside autograd)."""
+        storage = local(t).untyped_storage()
+        if storage.data_ptr() not in self.exclude:
+            self.saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.add, lambda t: t)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.saved.values())
+
+
 def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
     copied = copy.deepcopy(module).to(device)
     enable_split(copied)
@@ -388,16 +414,7 @@ class _StageRunner:
         the stage's marked parts (their inputs counted as held)."""
         if self.device.type == "cuda":
             return self._cuda_memory(selective)
-        # What this rank holds: a DTensor's own storage is the whole tensor's, which no rank holds.
-        param_storages = {local(p).untyped_storage().data_ptr() for p in self.module.parameters()}
-        saved: dict[int, int] = {}
-
-        def pack(t: torch.Tensor):
-            storage = local(t).untyped_storage()
-            if storage.data_ptr() not in param_storages:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
+        saved = SavedBytes(self.module.parameters())
         kept = []
         hooks = [
             m.register_forward_hook(lambda mod, args, out: kept.append(local_bytes(args[0]) + local_bytes(out)))
@@ -405,16 +422,15 @@ class _StageRunner:
         ]
         regions: list[Region] = []
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                    dropping(enable_selective(self.module) if selective else [], regions):
+            with saved.hooks(), dropping(enable_selective(self.module) if selective else [], regions):
                 self.forward()
         finally:
             for h in hooks:
                 h.remove()
         for region in regions:  # a dropped part keeps its inputs (outside autograd's saved tensors)
             for t in region.inputs or ():
-                pack(t)
-        return float(sum(saved.values())), float(sum(kept))
+                saved.add(t)
+        return float(saved.nbytes), float(sum(kept))
 
     def working(self, repeats: int = 2) -> float:
         """Bytes the stage's F, B, W or fused BW needs while it runs above the level the simulator

@@ -1,0 +1,152 @@
+"""Sequence chunks (schedc.runtime.seqchunk) against unchunked training of the example GPT.
+
+One process, CPU: the stages of a cut of ``gpt_blocks`` run each microbatch's chunks forward in
+order through every stage, then the backwards in reverse chunk order, last stage first (the order
+a Seq1F1B pipeline runs them in), fused or split into B and W with every W at the end. The loss
+and every parameter's gradient must equal those of the same model trained on whole sequences.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from schedc.runtime import seqchunk
+from schedc.runtime.gpt import AttentionCore, Embedding, cut, gpt_blocks, lm_loss, token_batches
+from schedc.runtime.profile import SavedBytes
+from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
+from schedc.runtime.wgrad import enable_split
+
+SEQ, D = 16, 32
+CUTS = {2: [3, 3], 4: [2, 1, 1, 2]}  # gpt_blocks(n_layers=4): Embedding, 4 Blocks, Head
+
+
+def close(actual, expected) -> None:
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
+
+
+def reference(blocks: list[nn.Module], batches) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss (mean over microbatches) and gradients of ordinary training on whole sequences."""
+    model = nn.Sequential(*copy.deepcopy(blocks))
+    loss = sum(lm_loss(model(x), y) for x, y in batches) / len(batches)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def chunked(blocks: list[nn.Module], sizes: list[int], batches, k: int, split: bool = False):
+    """The same, each microbatch in ``k`` chunks through the stages of ``cut(blocks, sizes)``."""
+    model = nn.Sequential(*copy.deepcopy(blocks))
+    if split:
+        enable_split(model)
+    parts = cut(list(model), sizes)
+    stages = [ChunkedStage(m, k, lm_loss if s == len(parts) - 1 else None) for s, m in enumerate(parts)]
+    m = len(batches)
+    losses = []
+    for mb, (x, y) in enumerate(batches):  # F: chunk by chunk, each through every stage
+        for c, (xc, yc) in enumerate(zip(split_sequence(x, k), split_sequence(y, k))):
+            for st in stages[:-1]:
+                xc = st.forward(xc, mb, c)
+            losses.append(stages[-1].forward(xc, mb, c, yc).detach())
+    for mb in range(m):  # B: chunks in reverse order, each from the last stage to the first
+        for c in reversed(range(k)):
+            grad = torch.tensor(1.0 / m)
+            for st in reversed(stages):
+                grad = st.backward_input(mb, c, grad) if split else st.backward(mb, c, grad)
+    if split:
+        assert all(p.grad is None for s in parts for n, p in s.named_parameters() if n.endswith("qkv.weight"))
+        for mb in reversed(range(m)):  # every W at the end, in another order
+            for c in range(k):
+                for st in stages:
+                    st.backward_weight(mb, c)
+    assert all(not st.states and not st.store.pending() for st in stages)
+    loss = torch.stack(losses).sum() / (k * m)
+    return loss, {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    blocks = gpt_blocks(d_model=D, seq_len=SEQ, n_layers=4)
+    batches = token_batches(2, batch=3, seq_len=SEQ)
+    return blocks, batches, reference(blocks, batches)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+@pytest.mark.parametrize("n_stages", [2, 4])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_chunked_training_equals_unchunked(setup, k, n_stages, split):
+    blocks, batches, (loss, grads) = setup
+    got_loss, got = chunked(blocks, CUTS[n_stages], batches, k, split)
+    close(got_loss, loss)
+    assert got.keys() == grads.keys()
+    for name in grads:
+        close(got[name], grads[name])
+
+
+def test_without_the_kv_gradients_the_gradients_differ(setup, monkeypatch):
+    """The equality above is sensitive: a backward that drops what later chunks sent back to the
+    earlier chunks' keys and values gives other gradients (those of the attention's qkv layers)."""
+    blocks, batches, (_, grads) = setup
+    monkeypatch.setattr(seqchunk.KV, "roots", lambda self: [])
+    _, got = chunked(blocks, CUTS[2], batches, 2)
+    assert not torch.allclose(got["1.qkv.weight"], grads["1.qkv.weight"], atol=1e-4)
+    close(got["5.out.weight"], grads["5.out.weight"])  # the head's does not depend on them
+
+
+def test_a_chunk_count_that_does_not_divide_the_sequence_is_refused():
+    with pytest.raises(ValueError, match="a sequence of 16 tokens does not cut into 3 equal chunks") as e:
+        split_sequence(torch.zeros(2, SEQ, dtype=torch.long), 3)
+    assert "\n" not in str(e.value)
+
+
+def test_chunks_out_of_order_are_refused_and_state_is_freed():
+    stage = ChunkedStage(nn.Sequential(*gpt_blocks(d_model=D, seq_len=SEQ, n_layers=1)[:2]), 2)
+    x0, x1 = split_sequence(token_batches(1, batch=1, seq_len=SEQ)[0][0], 2)
+    with pytest.raises(RuntimeError, match="expected chunk 0 of 2"):
+        stage.forward(x1, 0, 1)
+    y0 = stage.forward(x0, 0, 0)
+    with pytest.raises(RuntimeError, match="reverse order after all 2 forwards"):
+        stage.backward(0, 0, torch.ones_like(y0))
+    y1 = stage.forward(x1, 0, 1)
+    with pytest.raises(RuntimeError, match="next backward: 1"):
+        stage.backward(0, 0, torch.ones_like(y0))
+    stage.backward(0, 1, torch.ones_like(y1))
+    assert len(stage.states[0].chunks) == 1
+    stage.backward(0, 0, torch.ones_like(y0))
+    assert not stage.states  # freed after chunk 0's backward
+    stage.forward(x0, 1, 0)
+    stage.release(1)
+    assert not stage.states
+
+
+def test_attention_over_earlier_keys_is_the_end_of_causal_attention():
+    """``AttentionCore`` given the keys of earlier positions first: the last rows of full causal
+    attention. ``Embedding(start=...)``: the positions from ``start`` on."""
+    q, k, v = torch.randn(3, 2, 2, 8, 4).unbind(0)
+    full = AttentionCore()(q, k, v)
+    close(AttentionCore()(q[:, :, 5:], k, v), full[:, :, 5:])
+    emb = Embedding(10, 4, 8)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    close(emb(tokens[:, 5:], start=5), emb(tokens)[:, 5:])
+
+
+def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """The profiler's CPU activation of ``module`` on the whole sequence ``x``."""
+    saved = SavedBytes(module.parameters())
+    with saved.hooks():
+        module(x.detach().requires_grad_(True))
+    return saved.nbytes
+
+
+def test_chunk_activation_bytes_as_the_profiler_measures():
+    """One chunk: exactly the profiler's activation of the stage. A stage without attention (the
+    head): every chunk saves the same bytes, 1/k of the whole sequence's."""
+    blocks = gpt_blocks(d_model=D, seq_len=SEQ, n_layers=2)
+    x = torch.randn(3, SEQ, D)
+    middle = nn.Sequential(*blocks[1:3])
+    assert chunk_activation_bytes(middle, [x]) == [saved_bytes(middle, x)]
+    head = nn.Sequential(blocks[3])
+    assert chunk_activation_bytes(head, split_sequence(x, 4)) == [saved_bytes(head, x) // 4] * 4
+    assert saved_bytes(head, x) % 4 == 0
