@@ -46,7 +46,9 @@ from schedc.schedule import Op, Schedule, comm_lane, comm_ops, members
 CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS})
 
 # kind -> per need on its own stage, the kinds that may meet it (W: B; B and BW: F), from the rows
-_SAME_STAGE = {k: tuple(candidates(need) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
+_SAME_STAGE = {k: tuple((candidates(need), 0) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
+# kind -> per need on a neighbouring chunk of its sequence (sequence chunks), the kinds and the chunk offset
+_CHUNK = {k: tuple((candidates(need), offset) for need, offset in row.chunk_needs) for k, row in ROWS.items()}
 # tensor -> the kinds whose output carries it, in the table's order (act: F; grad: B, BW)
 _MAKERS = {tensor: tuple(k for k, row in ROWS.items() if row.carries == tensor) for tensor in TENSORS}
 
@@ -130,7 +132,7 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
 
 def _check_fields(problem: Problem, r: int, k: int, instr: Instr, rounds: int) -> None:
     where = f"rank {r} instruction {k} ({instr})"
-    n, m = problem.n_stages, problem.microbatches * rounds
+    n, m = problem.n_stages, problem.units * rounds
     stage_rank = problem.stage_rank
     if isinstance(instr.op, Kind) and instr.op not in CHECKED:
         raise ProgramError(f"rank {r} instruction {k}: {unsupported(instr.op, 'the checker', in_order(CHECKED))}")
@@ -285,7 +287,7 @@ def _issued(ops, after) -> str:
 def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
     """Every message moves exactly once, after its producer ran, and reaches its consumer first.
     Returns, per rank, compute index -> index of the RECV that brings its input."""
-    n = problem.pipeline_stages
+    n, chunks = problem.pipeline_stages, problem.seq_chunks
     held = {i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)}  # every op it runs
     moved: dict[Message, str] = {}
     feeds: list[dict[int, int]] = []
@@ -313,11 +315,15 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                     raise ProgramError(f"rank {r}: {op} needs {need}, which no earlier RECV or LOCAL on rank {r} brings")
                 if need is not None and arrived[need] >= 0:
                     feeds[r][k] = arrived[need]
-                for kinds in _SAME_STAGE[op.kind]:
+                for kinds, offset in _SAME_STAGE[op.kind] + (_CHUNK[op.kind] if chunks > 1 else ()):
                     # the op the program holds for this need: the first of its candidates it runs
-                    # (B's activation: its R, S or L, else its F), never just any candidate
-                    need_op = next((o for kind in kinds if (o := Op(kind, op.stage, op.mb)) in held),
-                                   Op(kinds[-1], op.stage, op.mb))
+                    # (B's activation: its R, S or L, else its F), never just any candidate; with
+                    # sequence chunks also the neighbouring chunk's (``KindRow.chunk_needs``)
+                    i = op.mb + offset
+                    if offset and not 0 <= op.mb % chunks + offset < chunks:
+                        continue
+                    need_op = next((o for kind in kinds if (o := Op(kind, op.stage, i)) in held),
+                                   Op(kinds[-1], op.stage, i))
                     if need_op not in done:
                         raise ProgramError(f"rank {r}: {op} runs before {need_op}")
                 done.add(op)

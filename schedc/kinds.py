@@ -24,6 +24,12 @@ step by a collective of those ranks (``KindRow.group``: the stages that take par
 which start together and end together). Tied weights (an embedding shared by the first and last
 stage) are summed the same way (TS), where the stages that share them sit on different ranks.
 
+Sequence chunks (Seq1F1B): with ``Problem.sequence_chunks`` an op's microbatch is a chunk of a
+sequence (``mb = microbatch * chunks + chunk``), and a kind's ``chunk_needs`` are the ops of its
+own stage on a neighbouring chunk of the same sequence that it waits for: a forward the earlier
+chunk's forward (its keys and values), a backward the later chunk's backward (the gradient of this
+chunk's keys and values that it leaves).
+
 ``Kind`` is a ``str`` enum, so ``Kind.F == "F"``, schedule files keep their strings, and
 ``problem.cost[kind]`` finds the kind's costs under its name.
 """
@@ -83,15 +89,18 @@ class KindRow:
     per_stage: bool = False  # one op per stage and iteration (microbatch 0), on a lane the simulator derives
     group: str | None = None  # a collective: the problem's stage groups whose members run it together
     # (``Problem.sync_groups``), one op per member stage, all starting when the last member is ready
+    chunk_needs: tuple[tuple[Kind | str, int], ...] = ()  # (kind or BACKWARD, chunk offset): on its own
+    # stage, the op of a neighbouring chunk of the same sequence it waits for (sequence chunks only)
 
 
 ROWS: dict[Kind, KindRow] = {
-    Kind.F: KindRow("compute", "F (forward)", ((Kind.F, -1),), "act", False, None, "F", "#3b75af", "costs.F"),
+    Kind.F: KindRow("compute", "F (forward)", ((Kind.F, -1),), "act", False, None, "F", "#3b75af", "costs.F",
+                    chunk_needs=((Kind.F, -1),)),
     Kind.B: KindRow("compute", "B (input grad)", ((SAVED, 0), (BACKWARD, 1)), "grad", False, True, "I", "#ef8636",
-                    "costs.B"),
+                    "costs.B", chunk_needs=((BACKWARD, 1),)),
     Kind.W: KindRow("compute", "W (weight grad)", ((Kind.B, 0),), None, True, True, "W", "#519e3e", "costs.W"),
     Kind.BW: KindRow("compute", "BW (full backward)", ((SAVED, 0), (BACKWARD, 1)), "grad", True, False, "B",
-                     "#c53a32", "costs.BW", fuses=(Kind.B, Kind.W)),
+                     "#c53a32", "costs.BW", fuses=(Kind.B, Kind.W), chunk_needs=((BACKWARD, 1),)),
     Kind.R: KindRow("compute", "R (recompute)", ((Kind.F, 0),), None, False, None, None, "#8c6bb1",
                     "recompute.time", policy="recompute", lightens=True),
     Kind.S: KindRow("compute", "S (selective recompute)", ((Kind.F, 0),), None, False, None, None, "#c994c7",

@@ -293,6 +293,41 @@ class Replicas(_Strict):
     _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
 
 
+class SequenceChunks(_Strict):
+    """Sequence-level pipelining (Seq1F1B): each microbatch's sequence cut into ``count`` chunks
+    that flow through the pipeline one after another. On each stage a chunk's forward needs the
+    earlier chunks' keys and values (it waits for the forward of the chunk before it), and the
+    backwards run in reverse chunk order (a chunk's backward waits for the one of the chunk after
+    it, which gives it the gradient of its keys and values). ``F``, ``B``, ``W``: per chunk
+    position, its share of the whole sequence's cost of that kind (causal attention: a later chunk
+    attends to more keys and costs more); ``memory``: its share of the stage's activation. Each
+    defaults to 1/count per chunk; shares need not sum to 1 (smaller pieces may run less
+    efficiently)."""
+
+    _source = "sequence_chunks"
+
+    count: int = Field(ge=1, le=64, strict=True, description="chunks per sequence")
+    F: Optional[list[float]] = Field(default=None, description="per chunk, its share of the sequence's F")
+    B: Optional[list[float]] = Field(default=None, description="per chunk, its share of the sequence's B")
+    W: Optional[list[float]] = Field(default=None, description="per chunk, its share of the sequence's W")
+    memory: Optional[list[float]] = Field(default=None, description="per chunk, its share of the activation")
+
+    _shares = field_validator("F", "B", "W", "memory", mode="before")(
+        lambda v: v if v is None else _check_numbers(v, positive=True))
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "SequenceChunks":
+        for field in ("F", "B", "W", "memory"):
+            shares = getattr(self, field)
+            if shares is not None and len(shares) != self.count:
+                raise ValueError(f"{field} has {len(shares)} shares but there are {self.count} chunks: one per chunk")
+        return self
+
+    def shares(self, field: str) -> tuple[float, ...]:
+        given = getattr(self, field)
+        return tuple(given) if given is not None else (1.0 / self.count,) * self.count
+
+
 class Tied(_Strict):
     """Weights shared between stages (tied input and output embeddings): ``groups`` of stages
     holding the same weights, whose gradients are summed (TS) before the step, in ``sync`` (per
@@ -323,6 +358,8 @@ class Problem(_Strict):
     replicas: Optional[Replicas] = Field(
         default=None, description="copies of the pipeline on the same ranks (bidirectional), or their count")
     tied: Optional[Tied] = Field(default=None, description="stages sharing weights (tied embeddings), or their groups")
+    sequence_chunks: Optional[SequenceChunks] = Field(
+        default=None, description="each sequence cut into chunks that flow one after another (Seq1F1B), or their count")
     objective: Literal["makespan", "span", "steady"] = "makespan"
     stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
         default=None, description="model blocks in each stage of the model (of one pipeline), from the partitioner"
@@ -345,6 +382,11 @@ class Problem(_Strict):
     def _replica_count(cls, v: Any) -> Any:
         return {"count": v} if isinstance(v, int) and not isinstance(v, bool) else v
 
+    @field_validator("sequence_chunks", mode="before")
+    @classmethod
+    def _chunk_count(cls, v: Any) -> Any:
+        return {"count": v} if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("tied", mode="before")
     @classmethod
     def _tied_shorthand(cls, v: Any) -> Any:
@@ -359,12 +401,18 @@ class Problem(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":
-        pairs = self.n_stages * self.microbatches
+        pairs = self.n_stages * self.units
         if pairs > MAX_STAGE_MICROBATCHES:
             raise ValueError(
-                f"ranks x chunks x microbatches{' x replicas' if self.replicas else ''} is {pairs}, above the {MAX_STAGE_MICROBATCHES} that schedc"
+                f"ranks x chunks x microbatches{' x replicas' if self.replicas else ''}"
+                f"{' x sequence chunks' if self.sequence_chunks else ''} is {pairs}, above the {MAX_STAGE_MICROBATCHES} that schedc"
                 " handles (every pass holds each op in memory): fewer microbatches, or several problems"
             )
+        if self.sequence_chunks is not None:
+            given = [name for name in ("replicas", "recompute", "offload", "data_parallel", "tied")
+                     if getattr(self, name) is not None] + (["costs.FB"] if self.costs.FB is not None else [])
+            if given:
+                raise ValueError(f"sequence_chunks cannot be combined with {', '.join(given)} yet")
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
         self.cost  # every kind's per-stage costs, each list of the right length
@@ -751,6 +799,42 @@ class Problem(_Strict):
         second weight version adds to its static memory."""
         w = self.stage_weights
         return tuple(sum(w[s] for s in stages) for stages in self.rank_stages)
+
+    @property
+    def seq_chunks(self) -> int:
+        """Chunks per sequence (``sequence_chunks.count``; 1 without)."""
+        return 1 if self.sequence_chunks is None else self.sequence_chunks.count
+
+    @property
+    def units(self) -> int:
+        """What each stage runs an op of every kind for: the microbatches times the chunks of
+        each (an op's ``mb`` is ``microbatch * seq_chunks + chunk``)."""
+        return self.microbatches * self.seq_chunks
+
+    @cached_property
+    def chunk_shares(self) -> dict[str, tuple[float, ...]]:
+        """Per kind (F, B, W, BW) and "memory", per chunk position, its share of the sequence's
+        (all 1 without sequence chunks). BW's is B's and W's, weighted by the stage's B and W."""
+        if self.sequence_chunks is None:
+            return {}
+        seq = self.sequence_chunks
+        return {k: seq.shares(k) for k in ("F", "B", "W", "memory")}
+
+    def op_cost(self, kind: Kind, stage: int, unit: int) -> float:
+        """The cost of ``kind`` on ``stage`` for ``unit`` (a chunk of a sequence: its share)."""
+        cost = self.cost[kind][stage]
+        if self.sequence_chunks is None:
+            return cost
+        c, shares = unit % self.seq_chunks, self.chunk_shares
+        if kind is Kind.BW:
+            b, w = self.cost[Kind.B][stage], self.cost[Kind.W][stage]
+            return cost * (shares["B"][c] * b + shares["W"][c] * w) / (b + w)
+        return cost * shares[kind.value][c]
+
+    def op_delta(self, kind: Kind, stage: int, unit: int) -> float:
+        """The memory delta of ``kind`` on ``stage`` for ``unit`` (a chunk: its share)."""
+        delta = self.mem[kind][stage]
+        return delta if self.sequence_chunks is None else delta * self.chunk_shares["memory"][unit % self.seq_chunks]
 
     @property
     def search_objective(self) -> str:

@@ -210,8 +210,9 @@ class Header:
     the backward is split into B and W, over how many data-parallel replicas each stage's gradient
     is all-reduced (1: none), how many copies of the pipeline run on the ranks (``pipelines``:
     2 in a bidirectional schedule; stage s is stage s % (n_stages / pipelines) of the model), and
-    which stages on different ranks share weights (``tied``), and how many rounds of the
-    microbatches it runs (``rounds``: 1 synchronous, more asynchronous: ``Schedule.rounds``)."""
+    which stages on different ranks share weights (``tied``), how many rounds of the
+    microbatches it runs (``rounds``: 1 synchronous, more asynchronous: ``Schedule.rounds``), and
+    into how many chunks each sequence is cut (``sequence_chunks``, Seq1F1B)."""
 
     schedule: str
     microbatches: int
@@ -221,12 +222,13 @@ class Header:
     pipelines: int = 1
     tied: tuple[tuple[int, ...], ...] = ()  # the groups of stages on different ranks that share weights
     rounds: int = 1
+    sequence_chunks: int = 1  # chunks per sequence (an op's mb is microbatch * sequence_chunks + chunk)
 
     @classmethod
     def of(cls, problem: Problem, schedule: Schedule) -> "Header":
         degree = 1 if problem.data_parallel is None else problem.data_parallel.degree
         return cls(schedule.name, problem.microbatches, tuple(problem.stage_rank), schedule.split_backward, degree,
-                   problem.pipelines, problem.sync_groups["tied"], schedule.rounds)
+                   problem.pipelines, problem.sync_groups["tied"], schedule.rounds, problem.seq_chunks)
 
     @property
     def synchronous(self) -> bool:

@@ -26,7 +26,8 @@ offload as version 1, so that a schedc from before version 2 still reads it; wit
 as version 2; with a copy lane as version 3; with data parallelism as version 4; with replicas as
 version 5; asynchronous (``"rounds"`` above 1 and ``"synchronous": false`` in "schedule": weight
 versions, PipeDream-2BW, issue 27; its program steps each stage per round, ``UPDATE``), or with the
-problem's ``objective: steady`` or ``memory.weights``, as version 6. An older schedc
+problem's ``objective: steady``, ``memory.weights`` or ``sequence_chunks`` (Seq1F1B: an op's
+microbatch is a chunk of a sequence), as version 6. An older schedc
 refuses a newer version with "written by a newer schedc". Reading takes every version; a file that
 holds what its version cannot is refused. A version 2 file's copy lane is read as it was written: each copy issued as early as it can be (the
 rule then), its program as it was lowered then.
@@ -271,8 +272,8 @@ def version_of(schedule: Schedule, problem: Problem | None = None) -> int:
 
 
 def _needs_six(problem: Problem) -> bool:
-    """What version 6 adds to the problem: the steady objective, the weights' memory."""
-    return problem.objective == "steady" or problem.memory.weights is not None
+    """What version 6 adds to the problem: the steady objective, the weights' memory, sequence chunks."""
+    return problem.objective == "steady" or problem.memory.weights is not None or problem.sequence_chunks is not None
 
 
 def timeline_summary(timeline: Timeline, version: int) -> dict:
@@ -334,7 +335,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
         rounds, synchronous = model.schedule.rounds, model.schedule.synchronous
         if (rounds > 1 or not synchronous or _needs_six(problem)) and version < 6:
             raise ScheduleError(f"schedule format version {version} cannot hold an asynchronous schedule, the steady"
-                                " objective or memory.weights (version 6 does)")
+                                " objective, memory.weights or sequence_chunks (version 6 does)")
         if synchronous != (rounds == 1):
             raise ScheduleError(f"the schedule says synchronous: {str(synchronous).lower()} but runs {rounds} round(s):"
                                 " a synchronous schedule runs one, an asynchronous one more; the two do not mix")

@@ -209,7 +209,7 @@ class Schedule:
             self._check_issue(where)
         if self.pairs:
             self._check_pairs(where, problem)
-        n, m = problem.n_stages, problem.microbatches * self.rounds
+        n, m = problem.n_stages, problem.units * self.rounds
         if not self.synchronous:
             self._check_versions(where, problem)
         allowed = set(problem.kinds)
@@ -273,10 +273,11 @@ class Schedule:
         """An asynchronous schedule: per-iteration collectives refused (they are not per round yet),
         and each forward of round r >= 2 after every weight gradient of round r - 2 of its stage in
         its rank's compute order (it uses the weights stepped after them; two versions are kept)."""
-        for section in ("data_parallel", "replicas", "tied"):
+        for section in ("data_parallel", "replicas", "tied", "sequence_chunks"):
             if getattr(problem, section) is not None:
+                why = "" if section == "sequence_chunks" else ": its gradient sums are once per iteration, not per round"
                 raise ScheduleError(f"{self.name}: an asynchronous schedule (rounds {self.rounds}) cannot run a problem"
-                                    f" with {section} yet: its gradient sums are once per iteration, not per round")
+                                    f" with {section} yet{why}")
         m = problem.microbatches
         last: dict[tuple[int, int], int] = {}  # (stage, round) -> position of its last weight gradient
         for op, (_, k) in where.items():
@@ -361,6 +362,9 @@ _FUSED = tuple(k for k, row in ROWS.items() if row.split is False)  # BW
 # kind -> its needs as (the kinds that may meet it, the first the schedule holds; the kind meeting
 # it without ``where``; stage offset)
 _NEEDS = {k: tuple((candidates(need), plain(need), offset) for need, offset in row.needs) for k, row in ROWS.items()}
+# the same for the needs on a neighbouring chunk of the sequence (chunk offset)
+_CHUNK_NEEDS = {k: tuple((candidates(need), plain(need), offset) for need, offset in row.chunk_needs)
+                for k, row in ROWS.items()}
 # copy kind -> the compute kinds of its (stage, microbatch) that wait for it (L: B and BW; O: none)
 _USERS = {k: tuple(u for u, row in ROWS.items() if row.lane == "compute"
                   for need, offset in row.needs if offset == 0 and k in candidates(need))
@@ -465,7 +469,7 @@ def _not_declared(kind: Kind) -> str:
     return f"op kind {kind.value!r} ({ROWS[kind].title}) needs the problem's '{section}' section, which it does not give"
 
 
-def producers(op: Op, depth: int, where: dict[Op, tuple[int, int]] | None = None) -> list[Op]:
+def producers(op: Op, depth: int, where: dict[Op, tuple[int, int]] | None = None, chunks: int = 1) -> list[Op]:
     """The ops whose results ``op`` consumes (data dependencies, not rank order): the one rule
     of "which op waits for which" that the simulator, the heuristics, lowering and the checker use.
 
@@ -478,6 +482,11 @@ def producers(op: Op, depth: int, where: dict[Op, tuple[int, int]] | None = None
     ``Problem.pipeline_stages``; stage s is in pipeline s // depth) has no producer. A per-stage op
     (AR, RS) waits through its issue point instead (``comm_lane``: after its stage's last weight
     gradient), which the schedule's order fixes: it has no producers here.
+
+    With ``chunks`` sequence chunks (``Problem.seq_chunks``; microbatch i is chunk i % chunks of its
+    sequence), also the rows' ``chunk_needs`` on the op's own stage: F(s, i) needs F(s, i - 1)
+    unless i is its sequence's first chunk, a backward B or BW(s, i) the backward of (s, i + 1)
+    unless i is the last.
     """
     kind, s, i = op
     if kind in _PER_STAGE:
@@ -486,13 +495,20 @@ def producers(op: Op, depth: int, where: dict[Op, tuple[int, int]] | None = None
     for kinds, usual, offset in _NEEDS[kind]:
         t = s + offset
         if 0 <= t and t // depth == s // depth:
-            if len(kinds) > 1 and where is not None:
-                for k in kinds[:-1]:
-                    if _new(Op, (k, t, i)) in where:
-                        deps.append(_new(Op, (k, t, i)))
-                        break
-                else:
-                    deps.append(_new(Op, (kinds[-1], t, i)))
-            else:
-                deps.append(_new(Op, (usual, t, i)))
+            deps.append(_met(kinds, usual, t, i, where))
+    if chunks > 1:
+        for kinds, usual, offset in _CHUNK_NEEDS[kind]:
+            if 0 <= i % chunks + offset < chunks:
+                deps.append(_met(kinds, usual, s, i + offset, where))
     return deps
+
+
+def _met(kinds: tuple[Kind, ...], usual: Kind, stage: int, i: int, where) -> Op:
+    """The op of (``stage``, ``i``) that meets a need: of ``kinds``, the first ``where`` holds, else
+    the last; without ``where``, ``usual``."""
+    if len(kinds) > 1 and where is not None:
+        for k in kinds[:-1]:
+            if _new(Op, (k, stage, i)) in where:
+                return _new(Op, (k, stage, i))
+        return _new(Op, (kinds[-1], stage, i))
+    return _new(Op, (usual, stage, i))

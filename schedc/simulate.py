@@ -100,7 +100,7 @@ class Timeline:
         return max(self.rank_span, default=0.0)
 
     @property
-    def units(self) -> int:
+    def microbatches_run(self) -> int:
         """How many microbatches the schedule runs: the problem's, of every pipeline, of every round."""
         return self.problem.microbatches * self.problem.pipelines * self.schedule.rounds
 
@@ -161,7 +161,7 @@ class Timeline:
         objective = objective or self.problem.objective
         work, length = sum(self.busy), self.objective_value(objective)
         if objective == "steady":
-            work /= self.units
+            work /= self.microbatches_run
         total = length * self.problem.ranks
         return 1.0 - work / total if total > 0 else 0.0
 
@@ -291,10 +291,12 @@ def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
     joint = together(problem, comm, anchors) if comm else {}
     paired = paired or {}
 
+    chunks = problem.seq_chunks
+
     def waits(op: Op):
-        yield from producers(op, depth, where)
+        yield from producers(op, depth, where, chunks)
         if op in paired:
-            yield from producers(paired[op], depth, where)
+            yield from producers(paired[op], depth, where, chunks)
         yield from _anchor(anchors, op)
 
     return [
@@ -308,6 +310,8 @@ def durations(problem: Problem, ops: list[Op], paired: dict[Op, Op]) -> list[flo
     """Each op's duration on its lane: its cost; for an overlapped pair (``paired``: forward -> its
     backward) the pair's time (``Problem.pair_time``) on the forward and none on the backward, which
     ends with it."""
+    if problem.sequence_chunks is not None:  # (no pairs with sequence chunks: Problem refuses costs.FB)
+        return [problem.op_cost(*op) for op in ops]
     backs = set(paired.values())
     out = []
     for op in ops:
@@ -485,6 +489,8 @@ def _memory(problem: Problem, schedule: Schedule, start, end, copy_start, copy_e
     policy = schedule.policies() if problem.policies else {}
 
     def delta(op: Op) -> float:
+        if problem.sequence_chunks is not None:  # (no policies with sequence chunks: Problem refuses them)
+            return problem.op_delta(*op)
         return problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb))) if policy else mem[op.kind][op.stage]
 
     levels, peaks, violations = [], [], []

@@ -12,6 +12,7 @@ from schedc.solvers import bidirectional  # noqa: F401  (two directions: chimera
 from schedc.solvers import greedy  # noqa: F401
 from schedc.solvers import memtime  # noqa: F401  (recompute and offload baselines)
 from schedc.solvers import asynchronous  # noqa: F401  (weight versions: 2bw)
+from schedc.solvers import sequence  # noqa: F401  (sequence chunks: seq1f1b, seq1f1b-zb)
 from schedc.solvers import solve  # noqa: F401  (registers the exact search, "ilp")
 from schedc.solvers import ilp  # noqa: F401  (registers the PuLP backends, "cbc" and "highs")
 from schedc.solvers import cpsat  # noqa: F401  (registers the CP-SAT backend, "cpsat")

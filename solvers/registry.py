@@ -27,8 +27,12 @@ class ScheduleSpec:
     requires: Callable[[Problem], str | None]  # why it does not apply, or None
     bidirectional: bool = False  # runs the pipelines of a problem with replicas (else one pipeline)
     synchronous: bool = True  # False: weight versions (Schedule.rounds > 1), outside the synchronous search
+    sequence: bool = False  # runs the chunks of a sequence in their order (Problem.sequence_chunks)
 
     def why_not(self, problem: Problem) -> str | None:
+        if problem.seq_chunks > 1 and not self.sequence:
+            return (f"runs whole sequences, and the problem cuts each into {problem.seq_chunks} chunks"
+                    " (sequence_chunks): seq1f1b and seq1f1b-zb run them")
         if self.bidirectional and problem.replicas is None:
             return "runs two pipelines in opposite directions: needs replicas (replicas: 2)"
         if not self.bidirectional and problem.replicas is not None:
@@ -45,11 +49,12 @@ SEARCHES: dict[str, Callable[..., Any]] = {}
 
 
 def register(name: str, summary: str, *, split_backward: bool, requires: Callable[[Problem], str | None],
-             bidirectional: bool = False, synchronous: bool = True):
+             bidirectional: bool = False, synchronous: bool = True, sequence: bool = False):
     def wrap(fn: Builder) -> Builder:
         if name in REGISTRY:
             raise ValueError(f"schedule {name!r} registered twice")
-        REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires, bidirectional, synchronous)
+        REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires, bidirectional, synchronous,
+                                      sequence)
         return fn
 
     return wrap

@@ -440,6 +440,10 @@ def solve(
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
+    if problem.seq_chunks > 1:  # partial (issue 27): the models and bounds take one cost per stage and kind
+        raise SchedcError(f"solve does not search sequence-chunked problems yet (sequence_chunks {problem.seq_chunks}):"
+                          " its models and bounds take one cost per stage and kind; compare seq1f1b and seq1f1b-zb"
+                          " with `schedc compare`")
     if problem.objective == "steady":  # the makespan over the microbatches: the same search, rescaled
         found = solve(problem.with_changes(objective="makespan"), solver=solver, time_limit=time_limit, gap=gap,
                       threads=threads, progress=progress, candidates=candidates)
