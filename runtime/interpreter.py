@@ -43,7 +43,27 @@ Each rank walks its instruction list in order:
   clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
   as ``torch.nn.utils.clip_grad_norm_`` in one process (``schedc.runtime.clip``): either waiting
   for the norm (``clip_mode="sync"``) or stepping at once and rolling the step back if the norm,
-  checked at the next ``step`` or in ``synchronize()``, says so (``"post"``).
+  checked at the next ``step`` or in ``synchronize()``, says so (``"post"``). In an asynchronous
+  program it only ends the program (sends completed, nothing left over): the UPDATEs stepped.
+- ``UPDATE`` (asynchronous programs, ``header.rounds`` R > 1: PipeDream-2BW, the ``2bw``
+  schedule): ``step()`` runs all R rounds, its batch R times a synchronous step's, split in order
+  into R x m microbatches (round r the r-th block of m); each round's loss is scaled by 1/m.
+  Microbatch i belongs to round i // m, whose forwards and backwards all run on the round's weight
+  version: the weights after ``UPDATE`` of round r - 2 (rounds 0 and 1 of a call: the weights the
+  call starts with, so a call ends flushed and the next starts from its final weights). The
+  module's Parameters hold the newest weights; a version is a list of leaves sharing their storage
+  (``Parameter.data``, a version counter of its own) that the stage runs on in place of the
+  parameters (``torch.func.functional_call``), each leaf accumulating the round's gradient (with a
+  split backward too: W accumulates into the leaves). ``UPDATE(s, r)`` takes round r + 1's version
+  if it was not yet taken, gives each parameter that a live version still shares a copy of its own
+  (so no saved graph ever sees its weights change), puts round r's gradients into ``.grad`` and
+  steps the optimizer (the rank's other parameters have no ``.grad``: only stage s steps), then
+  drops round r's version and clears ``.grad``. So SGD gives w(t+1) = w(t) - lr * g(w(t-1)), and at
+  most two copies of a stage's weights live at once (the parameters and one older version). It
+  needs ``optimizer``; refused in one line at construction: ``clip_grad_norm`` (a synchronous
+  option: one norm of every rank's gradients before one step), programs that recompute or offload
+  (R, S, O), ``measure_memory``, tensor-parallel (DTensor) stages. Data parallelism, replicas and
+  tied weights are refused by the core's schedule check.
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
@@ -340,7 +360,13 @@ class PipelineRuntime:
         """One iteration: the batch is split into m microbatches along dim 0. ``inputs`` is needed
         on the rank holding stage 0, ``targets`` on the rank holding the last stage (others may pass
         None). Returns the mean loss over microbatches on the last stage's rank, else None.
-        Gradients accumulate into ``.grad`` as with ``loss.backward()``."""
+        Gradients accumulate into ``.grad`` as with ``loss.backward()``.
+
+        An asynchronous schedule (``header.rounds`` R > 1, e.g. 2bw) runs all R rounds in one call:
+        the batch is R times a synchronous step's, split in order into R x m microbatches, round r
+        the r-th block of m (``batch.chunk(R)[r]``). The optimizer steps inside the call, once per
+        stage and round (UPDATE), and ``.grad`` is left None; the return is the mean over all R x m
+        microbatches, and ``round_losses`` holds the R per-round means."""
         try:
             if self.clip is not None:
                 self.clip.check()  # clip_mode="post": the previous step's norm, before these forwards
