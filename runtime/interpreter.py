@@ -43,7 +43,27 @@ Each rank walks its instruction list in order:
   clips to the global gradient norm of all ranks first, or skips a step whose norm is not finite,
   as ``torch.nn.utils.clip_grad_norm_`` in one process (``schedc.runtime.clip``): either waiting
   for the norm (``clip_mode="sync"``) or stepping at once and rolling the step back if the norm,
-  checked at the next ``step`` or in ``synchronize()``, says so (``"post"``).
+  checked at the next ``step`` or in ``synchronize()``, says so (``"post"``). In an asynchronous
+  program it only ends the program (sends completed, nothing left over): the UPDATEs stepped.
+- ``UPDATE`` (asynchronous programs, ``header.rounds`` R > 1: PipeDream-2BW, the ``2bw``
+  schedule): ``step()`` runs all R rounds, its batch R times a synchronous step's, split in order
+  into R x m microbatches (round r the r-th block of m); each round's loss is scaled by 1/m.
+  Microbatch i belongs to round i // m, whose forwards and backwards all run on the round's weight
+  version: the weights after ``UPDATE`` of round r - 2 (rounds 0 and 1 of a call: the weights the
+  call starts with, so a call ends flushed and the next starts from its final weights). The
+  module's Parameters hold the newest weights; a version is a list of leaves sharing their storage
+  (``Parameter.data``, a version counter of its own) that the stage runs on in place of the
+  parameters (``torch.func.functional_call``), each leaf accumulating the round's gradient (with a
+  split backward too: W accumulates into the leaves). ``UPDATE(s, r)`` takes round r + 1's version
+  if it was not yet taken, gives each parameter that a live version still shares a copy of its own
+  (so no saved graph ever sees its weights change), puts round r's gradients into ``.grad`` and
+  steps the optimizer (the rank's other parameters have no ``.grad``: only stage s steps), then
+  drops round r's version and clears ``.grad``. So SGD gives w(t+1) = w(t) - lr * g(w(t-1)), and at
+  most two copies of a stage's weights live at once (the parameters and one older version). It
+  needs ``optimizer``; refused in one line at construction: ``clip_grad_norm`` (a synchronous
+  option: one norm of every rank's gradients before one step), programs that recompute or offload
+  (R, S, O), ``measure_memory``, tensor-parallel (DTensor) stages. Data parallelism, replicas and
+  tied weights are refused by the core's schedule check.
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
@@ -119,7 +139,7 @@ class _StepState:
     saved: dict = field(default_factory=dict)  # (stage, mb) -> (stage input leaf or None, output or loss)
     outbox: dict = field(default_factory=dict)  # Message -> computed, to be sent or handed off
     inbox: dict = field(default_factory=dict)  # Message -> (work or None, tensor)
-    losses: list = field(default_factory=list)
+    losses: dict = field(default_factory=dict)  # the step's microbatch index -> its loss (last stages)
     dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state): F ran without autograd, R due
     regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
     boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
@@ -213,7 +233,7 @@ class PipelineRuntime:
             Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.O: self._offload,
             Kind.L: self._reload, Kind.AR: self._reduce, Kind.RS: self._replica_sum, Kind.TS: self._tied_sum,
             Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
-            Opcode.STEP: self._optimizer_step,
+            Opcode.STEP: self._optimizer_step, Opcode.UPDATE: self._update,
         }
         # (stage, mb) -> the policy op the program holds for it (R, S, O); absent: kept
         self.policy = {(i.stage, i.mb): i.op for i in self.program if i.op in (Kind.R, Kind.S, Kind.O)}
@@ -230,6 +250,11 @@ class PipelineRuntime:
         if parallel and refused:
             raise PipelineError(f"stage {min(parallel)} has tensor-parallel (DTensor) parameters: the runtime does not"
                                 f" support {' or '.join(refused)} with tensor parallelism yet")
+        if not head.synchronous:
+            why = self._asynchronous_refusal(optimizer, clip_grad_norm, measure_memory, parallel)
+            if why:
+                raise PipelineError(f"the schedule {head.schedule!r} is asynchronous ({head.rounds} rounds, weight"
+                                    f" versions): {why}")
         self.depth = head.pipeline_stages  # stage s is stage s % depth of the model, in pipeline s // depth
         self.m = head.microbatches  # per pipeline
         self.batches = head.microbatches * head.pipelines  # the microbatches a step splits its batch into
@@ -263,6 +288,11 @@ class PipelineRuntime:
                             f"stages {holder[id(q)]} and {s} of rank {self.rank} share a parameter: with replicas"
                             " each stage needs its own (each pipeline its own copy of the model; tied weights are"
                             " summed by the schedule's TS)")
+        # Asynchronous programs: this rank's trainable parameters by name per stage (what a round's
+        # weight version replaces in the module), and the live versions, (stage, round) -> leaves.
+        self.names = {s: [n for n, p in mod.named_parameters() if p.requires_grad] for s, mod in self.stages.items()}
+        self.versions: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.round_losses: torch.Tensor | None = None
         self.tied = self._tied(tied_parameters or {})
         # (kind, stage) -> the process group of the collective RS or TS of that stage, and its ranks
         self.sync_groups = self._stage_groups(group)
@@ -301,13 +331,42 @@ class PipelineRuntime:
             self.clip = GradClip(mine, optimizer, clip_grad_norm, clip_mode, skip_nonfinite, group, self.comm_device,
                                  self._io)
 
+    def _asynchronous_refusal(self, optimizer, clip_grad_norm, measure_memory, parallel: list[int]) -> str | None:
+        """What an asynchronous program (weight versions, UPDATE per stage and round) cannot run
+        with yet, in one line, or None."""
+        policies = sorted({kind.value for kind in self.policy.values()})
+        if optimizer is None:
+            return ("its UPDATEs step the optimizer inside step(), per stage and round: pass"
+                    " PipelineRuntime(..., optimizer=opt) over this rank's stage parameters")
+        if clip_grad_norm is not None:
+            return ("clip_grad_norm is a synchronous optimizer option (one norm of every rank's gradients before one"
+                    " step) and an asynchronous schedule steps each stage on its own, once per round: drop"
+                    " clip_grad_norm or use a synchronous schedule")
+        if policies:
+            return (f"its program recomputes or offloads ({', '.join(policies)}), which the runtime does not run on"
+                    " weight versions yet (a recompute or offload would not keep to its round's version): use a"
+                    " schedule without them")
+        if measure_memory:
+            return ("measure_memory does not tell the second weight version from activations yet: measure a"
+                    " synchronous schedule")
+        if parallel:
+            return (f"stage {min(parallel)} has tensor-parallel (DTensor) parameters, which the runtime does not"
+                    " keep weight versions of yet")
+        return None
+
     # ---- the step ----
 
     def step(self, inputs: torch.Tensor | None = None, targets: Any = None) -> torch.Tensor | None:
         """One iteration: the batch is split into m microbatches along dim 0. ``inputs`` is needed
         on the rank holding stage 0, ``targets`` on the rank holding the last stage (others may pass
         None). Returns the mean loss over microbatches on the last stage's rank, else None.
-        Gradients accumulate into ``.grad`` as with ``loss.backward()``."""
+        Gradients accumulate into ``.grad`` as with ``loss.backward()``.
+
+        An asynchronous schedule (``header.rounds`` R > 1, e.g. 2bw) runs all R rounds in one call:
+        the batch is R times a synchronous step's, split in order into R x m microbatches, round r
+        the r-th block of m (``batch.chunk(R)[r]``). The optimizer steps inside the call, once per
+        stage and round (UPDATE), and ``.grad`` is left None; the return is the mean over all R x m
+        microbatches, and ``round_losses`` holds the R per-round means."""
         try:
             if self.clip is not None:
                 self.clip.check()  # clip_mode="post": the previous step's norm, before these forwards
@@ -361,6 +420,11 @@ class PipelineRuntime:
         self._exchange_meta(xs)
         self.events = []
         state = _StepState(xs, ys)
+        if not self.header.synchronous:  # the UPDATEs fill .grad from each round's versions, one stage at a time
+            self.versions.clear()
+            for params in self.params.values():
+                for q in params:
+                    q.grad = None
         meter = self.meter if self.measure_memory else None
         self.memory = []
         if meter is not None:
@@ -385,7 +449,12 @@ class PipelineRuntime:
             if meter is not None:
                 self.memory = meter.stop(discard=not done)
         self.steps += 1
-        return torch.stack(state.losses).mean() if state.losses else None
+        if not state.losses:
+            return None
+        losses = torch.stack([state.losses[i] for i in sorted(state.losses)])
+        if not self.header.synchronous:  # the step's microbatches in round order: one row per round
+            self.round_losses = losses.reshape(self.header.rounds, -1).mean(dim=1)
+        return losses.mean()
 
     # ---- one method per opcode (``self._ops``); each leaves nothing behind in locals ----
 
@@ -398,7 +467,7 @@ class PipelineRuntime:
         if policy is Kind.R:  # keep only the input and the random state; R runs it again with autograd
             rng = capture_rng(self.device)
             with torch.no_grad():
-                self._output(state, s, mb, self._call_stage(s, x))
+                self._output(state, s, mb, self._call_stage(s, x, mb))
             state.dropped[(s, mb)] = (x, rng)
             return
         if not first and x.is_floating_point():
@@ -406,15 +475,15 @@ class PipelineRuntime:
         if policy is Kind.O:
             box = Offloaded(self.device, self._not_ours(s, x if first else None), self._copy_lane())
             with torch.autograd.graph.saved_tensors_hooks(box.pack, box.unpack):
-                out = self._output(state, s, mb, self._call_stage(s, x))
+                out = self._output(state, s, mb, self._call_stage(s, x, mb))
             state.boxes[(s, mb)] = (box, None if first else x)
         elif policy is Kind.S:
             regions: list[Region] = []
             with dropping(self.selective[s], regions):
-                out = self._output(state, s, mb, self._call_stage(s, x))
+                out = self._output(state, s, mb, self._call_stage(s, x, mb))
             state.regions[(s, mb)] = regions
         else:
-            out = self._output(state, s, mb, self._call_stage(s, x))
+            out = self._output(state, s, mb, self._call_stage(s, x, mb))
         state.saved[(s, mb)] = (None if first else x, _without_data(out))
 
     def _first(self, s: int) -> bool:
@@ -435,7 +504,7 @@ class PipelineRuntime:
         the next stage."""
         if self._last(s):
             loss = self.loss_fn(y, self._target(state, s, mb))
-            state.losses.append(loss.detach())
+            state.losses[self._batch_index(s, mb)] = loss.detach()
             return loss / self.batches
         if not isinstance(y, torch.Tensor):
             raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
@@ -456,7 +525,7 @@ class PipelineRuntime:
         if not first and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         with replaying_rng(rng, self.device):
-            y = self._call_stage(s, x)
+            y = self._call_stage(s, x, mb)
             out = self.loss_fn(y, self._target(state, s, mb)) / self.batches if self._last(s) else y
         del y
         state.saved[(s, mb)] = (None if first else x, _without_data(out))
@@ -490,9 +559,15 @@ class PipelineRuntime:
             self._copy_stream = torch.cuda.Stream(self.device)
         return self._copy_stream
 
-    def _call_stage(self, s: int, x):
+    def _call_stage(self, s: int, x, mb: int | None = None):
+        """Stage ``s`` on ``x``; in an asynchronous program, microbatch ``mb``'s on its round's
+        weight version (``_version``) in place of the module's parameters."""
+        module = self.stages[s]
         try:
-            return _plain_output(s, self.stages[s](x))
+            if mb is None or self.header.synchronous:
+                return _plain_output(s, module(x))
+            weights = dict(zip(self.names[s], self._version(s, mb // self.m)))
+            return _plain_output(s, torch.func.functional_call(module, weights, (x,)))
         except Exception as e:
             if not refused_graph_break(e):
                 raise
@@ -520,15 +595,54 @@ class PipelineRuntime:
             del box
         grad = None if self._last(s) else self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
         inputs = [x] if x is not None and x.requires_grad else []
+        # the weights the forward ran on: the module's, or (asynchronous) the round's version
+        params = self.params[s] if self.header.synchronous else self.versions[s, mb // self.m]
         if split:
-            self.store.backward_input((s, mb), out, grad, inputs, self.params[s])
+            self.store.backward_input((s, mb), out, grad, inputs, params)
         else:
-            self.store.backward_full(out, grad, inputs, self.params[s])
+            self.store.backward_full(out, grad, inputs, params)
         if not self._first(s):
             state.outbox[Message("grad", mb, s, s - 1)] = x.grad
 
     def _weight(self, state: _StepState, instr: Instr, k: int) -> None:
         self.store.backward_weight((instr.stage, instr.mb))
+
+    # ---- asynchronous programs: weight versions ----
+
+    def _version(self, s: int, r: int) -> list[torch.Tensor]:
+        """Round ``r``'s weights of stage ``s``: leaves that share the storage of the module's
+        parameters as they are when first asked for (the program asks after ``UPDATE(s, r - 2)`` and
+        no later than ``UPDATE(s, r - 1)``: that version), each with a version counter of its own
+        and its own ``.grad``, into which the round's backwards accumulate. The parameters are
+        never changed in place while a version shares their storage (``_update`` gives them a
+        storage of their own first), so no saved graph sees its weights change."""
+        leaves = self.versions.get((s, r))
+        if leaves is None:
+            leaves = self.versions[s, r] = [q.data.requires_grad_(True) for q in self.params[s]]
+        return leaves
+
+    def _update(self, state: _StepState, instr: Instr, k: int) -> None:
+        """UPDATE(s, r): the optimizer step of stage ``s`` with round ``r``'s gradients (computed on
+        round r's version), applied to the module's parameters, the newest weights; round r's version
+        is dropped. Round r + 1's version is taken first if it was not yet (the weights it needs are
+        those this step replaces), and a parameter whose storage a version shares gets a copy of its
+        own before the step changes it: at most two versions per parameter live at once (the
+        parameter, and the one older version a round still in flight uses)."""
+        s, r = instr.stage, instr.mb
+        grads = [leaf.grad for leaf in self.versions.pop((s, r), ())]
+        if not grads and self.params[s]:
+            raise PipelineError(f"rank {self.rank}: {instr} comes before any forward of round {r} on stage {s}")
+        if r + 1 < self.header.rounds:
+            self._version(s, r + 1)
+        live = [leaves for (t, _), leaves in self.versions.items() if t == s]
+        for i, q in enumerate(self.params[s]):
+            if any(leaves[i].untyped_storage().data_ptr() == q.untyped_storage().data_ptr() for leaves in live):
+                q.data = q.data.clone()
+            q.grad = grads[i]
+        del grads, live
+        self.optimizer.step()  # the rank's other parameters have no .grad: only this stage steps
+        for q in self.params[s]:
+            q.grad = None
 
     def _send(self, state: _StepState, instr: Instr, k: int) -> None:
         self._io.send(state.outbox.pop(instr.message).to(self.comm_device).contiguous(), instr.peer,
@@ -625,8 +739,12 @@ class PipelineRuntime:
         left += [f"unsent {list(map(str, outbox))}"] if outbox else []
         left += [f"unused {list(map(str, inbox))}"] if inbox else []
         left += [f"weight gradients without W {self.store.pending()}"] if self.store.pending() else []
+        if self.versions:
+            left += [f"weight versions without their UPDATE (stage, round) {sorted(self.versions)}"]
         if left:
             raise PipelineError(f"rank {self.rank}: the program ended with " + "; ".join(left))
+        if not self.header.synchronous:
+            return  # asynchronous: the UPDATEs stepped
         if self.clip is not None:
             self.clip.step(where)
         elif self.optimizer is not None:
@@ -677,10 +795,12 @@ class PipelineRuntime:
         if not isinstance(batch, torch.Tensor) or batch.dim() == 0:
             raise PipelineError(f"{what}: expected a tensor with a batch dimension, got {type(batch).__name__}"
                                 + (" of 0 dimensions" if isinstance(batch, torch.Tensor) else ""))
-        n = batch.shape[0]
-        if n == 0 or n % self.batches:
-            raise PipelineError(f"{what}: batch of {n} does not split into {self.batches} equal, non-empty microbatches")
-        return batch.chunk(self.batches)
+        n, count = batch.shape[0], self.batches * self.header.rounds
+        if n == 0 or n % count:
+            rounds = self.header.rounds
+            of = "" if rounds == 1 else f" ({rounds} rounds of {self.batches}: an asynchronous step runs every round)"
+            raise PipelineError(f"{what}: batch of {n} does not split into {count} equal, non-empty microbatches{of}")
+        return batch.chunk(count)
 
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
         pending, tensor = inbox.pop(msg)

@@ -96,7 +96,8 @@ CONFIGS = [  # (p, v, placement, m): 2 and 4 ranks, one and two chunks, loop and
 @pytest.mark.parametrize("p, v, placement, m", CONFIGS, ids=lambda x: str(x))
 def test_every_schedule_trains_exactly_like_one_process(p, v, placement, m, tmp_path):
     prob = problem(p, v, placement, m)
-    names = [s.name for s in solvers.REGISTRY.values() if s.why_not(prob) is None]
+    # asynchronous schedules (2bw) train by another rule: tests/test_runtime_async.py
+    names = [s.name for s in solvers.REGISTRY.values() if s.why_not(prob) is None and s.synchronous]
     paths = []
     for name in names:
         schedc.compile(prob, name).save(tmp_path / f"{name}.json")
