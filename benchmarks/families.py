@@ -160,24 +160,22 @@ def main() -> None:
     unknown = parts - {"2bw", "seq"}
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}; the parts are: 2bw, seq")
-    if "2bw" in parts:
-        table = two_bw_table(two_bw_rows())
+    sections = {  # part -> (section, title, the table's maker, what follows the command)
+        "2bw": ("families-2bw", "Asynchronous PipeDream-2BW against flushed schedules",
+                lambda: two_bw_table(two_bw_rows()) + "\n\n" + NOTE, ""),
+        "seq": ("families-seq", "Sequence chunks: Seq1F1B against 1F1B and ZB-H1", lambda: seq_table(seq_rows()),
+                f" The cost model: {RANKS} stages of a {LAYERS}-layer GPT, width {HIDDEN}, {MICROBATCHES}"
+                f" microbatches of one sequence, {THROUGHPUT / 1e12:g} TFLOP/s, {LINK / 1e9:g} GB/s between ranks,"
+                " bf16 with Adam (benchmarks/families.py, gpt_problem)."),
+    }
+    for part, (section, title, make, model) in sections.items():
+        if part not in parts:
+            continue
+        table = make()
         print(table)
         if args.write:
-            write_section("families-2bw", "## Asynchronous PipeDream-2BW against flushed schedules (issue 27)\n\n"
-                          "`python benchmarks/families.py --write --parts 2bw` (simulated: no search, exact on any"
-                          " machine).\n\n" + table + "\n\n" + NOTE)
-    if "seq" in parts:
-        table = seq_table(seq_rows())
-        print(table)
-        if args.write:
-            write_section("families-seq", "## Sequence chunks: Seq1F1B against 1F1B and ZB-H1 (issue 27)\n\n"
-                          "`python benchmarks/families.py --write --parts seq` (simulated: no search, exact on any"
-                          f" machine). The cost model: {RANKS} stages of a {LAYERS}-layer GPT, width {HIDDEN},"
-                          f" {MICROBATCHES} microbatches of one sequence, {THROUGHPUT / 1e12:g} TFLOP/s,"
-                          f" {LINK / 1e9:g} GB/s between ranks, bf16 with Adam (benchmarks/families.py,"
-                          " gpt_problem).\n\n" + table)
-
+            write_section(section, f"## {title} (issue 27)\n\n`python benchmarks/families.py --write --parts {part}`"
+                          f" (simulated: no search, exact on any machine).{model}\n\n{table}")
 
 if __name__ == "__main__":
     main()

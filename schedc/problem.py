@@ -831,9 +831,10 @@ class Problem(_Strict):
             return cost * (shares["B"][c] * b + shares["W"][c] * w) / (b + w)
         return cost * shares[kind.value][c]
 
-    def op_delta(self, kind: Kind, stage: int, unit: int) -> float:
-        """The memory delta of ``kind`` on ``stage`` for ``unit`` (a chunk: its share)."""
-        delta = self.mem[kind][stage]
+    def op_delta(self, kind: Kind, stage: int, unit: int, policy: Kind | None = None) -> float:
+        """The memory delta of ``kind`` on ``stage`` for ``unit`` whose (stage, unit) holds the
+        policy op ``policy`` (``delta``); a chunk of a sequence, its share of it."""
+        delta = self.delta(kind, stage, policy)
         return delta if self.sequence_chunks is None else delta * self.chunk_shares["memory"][unit % self.seq_chunks]
 
     @property

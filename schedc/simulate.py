@@ -489,9 +489,9 @@ def _memory(problem: Problem, schedule: Schedule, start, end, copy_start, copy_e
     policy = schedule.policies() if problem.policies else {}
 
     def delta(op: Op) -> float:
-        if problem.sequence_chunks is not None:  # (no policies with sequence chunks: Problem refuses them)
-            return problem.op_delta(*op)
-        return problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb))) if policy else mem[op.kind][op.stage]
+        if policy or problem.sequence_chunks is not None:
+            return problem.op_delta(op.kind, op.stage, op.mb, policy.get((op.stage, op.mb)))
+        return mem[op.kind][op.stage]
 
     levels, peaks, violations = [], [], []
     for r, ops in enumerate(schedule.ranks):

@@ -188,3 +188,12 @@ def test_the_cli_states_the_semantics(tmp_path):
     run("check", tmp_path / "a.json")
     refused = run("export", path, "-s", "2bw", "--format", "torch-csv", "-o", tmp_path / "a.csv", code=2)
     assert "torch.distributed.pipelining runs synchronous schedules only" in refused
+
+
+def test_the_plotted_memory_counts_the_second_weight_copy():
+    from schedc.app.plot import memory_steps
+
+    prob = problem(p=3, m=3, memory={"F": 1, "static": 2, "weights": 1.5})
+    t = simulate(prob, two_bw(prob))
+    assert [max(level for _, level in points) for points in memory_steps(t)] == pytest.approx(t.peak_memory)
+    assert memory_steps(t)[0][-1][1] == 3.5  # static memory and the second copy, once every activation is freed

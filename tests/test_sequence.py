@@ -110,3 +110,11 @@ def test_the_file_keeps_the_chunks(tmp_path):
     assert data["version"] == 6 and data["problem"]["sequence_chunks"]["count"] == 3
     back = schedc.load(tmp_path / "a.json")
     assert back.program.header.sequence_chunks == 3 and back.timeline.makespan == simulate(prob, back.schedule).makespan
+
+
+def test_the_plotted_memory_is_the_simulated_one():
+    from schedc.app.plot import memory_steps
+
+    prob = problem(p=3, m=3, k=2, memory={"F": 1, "static": 0.5}, sequence_chunks={"count": 2, "memory": [0.3, 0.7]})
+    t = simulate(prob, solvers.build("seq1f1b-zb", prob))
+    assert [max(level for _, level in points) for points in memory_steps(t)] == pytest.approx(t.peak_memory)

@@ -150,6 +150,7 @@ def compare(
     click.echo(
         f"{prob.name or problem}: p={prob.ranks} m={prob.microbatches} v={prob.chunks} placement={_placement(prob)}"
         + (f" replicas={prob.pipelines} (m per direction)" if prob.replicas else "")
+        + (f" sequence_chunks={prob.seq_chunks}" if prob.sequence_chunks else "")
         + f" comm={fmt(prob.comm)} objective={prob.objective}"
     )
     timeline_table(prob, [(name, t) for name, _, t in entries if t is not None])

@@ -29,7 +29,7 @@ def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
     """Per rank, the memory level (static included) as step points ``(time, level)``: the levels
     ``simulate`` counts.
 
-    Each op's delta is ``Problem.delta`` under its (stage, microbatch)'s policy (the forward of a
+    Each op's delta is ``Problem.op_delta`` under its (stage, microbatch)'s policy (the forward of a
     recomputed microbatch allocates only what it keeps; R, S and a reload L allocate, an offload O
     frees). An allocating op counts from its start, a freeing one from its end; the ops of the
     compute and copy lanes merge by time, a free before an allocation at one instant, and changes
@@ -46,9 +46,9 @@ def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
             (s if d > 0 else e, 1 if d > 0 else 0, d)
             for lane, per_rank in timeline.lanes.items()
             for op, s, e in zip(per_rank[r], times[lane][0][r], times[lane][1][r])
-            for d in (p.delta(op.kind, op.stage, policy.get((op.stage, op.mb))),)
+            for d in (p.op_delta(op.kind, op.stage, op.mb, policy.get((op.stage, op.mb))),)
         )
-        level = p.static_memory[r]
+        level = timeline.static_memory[r]
         points = [(0.0, level)]
         for t, _, delta in events:
             level += delta
