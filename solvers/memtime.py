@@ -40,7 +40,8 @@ _RELOAD = next(k for k, row in ROWS.items() if row.comes_with is _OFFLOAD)  # L
 
 def plain(schedule: Schedule) -> Schedule:
     """``schedule`` without any policy op (every (stage, microbatch) kept, no copy lane)."""
-    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind not in OPTIONAL) for ops in schedule.ranks))
+    return Schedule(schedule.name, tuple(tuple(op for op in ops if op.kind not in OPTIONAL) for ops in schedule.ranks),
+                    rounds=schedule.rounds)
 
 
 def with_policies(problem: Problem, schedule: Schedule, policy: Policy, name: str | None = None) -> Schedule:
@@ -59,10 +60,11 @@ def with_policies(problem: Problem, schedule: Schedule, policy: Policy, name: st
     ranks = tuple(_with_recomputes(ops, policy) for ops in base.ranks)
     offloaded = {key for key, kind in policy.items() if kind is _OFFLOAD}
     if not offloaded:
-        return Schedule(name, ranks)
-    times = simulate(problem, Schedule(name, ranks)).op_times()  # without the copies
+        return Schedule(name, ranks, rounds=base.rounds)
+    times = simulate(problem, Schedule(name, ranks, rounds=base.rounds)).op_times()  # without the copies
     lanes = [_copy_lane(problem, ops, offloaded, times) for ops in ranks]
-    return Schedule(name, ranks, tuple(copy for copy, _ in lanes), tuple(after for _, after in lanes))
+    return Schedule(name, ranks, tuple(copy for copy, _ in lanes), tuple(after for _, after in lanes),
+                    rounds=base.rounds)
 
 
 def _with_recomputes(ops: tuple[Op, ...], policy: Policy) -> tuple[Op, ...]:

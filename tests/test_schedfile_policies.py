@@ -118,7 +118,7 @@ def _edited(tmp_path, change) -> Path:
     (lambda d: d["schedule"]["ranks"][0].insert(0, ["O", 0, 2]), "runs on the copy lane, not the compute lane"),
     (lambda d: d["schedule"]["copy"][0].append(["X", 0, 0]), "schedule.copy"),
     (lambda d: d["schedule"].__setitem__("copy", [[["O", 0, 1]]] * 3), "copy lane for 3 ranks"),
-    (lambda d: d.__setitem__("version", 6), "written by a newer schedc \\(schedule format version 6"),
+    (lambda d: d.__setitem__("version", 7), "written by a newer schedc \\(schedule format version 7"),
 ])
 def test_an_edited_version_3_file_is_refused_with_one_line(tmp_path, change, message):
     path = _edited(tmp_path, change)
