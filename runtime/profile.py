@@ -106,10 +106,10 @@ from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
-from schedc.runtime.dtensor import is_dtensor, local, local_bytes, refused_output, waited
+from schedc.runtime.dtensor import is_dtensor, local_bytes, refused_output, waited
 from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
-from schedc.runtime.memory import MemoryMeter
+from schedc.runtime.memory import MemoryMeter, SavedBytes
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
@@ -283,32 +283,6 @@ def copy_bandwidth(device: torch.device, mib: float, repeats: int = 5) -> float:
         box.ready()
         ways.append((out.ms + back.ms) / 2)
     return src.numel() / MiB / statistics.median(ways[1:])
-
-
-class SavedBytes:
-    """The CPU measure of activation memory: the bytes of the tensors autograd saves for backward
-    while ``hooks()`` is active (``saved_tensors_hooks``), each storage counted once, whole, and the
-    ``exclude`` storages (the parameters) not at all. ``nbytes`` grows as forwards run under it.
-    What this rank holds: a DTensor counts its local shard (its own storage is the whole tensor's,
-    which no rank holds)."""
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self.exclude = {local(t).untyped_storage().data_ptr() for t in exclude}
-        self.saved: dict[int, int] = {}
-
-    def add(self, t: torch.Tensor) -> torch.Tensor:
-        """Count ``t``'s storage (autograd's pack hook; also for tensors kept outside autograd)."""
-        storage = local(t).untyped_storage()
-        if storage.data_ptr() not in self.exclude:
-            self.saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.add, lambda t: t)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.saved.values())
 
 
 def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
