@@ -65,6 +65,22 @@ Each rank walks its instruction list in order:
   (R, S, O), ``measure_memory``, tensor-parallel (DTensor) stages. Data parallelism, replicas and
   tied weights are refused by the core's schedule check.
 
+Sequence chunks (``header.sequence_chunks`` k > 1: Seq1F1B, the ``seq1f1b`` and ``seq1f1b-zb``
+schedules): an instruction's ``mb`` is a unit ``sequence * k + chunk``. ``step()`` takes the usual
+batch, splits it into m microbatches and each microbatch's inputs and targets into k equal chunks
+along dim 1 (``seqchunk.split_sequence``; a sequence k does not divide is refused in one line).
+Each stage runs through a ``seqchunk.ChunkedStage`` (made at construction, sharing the runtime's
+W store): F of a unit runs chunk ``mb % k`` of sequence ``mb // k``, attending to the sequence's
+earlier chunks' keys and values kept on the stage; B / BW run in reverse chunk order (the program's
+order) and W any time after its B; the sequence's state goes after its chunk 0's backward. Messages
+are per unit, so activations and gradients travel per chunk; a stage's output keeps only its
+autograd node as above. The last stage's chunk loss is recorded per unit and its backward scaled by
+1/(k m): the microbatch's loss is the mean of its equal chunks' per-token means, the step's the mean
+over microbatches, so the gradients are unchunked training's. Refused in one line at construction:
+asynchronous programs, recompute or offload (R, S, O), data parallelism, replicas and tied weights
+(the core refuses them first), tensor-parallel stages, a stage module holding sequence mixing that
+``ChunkedStage`` cannot follow (``seqchunk.chunk_refusal``).
+
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
 variable keeps a microbatch's tensors alive past its instruction. A stage's output keeps only
