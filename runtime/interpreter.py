@@ -65,6 +65,22 @@ Each rank walks its instruction list in order:
   (R, S, O), ``measure_memory``, tensor-parallel (DTensor) stages. Data parallelism, replicas and
   tied weights are refused by the core's schedule check.
 
+Sequence chunks (``header.sequence_chunks`` k > 1: Seq1F1B, the ``seq1f1b`` and ``seq1f1b-zb``
+schedules): an instruction's ``mb`` is a unit ``sequence * k + chunk``. ``step()`` takes the usual
+batch, splits it into m microbatches and each microbatch's inputs and targets into k equal chunks
+along dim 1 (``seqchunk.split_sequence``; a sequence k does not divide is refused in one line).
+Each stage runs through a ``seqchunk.ChunkedStage`` (made at construction, sharing the runtime's
+W store): F of a unit runs chunk ``mb % k`` of sequence ``mb // k``, attending to the sequence's
+earlier chunks' keys and values kept on the stage; B / BW run in reverse chunk order (the program's
+order) and W any time after its B; the sequence's state goes after its chunk 0's backward. Messages
+are per unit, so activations and gradients travel per chunk; a stage's output keeps only its
+autograd node as above. The last stage's chunk loss is recorded per unit and its backward scaled by
+1/(k m): the microbatch's loss is the mean of its equal chunks' per-token means, the step's the mean
+over microbatches, so the gradients are unchunked training's. Refused in one line at construction:
+asynchronous programs, recompute or offload (R, S, O), data parallelism, replicas and tied weights
+(the core refuses them first), tensor-parallel stages, a stage module holding sequence mixing that
+``ChunkedStage`` cannot follow (``seqchunk.chunk_refusal``).
+
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
 variable keeps a microbatch's tensors alive past its instruction. A stage's output keeps only
@@ -112,6 +128,7 @@ from schedc.runtime.dtensor import is_dtensor, local, refused_output, waited
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.policies import (Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng,
                                      without_storage)
+from schedc.runtime.seqchunk import ChunkedStage, chunk_refusal, split_sequence
 from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
 
@@ -279,6 +296,15 @@ class PipelineRuntime:
                                   " computed at B and its W does not do them: compile it without fullgraph=True"
                                   " to keep them deferred to W", stacklevel=2)
         self.params = {s: [p for p in mod.parameters() if p.requires_grad] for s, mod in self.stages.items()}
+        # Sequence chunks (Seq1F1B): an op's mb is sequence * k + chunk; each stage runs one chunk at a time
+        self.k = head.sequence_chunks
+        self.chunked: dict[int, ChunkedStage] = {}
+        if self.k > 1:
+            why = self._sequence_refusal(clip_grad_norm, parallel)
+            if why:
+                raise PipelineError(f"the schedule {head.schedule!r} cuts each sequence into {self.k} chunks: {why}")
+            self.chunked = {s: ChunkedStage(mod, self.k, loss_fn if self._last(s) else None, self.store, s)
+                            for s, mod in self.stages.items()}
         if head.pipelines > 1:  # each copy's sum (RS) takes its stage's parameters: one Parameter in two would count twice
             holder: dict[int, int] = {}
             for s, params in self.params.items():
@@ -330,6 +356,28 @@ class PipelineRuntime:
             mine = list({id(p): p for ps in self.params.values() for p in ps}.values())
             self.clip = GradClip(mine, optimizer, clip_grad_norm, clip_mode, skip_nonfinite, group, self.comm_device,
                                  self._io)
+
+    def _sequence_refusal(self, clip_grad_norm, parallel: list[int]) -> str | None:
+        """What a program over sequence chunks cannot run with yet, in one line, or None. (The core
+        refuses sequence chunks with data parallelism, replicas, tied weights, recompute and offload
+        in the problem; a schedule file is checked again here.)"""
+        head = self.header
+        policies = sorted({kind.value for kind in self.policy.values()})
+        if not head.synchronous:
+            return "asynchronous programs (weight versions) do not run over sequence chunks yet"
+        if policies:
+            return (f"its program recomputes or offloads ({', '.join(policies)}), which the runtime does not run"
+                    " over sequence chunks yet (the chunks share keys and values): use a schedule without them")
+        if head.data_parallel > 1 or head.pipelines > 1 or head.tied:
+            return "data parallelism, replicas and tied weights do not compose with sequence chunks yet"
+        if parallel:
+            return (f"stage {min(parallel)} has tensor-parallel (DTensor) parameters, which the runtime does not"
+                    " run over sequence chunks yet")
+        for s, module in sorted(self.stages.items()):
+            why = chunk_refusal(module)
+            if why:
+                return f"stage {s} {why}"
+        return None
 
     def _asynchronous_refusal(self, optimizer, clip_grad_norm, measure_memory, parallel: list[int]) -> str | None:
         """What an asynchronous program (weight versions, UPDATE per stage and round) cannot run
@@ -463,6 +511,9 @@ class PipelineRuntime:
         first = self._first(s)
         x = state.xs[self._batch_index(s, mb)].to(self.device) if first else self._take(
             state.inbox, Message("act", mb, s - 1, s), instr, k)
+        if self.chunked:
+            self._forward_chunk(state, s, mb, x)
+            return
         policy = self.policy.get((s, mb))
         if policy is Kind.R:  # keep only the input and the random state; R runs it again with autograd
             rng = capture_rng(self.device)
@@ -486,6 +537,19 @@ class PipelineRuntime:
             out = self._output(state, s, mb, self._call_stage(s, x, mb))
         state.saved[(s, mb)] = (None if first else x, _without_data(out))
 
+    def _forward_chunk(self, state: _StepState, s: int, mb: int, x) -> None:
+        """F of chunk ``mb % k`` of sequence ``mb // k`` (``ChunkedStage``): attention over the
+        sequence's earlier chunks' keys and values on this stage. The last stage's loss is the
+        chunk's; its backward is scaled by 1/(k m) (the mean over the chunks and the sequences)."""
+        chunked = self.chunked[s]
+        if self._last(s):
+            loss = chunked.forward(x, mb // self.k, mb % self.k, self._target(state, s, mb))
+            state.losses[self._batch_index(s, mb)] = loss.detach()
+            return
+        y = _plain_output(s, chunked.forward(x, mb // self.k, mb % self.k))
+        state.outbox[Message("act", mb, s, s + 1)] = y.detach()
+        _without_data(y)  # the chunk's record keeps only the output's autograd node until its backward
+
     def _first(self, s: int) -> bool:
         """Whether stage ``s`` is the first of its pipeline (it reads the user's inputs)."""
         return s % self.depth == 0
@@ -495,8 +559,9 @@ class PipelineRuntime:
         return s % self.depth == self.depth - 1
 
     def _batch_index(self, s: int, mb: int) -> int:
-        """Which of the step's microbatches microbatch ``mb`` of stage ``s``'s pipeline is."""
-        return s // self.depth * self.m + mb
+        """Which of the step's microbatches microbatch ``mb`` of stage ``s``'s pipeline is (with
+        sequence chunks: which of the step's chunks, ``sequence * k + chunk``)."""
+        return s // self.depth * self.m * self.k + mb
 
     def _output(self, state: _StepState, s: int, mb: int, y):
         """What a forward of stage ``s`` leaves for its backward: the last stage's loss (scaled by
@@ -588,6 +653,9 @@ class PipelineRuntime:
 
     def _backward(self, state: _StepState, instr: Instr, k: int, split: bool) -> None:
         s, mb = instr.stage, instr.mb
+        if self.chunked:
+            self._backward_chunk(state, instr, k, split)
+            return
         x, out = state.saved.pop((s, mb))
         if (s, mb) in state.boxes:  # offloaded: its reload must have completed
             box, _ = state.boxes.pop((s, mb))
@@ -604,7 +672,23 @@ class PipelineRuntime:
         if not self._first(s):
             state.outbox[Message("grad", mb, s, s - 1)] = x.grad
 
+    def _backward_chunk(self, state: _StepState, instr: Instr, k: int, split: bool) -> None:
+        """B or BW of chunk ``mb % k`` of sequence ``mb // k`` (after the sequence's later chunks'
+        on this stage: ``ChunkedStage``); after chunk 0's, the sequence's keys and values are gone."""
+        s, mb = instr.stage, instr.mb
+        if self._last(s):  # the chunk's loss: its share of the step's mean
+            grad = torch.tensor(1.0 / self.batches, device=self.device)
+        else:
+            grad = self._take(state.inbox, Message("grad", mb, s + 1, s), instr, k)
+        run = self.chunked[s].backward_input if split else self.chunked[s].backward
+        dx = run(mb // self.k, mb % self.k, grad)
+        if not self._first(s):
+            state.outbox[Message("grad", mb, s, s - 1)] = dx
+
     def _weight(self, state: _StepState, instr: Instr, k: int) -> None:
+        if self.chunked:
+            self.chunked[instr.stage].backward_weight(instr.mb // self.k, instr.mb % self.k)
+            return
         self.store.backward_weight((instr.stage, instr.mb))
 
     # ---- asynchronous programs: weight versions ----
@@ -739,6 +823,8 @@ class PipelineRuntime:
         left += [f"unsent {list(map(str, outbox))}"] if outbox else []
         left += [f"unused {list(map(str, inbox))}"] if inbox else []
         left += [f"weight gradients without W {self.store.pending()}"] if self.store.pending() else []
+        left += [f"stage {s}'s sequences without their backward {sorted(c.states)}"
+                 for s, c in self.chunked.items() if c.states]
         if self.versions:
             left += [f"weight versions without their UPDATE (stage, round) {sorted(self.versions)}"]
         if left:
@@ -800,7 +886,15 @@ class PipelineRuntime:
             rounds = self.header.rounds
             of = "" if rounds == 1 else f" ({rounds} rounds of {self.batches}: an asynchronous step runs every round)"
             raise PipelineError(f"{what}: batch of {n} does not split into {count} equal, non-empty microbatches{of}")
-        return batch.chunk(count)
+        if self.k == 1:
+            return batch.chunk(count)
+        if batch.dim() < 2:
+            raise PipelineError(f"{what}: expected (batch, sequence, ...) to cut each sequence into {self.k} chunks,"
+                                f" got {batch.dim()} dimension")
+        try:  # microbatch i's chunk c at i * k + c, as the program's units
+            return [c for micro in batch.chunk(count) for c in split_sequence(micro, self.k)]
+        except ValueError as e:
+            raise PipelineError(f"{what}: {e}") from None
 
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
         pending, tensor = inbox.pop(msg)

@@ -200,3 +200,29 @@ def levels(events: list[dict], counted: list[bool], grads: dict[int, int]) -> li
             level = before
             out.append((level, level))
     return out
+
+
+class SavedBytes:
+    """The CPU measure of activation memory: the bytes of the tensors autograd saves for backward
+    while ``hooks()`` is active (``saved_tensors_hooks``), each storage counted once, whole, and the
+    ``exclude`` storages (the parameters) not at all. ``nbytes`` grows as forwards run under it.
+    What this rank holds: a DTensor counts its local shard (its own storage is the whole tensor's,
+    which no rank holds)."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self.exclude = {local(t).untyped_storage().data_ptr() for t in exclude}
+        self.saved: dict[int, int] = {}
+
+    def add(self, t: torch.Tensor) -> torch.Tensor:
+        """Count ``t``'s storage (autograd's pack hook; also for tensors kept outside autograd)."""
+        storage = local(t).untyped_storage()
+        if storage.data_ptr() not in self.exclude:
+            self.saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.add, lambda t: t)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.saved.values())

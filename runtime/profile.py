@@ -106,11 +106,12 @@ from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
-from schedc.runtime.dtensor import is_dtensor, local, local_bytes, refused_output, waited
+from schedc.runtime.dtensor import is_dtensor, local_bytes, refused_output, waited
 from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
-from schedc.runtime.memory import MemoryMeter
+from schedc.runtime.memory import MemoryMeter, SavedBytes
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
+from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -151,6 +152,15 @@ class StageProfile:
     # ranks of the tensor-parallel group each stage was profiled on (1: not tensor-parallel); times
     # are then the group's, memory one rank's (its shards)
     tensor_parallel: int = 1
+    # sequence chunks (Seq1F1B; ``profile_stages(..., sequence_chunks=k)``): per stage, per chunk
+    # position, the chunk's F, B, W in ms on the chunked stage (``seqchunk.ChunkedStage``) and the
+    # activation (MiB) its F holds (``seqchunk.chunk_activation_bytes``); empty when not profiled
+    sequence_chunks: int = 1
+    chunk_F: list[list[float]] = field(default_factory=list)
+    chunk_B: list[list[float]] = field(default_factory=list)
+    chunk_W: list[list[float]] = field(default_factory=list)
+    chunk_activation: list[list[float]] = field(default_factory=list)
+    chunk_working: list[float] = field(default_factory=list)  # per stage, MiB: ``working`` of its chunk ops
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -170,6 +180,7 @@ def profile_stages(
     load: int = 0,
     progress: Callable[[str], None] | None = None,
     group: dist.ProcessGroup | None = None,
+    sequence_chunks: int = 1,
 ) -> StageProfile:
     """Profile ``stages`` (in pipeline order) on one microbatch of the batch ``inputs`` /
     ``targets`` split into ``microbatches``, with ``load`` copies of each stage running beside it.
@@ -177,18 +188,32 @@ def profile_stages(
 
     ``group``: the stages are tensor-parallel over this process group (torch's
     ``parallelize_module`` on a DeviceMesh: ``group=mesh["tp"].get_group()``), and every rank of it
-    calls ``profile_stages`` at once with the same stages and batch (see the module docstring)."""
+    calls ``profile_stages`` at once with the same stages and batch (see the module docstring).
+
+    ``sequence_chunks`` k > 1: also each chunk position's F, B, W and activation with the
+    microbatch's sequence (dim 1) cut into k chunks (``StageProfile.chunk_*``), from which
+    ``make_problem`` writes the problem's ``sequence_chunks`` section."""
     _check_tensor_parallel(stages, group, load)
+    if sequence_chunks > 1 and group is not None:
+        raise ValueError("sequence_chunks cannot be profiled on tensor-parallel stages yet (the runtime does not run"
+                         " them over sequence chunks): profile without group, or with sequence_chunks=1")
+    if sequence_chunks > 1:
+        split_sequence(inputs, sequence_chunks)  # refused in one line if the sequence does not cut evenly
     if inputs.shape[0] % microbatches:
         raise ValueError(f"a batch of {inputs.shape[0]} does not split into {microbatches} equal microbatches")
     size = inputs.shape[0] // microbatches
     device = torch.device(device) if device is not None else _device_of(stages[0])
+    if sequence_chunks > 1 and device.type != "cpu":
+        raise ValueError("per-chunk activation memory is measured on CPU only yet: profile sequence chunks with"
+                         " device='cpu'")
     x = inputs[:size].to(device)
     y = targets[:size].to(device) if isinstance(targets, torch.Tensor) else targets
     check_supported(EVERY_PROBLEM, "the profiler", TIMED)
     out: dict[str, list[float]] = {
         k: [] for k in (*(kind.value for kind in TIMED), "activation", "kept_for_w", "static", "sends", "working",
-                        "recompute", "keep", "selective", "selective_keep", "grads")
+                        "recompute", "keep", "selective", "selective_keep", "grads",
+                        *(("chunk_F", "chunk_B", "chunk_W", "chunk_activation", "chunk_working") if sequence_chunks > 1
+                          else ()))
     }
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
@@ -199,7 +224,13 @@ def profile_stages(
                           for _ in range(load)]):
             times = dict(zip(TIMED, run.times(warmup, repeats)))
             recompute, selective = run.recompute_times(warmup, repeats)
+            if sequence_chunks > 1:
+                for kind, per_chunk in zip(("F", "B", "W"), run.chunk_times(sequence_chunks, warmup, repeats)):
+                    out[f"chunk_{kind}"].append(per_chunk)
         held, kept = run.memory()
+        if sequence_chunks > 1:
+            out["chunk_activation"].append([b / MiB for b in run.chunk_memory(sequence_chunks)])
+            out["chunk_working"].append(run.chunk_working(sequence_chunks) / MiB)
         working = run.working() if group is None or device.type == "cpu" else None
         selective_held = run.memory(selective=True)[0] if selective > 0 else held
         params = sum(local_bytes(p) for p in module.parameters() if p.requires_grad)  # this rank's shards
@@ -238,7 +269,7 @@ def profile_stages(
     if progress:
         progress(f"host<->device copy: {bandwidth:.1f} MiB/ms" + (" (CPU: a memcpy)" if device.type == "cpu" else ""))
     return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads(),
-                        copy_bandwidth=bandwidth)
+                        copy_bandwidth=bandwidth, sequence_chunks=sequence_chunks)
 
 
 def _check_tensor_parallel(stages: Sequence[nn.Module], group: dist.ProcessGroup | None, load: int) -> None:
@@ -283,32 +314,6 @@ def copy_bandwidth(device: torch.device, mib: float, repeats: int = 5) -> float:
         box.ready()
         ways.append((out.ms + back.ms) / 2)
     return src.numel() / MiB / statistics.median(ways[1:])
-
-
-class SavedBytes:
-    """The CPU measure of activation memory: the bytes of the tensors autograd saves for backward
-    while ``hooks()`` is active (``saved_tensors_hooks``), each storage counted once, whole, and the
-    ``exclude`` storages (the parameters) not at all. ``nbytes`` grows as forwards run under it.
-    What this rank holds: a DTensor counts its local shard (its own storage is the whole tensor's,
-    which no rank holds)."""
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self.exclude = {local(t).untyped_storage().data_ptr() for t in exclude}
-        self.saved: dict[int, int] = {}
-
-    def add(self, t: torch.Tensor) -> torch.Tensor:
-        """Count ``t``'s storage (autograd's pack hook; also for tensors kept outside autograd)."""
-        storage = local(t).untyped_storage()
-        if storage.data_ptr() not in self.exclude:
-            self.saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.add, lambda t: t)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.saved.values())
 
 
 def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
@@ -408,6 +413,87 @@ class _StageRunner:
                 bw.append(tbw.ms)
         self.module.zero_grad(set_to_none=True)
         return tuple(self.median(x) for x in (f, b, w, bw))
+
+    def chunk_times(self, k: int, warmup: int, repeats: int) -> tuple[list[float], ...]:
+        """Per chunk position, median F, B and W in ms of the stage run over ``k`` sequence chunks as
+        the runtime runs it (``seqchunk.ChunkedStage``: forwards in chunk order, then B in reverse,
+        then the Ws)."""
+        xs = split_sequence(self.x, k)
+        ys = split_sequence(self.target, k) if isinstance(self.target, torch.Tensor) else [self.target] * k
+        stage = ChunkedStage(self.module, k, self.loss_fn if self.target is not None else None, self.store, "profile")
+        samples = {kind: [[] for _ in range(k)] for kind in "FBW"}
+        for i in range(warmup + repeats):
+            outs = []
+            for c in range(k):
+                with self.timer() as t:
+                    out = stage.forward(xs[c], i, c, ys[c])
+                outs.append(out)
+                if i >= warmup:
+                    samples["F"][c].append(t.ms)
+            for c in reversed(range(k)):
+                grad = None if self.target is not None else torch.ones_like(outs[c])
+                with self.timer() as t:
+                    stage.backward_input(i, c, grad)
+                if i >= warmup:
+                    samples["B"][c].append(t.ms)
+            del outs, out, grad
+            for c in range(k):
+                with self.timer() as t:
+                    stage.backward_weight(i, c)
+                if i >= warmup:
+                    samples["W"][c].append(t.ms)
+        self.module.zero_grad(set_to_none=True)
+        return tuple([self.median(per) for per in samples[kind]] for kind in "FBW")
+
+    def chunk_memory(self, k: int) -> list[int]:
+        """Per chunk position, the bytes its forward holds for backward (CPU: autograd's saved
+        tensors, each storage counted once, as ``memory``; ``seqchunk.chunk_activation_bytes``)."""
+        xs = split_sequence(self.x, k)
+        ys = split_sequence(self.target, k) if isinstance(self.target, torch.Tensor) else None
+        return chunk_activation_bytes(self.module, xs, ys, self.loss_fn if self.target is not None else None)
+
+    def chunk_working(self, k: int, repeats: int = 2) -> float:
+        """``working`` of the stage's chunk ops over ``k`` sequence chunks (the largest over every
+        chunk's F, B, W and fused BW, as the runtime runs them through ``seqchunk.ChunkedStage``):
+        what the problem's working memory is when its ops are chunks."""
+        xs = split_sequence(self.x, k)
+        ys = split_sequence(self.target, k) if isinstance(self.target, torch.Tensor) else [self.target] * k
+        stage = ChunkedStage(self.module, k, self.loss_fn if self.target is not None else None, self.store, "working")
+        for _ in range(repeats):
+            meter = MemoryMeter(self.device, self.params)
+            meter.start()
+            ops: list[str] = []  # per instruction: F, B (B, W, BW: above the level before) or "" (not an op)
+            try:
+                for split in (True, False):
+                    outs = []
+                    for c in range(k):
+                        with meter.instruction(len(ops)):
+                            outs.append(stage.forward(xs[c], split, c, ys[c]))
+                        ops.append("F")
+                    for c in reversed(range(k)):
+                        with meter.instruction(len(ops)):
+                            grad = None if self.target is not None else torch.ones_like(outs[c])
+                            (stage.backward_input if split else stage.backward)(split, c, grad)
+                            del grad
+                        ops.append("B")
+                    with meter.instruction(len(ops)):
+                        del outs
+                    ops.append("")
+                    for c in range(k) if split else ():
+                        with meter.instruction(len(ops)):
+                            stage.backward_weight(split, c)
+                        ops.append("B")
+            except BaseException:
+                meter.stop(discard=True)
+                stage.release(True)
+                stage.release(False)
+                raise
+            rows = meter.stop()
+            self.module.zero_grad(set_to_none=True)
+        levels = [0] + [after for after, _ in rows]
+        above = [rows[i][1] - (max(levels[i], levels[i + 1]) if op == "F" else levels[i])
+                 for i, op in enumerate(ops) if op]
+        return float(max(0, *above))
 
     def memory(self, selective: bool = False) -> tuple[float, float]:
         """(bytes F holds for backward, bytes B keeps for W); ``selective``: of a forward that drops
@@ -643,6 +729,7 @@ def make_problem(
     data_parallel: dict[str, Any] | None = None,
     replicas: dict[str, Any] | None = None,
     tied: dict[str, Any] | None = None,
+    sequence_chunks: bool = True,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
     in MiB). Static memory per rank is the sum over the stages the placement puts there.
@@ -651,7 +738,9 @@ def make_problem(
     ``data_parallel``: the problem's ``data_parallel`` section (degree, reduce per stage), as is.
     ``replicas``: the problem's ``replicas`` section (count, sync per model stage), as is: the
     profiled stages are then each pipeline's, and a rank's static memory counts both its copies.
-    ``tied``: the problem's ``tied`` section (groups, sync per stage), as is."""
+    ``tied``: the problem's ``tied`` section (groups, sync per stage), as is.
+    ``sequence_chunks``: from a profile of sequence chunks (``profile_stages(..., sequence_chunks=k)``),
+    the problem's ``sequence_chunks`` section (``chunk_shares``); False: the unchunked problem."""
     check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
@@ -665,7 +754,7 @@ def make_problem(
     static = [sum(profile.static[s % n] for s in stages) for stages in base.rank_stages]
     memory: dict[str, Any] = dict(F=act, B=b_delta, W=w_delta, static=static)
     if profile.working:
-        memory["working"] = working_memory(profile)
+        memory["working"] = working_memory(profile, chunked=sequence_chunks and profile.sequence_chunks > 1)
     if memory_limit is not None:
         memory["limit"] = memory_limit
     return Problem.parse(
@@ -674,9 +763,28 @@ def make_problem(
              objective=objective, stage_blocks=stage_blocks,
              **({"data_parallel": data_parallel} if data_parallel else {}),
              **({"tied": tied} if tied else {}),
-             **(policy_sections(profile) if policies else {})),
+             **(policy_sections(profile) if policies else {}),
+             **({"sequence_chunks": chunk_shares(profile)} if sequence_chunks and profile.sequence_chunks > 1 else {})),
         source=name,
     )
+
+
+def chunk_shares(profile: StageProfile) -> dict[str, Any]:
+    """The problem's ``sequence_chunks`` section from a profile of sequence chunks: per chunk
+    position, its share of the unchunked stage's F, B, W and activation. The problem has one share
+    per chunk position for every stage, so each is the pipeline's: the sum over the stages of the
+    chunk's cost (or memory) over the sum of the unchunked stages' (a stage whose cost is mostly
+    position-wise would alone give nearer 1/k to every chunk, one with much attention more to the
+    later chunks)."""
+    k = profile.sequence_chunks
+    out: dict[str, Any] = {"count": k}
+    for field_, per_chunk, whole in (("F", profile.chunk_F, profile.F), ("B", profile.chunk_B, profile.B),
+                                     ("W", profile.chunk_W, profile.W),
+                                     ("memory", profile.chunk_activation, profile.activation)):
+        total = sum(whole)
+        shares = [sum(stage[c] for stage in per_chunk) / total if total > 0 else 1.0 / k for c in range(k)]
+        out[field_] = [max(share, 1e-6) for share in shares]  # shares are positive
+    return out
 
 
 def policy_sections(profile: StageProfile) -> dict[str, Any]:
@@ -695,13 +803,16 @@ def policy_sections(profile: StageProfile) -> dict[str, Any]:
     return out
 
 
-def working_memory(profile: StageProfile) -> list[float]:
+def working_memory(profile: StageProfile, chunked: bool = False) -> list[float]:
     """Per stage, MiB: the profiled working memory of its ops plus the largest tensor it receives
     (its input from the stage before, the gradient of its output from the stage after): a
-    received tensor waits in memory for the op that consumes it."""
+    received tensor waits in memory for the op that consumes it. ``chunked``: of its ops over
+    sequence chunks (``chunk_working``; a received tensor is a chunk's, 1/k of a sequence's)."""
     sends, n = profile.sends, len(profile.sends)
-    received = [max(sends[s - 1] if s > 0 else 0.0, sends[s] if s < n - 1 else 0.0) for s in range(n)]
-    return [w + r for w, r in zip(profile.working, received)]
+    k = profile.sequence_chunks if chunked else 1
+    received = [max(sends[s - 1] if s > 0 else 0.0, sends[s] if s < n - 1 else 0.0) / k for s in range(n)]
+    working = profile.chunk_working if chunked and profile.chunk_working else profile.working
+    return [w + r for w, r in zip(working, received)]
 
 
 @dataclass

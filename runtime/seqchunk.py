@@ -34,7 +34,7 @@ Memory: a microbatch's state on a stage holds, per chunk not yet backwarded, its
 and its keys and values (storage shared with what autograd saved for the chunk anyway). A chunk's
 record goes at its backward; the whole state once chunk 0's backward is done (``release`` drops it
 earlier, e.g. after a failed step). ``chunk_activation_bytes`` measures what each chunk's forward
-makes autograd save, as the profiler measures a stage's activation on CPU (``profile.SavedBytes``).
+makes autograd save, as the profiler measures a stage's activation on CPU (``memory.SavedBytes``).
 
 Exactness needs dropout 0 (or eval mode): with dropout the chunks draw other random numbers than
 the unchunked run, which is still a valid training run but not the same one.
@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from schedc.runtime.gpt import AttentionCore, Embedding
-from schedc.runtime.profile import SavedBytes
+from schedc.runtime.memory import SavedBytes
 from schedc.runtime.wgrad import WeightGradStore
 
 
@@ -62,6 +62,26 @@ def split_sequence(x: Tensor, chunks: int) -> list[Tensor]:
         raise ValueError(f"a sequence of {t} tokens does not cut into {chunks} equal chunks: use a chunk count"
                          f" that divides {t}")
     return [c.contiguous() for c in x.split(t // chunks, dim=1)]
+
+
+# torch modules that mix positions along the sequence themselves, which ChunkedStage cannot hook:
+# chunk by chunk they would see only the chunk (attention) or restart their state (recurrence)
+_MIXING = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder,
+           nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.RNNBase)
+
+
+def chunk_refusal(module: nn.Module) -> str | None:
+    """Why ``ChunkedStage`` cannot run ``module`` chunk by chunk (one line), or None. It chunks
+    what is position-wise (embeddings of tokens, Linear, LayerNorm, ...) plus ``gpt.Embedding``'s
+    positions and ``gpt.AttentionCore``'s causal attention; a module of torch's that mixes the
+    sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers, RNNs) is refused,
+    since it would silently attend within the chunk only. Other sequence-mixing code it cannot see."""
+    for name, m in module.named_modules():
+        if isinstance(m, _MIXING):
+            return (f"has {type(m).__name__} {name!r}, which mixes the sequence in a way sequence chunks cannot"
+                    " run yet (only schedc.runtime.gpt.AttentionCore's causal attention is chunked): use a schedule"
+                    " without sequence chunks, or AttentionCore")
+    return None
 
 
 @dataclass

@@ -16,7 +16,7 @@ from torch import nn
 
 from schedc.runtime import seqchunk
 from schedc.runtime.gpt import AttentionCore, Embedding, cut, gpt_blocks, lm_loss, token_batches
-from schedc.runtime.profile import SavedBytes
+from schedc.runtime.memory import SavedBytes
 from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
 from schedc.runtime.wgrad import enable_split
 
