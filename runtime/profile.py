@@ -732,7 +732,9 @@ def make_problem(
     sequence_chunks: bool = True,
 ) -> Problem:
     """The Problem of running the profiled stages on ``ranks`` x ``chunks`` (times in ms, memory
-    in MiB). Static memory per rank is the sum over the stages the placement puts there.
+    in MiB). Static memory per rank is the sum over the stages the placement puts there;
+    ``memory.weights`` per stage one copy of its trainable parameters (what PipeDream-2BW's second
+    weight version adds), where the profile recorded them (``grads``).
     ``policies``: also the ``recompute:`` section (time, keep, and ``selective:`` where every stage
     marks a part to drop) and the ``offload:`` section (copy time), from a profile that has them.
     ``data_parallel``: the problem's ``data_parallel`` section (degree, reduce per stage), as is.
@@ -755,6 +757,8 @@ def make_problem(
     memory: dict[str, Any] = dict(F=act, B=b_delta, W=w_delta, static=static)
     if profile.working:
         memory["working"] = working_memory(profile, chunked=sequence_chunks and profile.sequence_chunks > 1)
+    if profile.grads:  # one copy of the trainable weights: what an asynchronous schedule's second version adds
+        memory["weights"] = list(profile.grads)
     if memory_limit is not None:
         memory["limit"] = memory_limit
     return Problem.parse(

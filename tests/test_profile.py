@@ -160,6 +160,18 @@ def test_gradient_sizes_and_reduce_estimates(profiled):
     assert prob.data_parallel.degree == 4 and prob.cost["AR"] == pytest.approx([g * 1.5 for g in prof.grads])
 
 
+def test_the_weights_are_written_and_2bw_counts_a_second_copy(profiled):
+    import schedc.solvers as solvers
+    from schedc.simulate import simulate
+
+    parts, prof, _ = profiled
+    prob = make_problem(prof, ranks=4, microbatches=4)
+    weights = [sum(p.numel() * p.element_size() for p in part.parameters() if p.requires_grad) / MiB for part in parts]
+    assert prob.stage_weights == pytest.approx(weights)
+    one, two = (simulate(prob, solvers.build(name, prob)) for name in ("1f1b", "2bw"))
+    assert [b - a for a, b in zip(one.peak_memory, two.peak_memory)] == pytest.approx(weights)
+
+
 def _all_reduce(rank, world):
     from schedc.runtime.profile import measure_all_reduce
 
