@@ -68,14 +68,14 @@ def train(rank, world, paths, batch):
     return out
 
 
-def reference(n_stages, m, batch, make=None):
-    """One process training the whole model (``make(n_stages)``, default ``model``) on the batch:
-    its losses and weights."""
+def reference(n_stages, m, batch, make=None, data=None):
+    """One process training the whole model (``make(n_stages)``, default ``model``) on the
+    batches (``data``, default STEPS of ``batch`` sequences): its losses and weights."""
     parts = (make or model)(n_stages)
     net = torch.nn.Sequential(*parts)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     losses = []
-    for x, y in token_batches(STEPS, batch, seed=2):
+    for x, y in (token_batches(STEPS, batch, seed=2) if data is None else data):
         opt.zero_grad()
         loss = torch.stack([lm_loss(net(a), b) for a, b in zip(x.chunk(m), y.chunk(m))]).mean()
         loss.backward()

@@ -15,6 +15,7 @@ from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.profile import make_problem, profile_stages
+from tests import test_runtime
 from tests.ranks import run_local
 
 STEPS, M, MB_SIZE, SEQ = 2, 3, 2, 16
@@ -57,17 +58,7 @@ def train(rank, world, paths):
 
 def reference(n_stages: int):
     """One process, whole sequences: the mean loss over the M microbatches per step, and the weights."""
-    parts = model(n_stages)
-    net = nn.Sequential(*parts)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for x, y in batches():
-        opt.zero_grad()
-        loss = torch.stack([lm_loss(net(a), b) for a, b in zip(x.chunk(M), y.chunk(M))]).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {f"{s}.{k}": t for s, mod in enumerate(parts) for k, t in mod.state_dict().items()}
+    return test_runtime.reference(n_stages, M, M * MB_SIZE, make=model, data=batches())
 
 
 @pytest.mark.parametrize("p, k", [(2, 2), (2, 4), (4, 2), (4, 4)], ids=lambda x: str(x))
