@@ -118,3 +118,20 @@ def test_the_plotted_memory_is_the_simulated_one():
     prob = problem(p=3, m=3, k=2, memory={"F": 1, "static": 0.5}, sequence_chunks={"count": 2, "memory": [0.3, 0.7]})
     t = simulate(prob, solvers.build("seq1f1b-zb", prob))
     assert [max(level for _, level in points) for points in memory_steps(t)] == pytest.approx(t.peak_memory)
+
+
+@pytest.mark.parametrize("F, B, W", [(1, 1, 1), (2, 2, 1), (1, 2, 1)])
+def test_the_bubble_is_1f1b_s_and_zb_h1_s_over_k(F, B, W):
+    """With equal chunks and no latency: seq1f1b idles (p - 1)(F + B + W) / k, 1F1B's bubble over
+    k; seq1f1b-zb (p - 1)(F + B - W) / k, ZB-H1's over k (m >= p, as ZB-H1's form needs)."""
+    for p in (2, 3, 4, 6):
+        for m in (1, p, 2 * p + 1):
+            for k in (1, 2, 3, 8):
+                prob = Problem.parse({"ranks": p, "microbatches": m, "costs": {"F": F, "B": B, "W": W},
+                                      "sequence_chunks": k})
+                work = m * (F + B + W)
+                fused = simulate(prob, solvers.build("seq1f1b", prob)).makespan
+                assert fused - work == pytest.approx((p - 1) * (F + B + W) / k)
+                if m >= p:
+                    split = simulate(prob, solvers.build("seq1f1b-zb", prob)).makespan
+                    assert split - work == pytest.approx((p - 1) * (F + B - W) / k)
