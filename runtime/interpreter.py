@@ -300,7 +300,7 @@ class PipelineRuntime:
         self.k = head.sequence_chunks
         self.chunked: dict[int, ChunkedStage] = {}
         if self.k > 1:
-            why = self._sequence_refusal(clip_grad_norm, parallel)
+            why = self._sequence_refusal(parallel)
             if why:
                 raise PipelineError(f"the schedule {head.schedule!r} cuts each sequence into {self.k} chunks: {why}")
             self.chunked = {s: ChunkedStage(mod, self.k, loss_fn if self._last(s) else None, self.store, s)
@@ -357,7 +357,7 @@ class PipelineRuntime:
             self.clip = GradClip(mine, optimizer, clip_grad_norm, clip_mode, skip_nonfinite, group, self.comm_device,
                                  self._io)
 
-    def _sequence_refusal(self, clip_grad_norm, parallel: list[int]) -> str | None:
+    def _sequence_refusal(self, parallel: list[int]) -> str | None:
         """What a program over sequence chunks cannot run with yet, in one line, or None. (The core
         refuses sequence chunks with data parallelism, replicas, tied weights, recompute and offload
         in the problem; a schedule file is checked again here.)"""
