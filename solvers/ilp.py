@@ -646,15 +646,17 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
     """Large neighbourhood search: sweep a window of microbatches across the schedule; in each,
     the ops of those microbatches (and whatever lies between them on a rank) may be reordered,
     the rest keeps the incumbent's order. A window the solver cannot finish within its time, and
-    that finds nothing better, halves the windows (down to MIN_WINDOW_MICROBATCHES microbatches;
-    the sweep starts again); where GIVE_UP of those run out of time, the search gives up
-    (its note says so). Stops when the budget runs out (when too little is left for one more
+    that finds nothing better, halves the windows (down to MIN_WINDOW_MICROBATCHES microbatches, or
+    one sequence with sequence chunks; the sweep starts again); where GIVE_UP of those run out of
+    time, the search gives up (its note says so). Stops when the budget runs out (when too little is left for one more
     window), at the lower bound, or after a sweep without improvement. Gives no bound of its own;
     its note is "time limit" when the budget stopped it. With sequence chunks, the windows are of
     sequences (all their chunks)."""
     best, budget = incumbent, settings.budget
     chunks = problem.seq_chunks  # (with sequence chunks a window holds whole sequences: k of them)
-    k = max(MIN_WINDOW_MICROBATCHES, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks * chunks))
+    # A sequence is ``chunks`` units (that many times the ops): its windows may shrink to one sequence.
+    smallest = 1 if chunks > 1 else MIN_WINDOW_MICROBATCHES
+    k = max(smallest, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks * chunks))
     policies = len(model_kinds(problem)) > len(SPLIT)
     if policies:  # recompute binaries make windows far slower to search: the smallest, and less time
         k = MIN_WINDOW_MICROBATCHES
@@ -690,8 +692,8 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
                 if settings.progress:
                     settings.progress(event)
             elif "time" in found.note.lower() and not budget.expired():  # too large to search in its time
-                if k > MIN_WINDOW_MICROBATCHES:
-                    k, improved, last = max(MIN_WINDOW_MICROBATCHES, k // 2), True, 0.0
+                if k > smallest:
+                    k, improved, last = max(smallest, k // 2), True, 0.0
                     break  # the sweep again, with smaller windows
                 slow += 1
                 if slow >= GIVE_UP:

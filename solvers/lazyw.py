@@ -101,7 +101,7 @@ def lazy_w(
         if tol.le(due, t) and (admits or not pending[r]):
             pos[r] += 1
             run(op, r, t)
-        elif pending[r] and (not admits or fill or tol.le(t + cost(Kind.W, pending[r][0].stage, pending[r][0].mb), soonest(op, r, t))):
+        elif pending[r] and (not admits or fill or tol.le(t + cost(*pending[r][0]), soonest(op, r, t))):
             run(pending[r].pop(0), r, t)
         elif due < math.inf:
             clock[r] = due

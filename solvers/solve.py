@@ -465,6 +465,12 @@ def solve(
         run.fitting.extend(derived)
         run.derived.update(name for name, _ in derived)
     warm = best_registry_schedule(problem, run.fitting)
+    if warm is None and not run.built and not candidates:
+        raise SchedcError(
+            "no registry schedule applies to this problem, so solve has nothing to start from"
+            + (" (on a sequence-chunked problem only seq1f1b and seq1f1b-zb apply, and they need one chunk per"
+               f" rank: chunks is {problem.chunks})" if problem.seq_chunks > 1 else "")
+        )
     if warm is None:
         raise SchedcError(
             "no registry schedule fits the memory limit to start from; raise the limit"

@@ -18,6 +18,7 @@ from schedc.solvers.common import Settings, order_edges
 from schedc.solvers.deadline import Budget
 from schedc.solvers.ilp import _Model, _w_follow_b, search_cbc
 from schedc.solvers.localsearch import renumbered
+from schedc.solvers.registry import unfuse
 from schedc.solvers.solve import solve
 
 from tests.exhaustive import exhaustive_optimum
@@ -182,3 +183,31 @@ def test_a_limit_below_a_whole_sequence_is_allowed_where_the_chunks_hold_less():
         Problem.parse({**data, "memory": {"F": 1, "limit": 0.6}})
     found = solve(prob, time_limit=20)
     assert found.timeline.fits and max(found.timeline.peak_memory) <= 0.7 + TOL
+
+
+def test_the_neighbourhood_search_windows_whole_sequences(monkeypatch):
+    """Above FULL_MODEL_OPS the ILP searches windows of whole sequences (all their chunks): made
+    small here so that a 2-rank, 3-sequence problem is searched one sequence at a time."""
+    import schedc.solvers.ilp as ilp
+
+    monkeypatch.setattr(ilp, "FULL_MODEL_OPS", 10)
+    monkeypatch.setattr(ilp, "WINDOW_OPS", 9)  # one sequence of 3 chunks per window
+    monkeypatch.setattr(ilp, "WINDOW_MIN_SECONDS", 0.5)
+    monkeypatch.setattr(ilp, "WINDOW_SECONDS", 2.0)
+    prob = chunked(random.Random(3), 2, 3, 3, "makespan")
+    start = simulate(prob, unfuse(solvers.build("seq1f1b", prob)))  # (the driver hands the backend split ones)
+    windows = []
+    real = ilp.solve_pulp
+
+    def spy(problem, incumbent, settings, solver="cbc", *, keep=None, window=None):
+        windows.append({op for ops, w in zip(keep.ranks, window) for op in (ops[x] for x in w)})
+        return real(problem, incumbent, settings, solver, keep=keep, window=window)
+
+    monkeypatch.setattr(ilp, "solve_pulp", spy)
+    found = ilp.search_cbc(prob, start, Settings(Budget.seconds(20), 0.0, None, lower_bound(prob).value))
+    assert found.bound is None and windows
+    for ops in windows:  # each holds every op of some sequence: all its chunks
+        assert any(all(Op(kind, s, 3 * q + c) in ops for kind in (Kind.F, Kind.B, Kind.W) for s in range(2)
+                       for c in range(3)) for q in range(3))
+    if found.schedule is not None:
+        assert simulate(prob, found.schedule).makespan <= start.makespan + TOL
