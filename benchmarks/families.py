@@ -21,8 +21,9 @@ one throughput give the times, so a later chunk, whose queries attend to more ke
 activations as Megatron-LM counts them with flash attention (34 h bytes per token and layer: no
 s^2 term), so each chunk holds 1/k of a sequence's. Per row: the iteration's makespan, the
 bubble, and the peak memory (static included) of the busiest rank; and per length the memory
-limit below which only the chunked schedules fit. Simulated: no search (``solve`` does not search
-chunked problems yet), exact on any machine.
+limit below which only the chunked schedules fit. Simulated: no search (``solve`` searches chunked
+problems since issue 27, but not here: these problems are far above its full model's size), exact
+on any machine.
 """
 
 from __future__ import annotations

@@ -876,8 +876,16 @@ class Problem(_Strict):
         holds the least any policy keeps between its forward and its backward (``least_kept``),
         and its whole activation during its forward (an offload frees it after) and from what
         brings it back (R, S or L) to its weight gradient.
+
+        With sequence chunks (no policies there), what is proven per stage: a sequence's backward
+        of its last chunk waits for the forwards of all its chunks there, so the stage then holds
+        every chunk's share of its activation (the shares need not sum to 1).
         """
         f, b, w = self.mem_deltas
+        if self.sequence_chunks is not None:
+            held = sum(self.chunk_shares["memory"])
+            return self.static_memory[rank] + self.working_memory[rank] + max(
+                held * f[s] for s in self.rank_stages[rank])
         peaks = []
         for k in range(self.pipelines):
             stages = [s for s in self.rank_stages[rank] if self.pipeline_of(s) == k]

@@ -114,6 +114,8 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     if any(problem.cost[op.kind][op.stage] for r in range(problem.ranks) for op in comm_ops(problem, r)):
         return _with_sync(problem, objective)
     problem = _relaxed(problem)
+    if problem.seq_chunks > 1:
+        return _chunked_bounds(problem, objective)
     if problem.replicas is not None:
         return _bidirectional_bounds(problem, objective)
     if problem.policies:
@@ -179,6 +181,86 @@ def _bidirectional_bounds(problem: Problem, objective: str) -> list[Bound]:
             out.append(_memory_time_bound(problem, ch, r, objective))
     out.append(_critical_path(problem, ch, objective))
     return [b for b in out if b is not None]
+
+
+def _chunked_bounds(problem: Problem, objective: str) -> list[Bound]:
+    """With sequence chunks (``Problem.sequence_chunks``; no policies, replicas, syncs or pairs
+    there: Problem refuses them), the terms proven for ops of different costs per chunk position
+    (``Problem.op_cost``) and the chunk rule (``producers``' ``chunk_needs``), after ``_relaxed``
+    (which scales a stage's B and W by one ratio, so each chunk's B' + W' is at most its BW: every
+    fused schedule is a split one of the relaxation or slower). The other terms assume one cost per
+    stage and kind, and are not used here.
+
+    - The chains of one sequence: every sequence's ops form the same DAG (costs depend on the chunk
+      position only): F(s, c) after F(s-1, c) (+ comm across ranks) and F(s, c-1); B(s, c) after
+      F(s, c), B(s+1, c) (+ comm) and B(s, c+1); W(s, c) after B(s, c). Every op starts at 0 or
+      later, so the makespan is at least the longest path (its ``es``: each op's earliest start).
+      Span: for any two ops a, b of one sequence on rank r with a path from a to b, rank r's window
+      holds a's start and b's end: its span is at least that path.
+    - Per rank, its work (every op of every unit: F + B' + W'), one op at a time: its span is at
+      least that; for the makespan, every op of the rank starts no earlier than the earliest ``es``
+      of its forwards (each op has one of its rank's forwards before it: B and W their own F), and
+      every B and W no earlier than the earliest ``es`` of its backwards."""
+    n, sr, comm, k = problem.n_stages, problem.stage_rank, problem.comm, problem.seq_chunks
+    c = problem.op_cost
+    split = (Kind.F, Kind.B, Kind.W)
+    nodes = [(kind, s, u) for u in range(k) for s in range(n) for kind in split]
+    dur = {x: c(x[0], x[1], x[2]) for x in nodes}
+    d = lambda a, b: comm if sr[a] != sr[b] else 0.0  # noqa: E731
+    preds: dict[tuple, list[tuple[tuple, float]]] = {x: [] for x in nodes}
+    for kind, s, u in nodes:
+        need = preds[kind, s, u]
+        if kind is Kind.F:
+            need += [((Kind.F, s - 1, u), d(s - 1, s))] if s > 0 else []
+            need += [((Kind.F, s, u - 1), 0.0)] if u > 0 else []
+        elif kind is Kind.B:
+            need.append(((Kind.F, s, u), 0.0))
+            need += [((Kind.B, s + 1, u), d(s + 1, s))] if s + 1 < n else []
+            need += [((Kind.B, s, u + 1), 0.0)] if u + 1 < k else []
+        else:
+            need.append(((Kind.B, s, u), 0.0))
+    # A topological order: forwards by (chunk, stage), then backwards by (chunk, stage) reversed.
+    order = ([(Kind.F, s, u) for u in range(k) for s in range(n)]
+             + [(kind, s, u) for u in reversed(range(k)) for s in reversed(range(n)) for kind in (Kind.B, Kind.W)])
+
+    def longest(source: tuple | None) -> dict[tuple, float]:
+        """Each node's latest end on a path from ``source``'s start (None: from time 0, any node)."""
+        end: dict[tuple, float] = {}
+        for x in order:
+            ins = [end[a] + lat for a, lat in preds[x] if a in end]
+            if x == source or source is None:
+                ins.append(0.0)
+            if ins:
+                end[x] = max(ins) + dur[x]
+        return end
+
+    es_end = longest(None)
+    es = {x: es_end[x] - dur[x] for x in nodes}
+    out = []
+    for r, stages in enumerate(problem.rank_stages):
+        units = range(problem.units)
+        fwd = sum(c(Kind.F, s, u) for s in stages for u in units)
+        back = sum(c(Kind.B, s, u) + c(Kind.W, s, u) for s in stages for u in units)
+        if objective == "makespan":
+            start = min(es[Kind.F, s, u] for s in stages for u in range(k))
+            late = min(es[Kind.B, s, u] for s in stages for u in range(k))
+            out.append(Bound(start + fwd + back, f"rank {r}: start no earlier than {start:g} + work {fwd + back:g}"
+                             " (sequence chunks)", r))
+            out.append(Bound(late + back, f"rank {r}: first backward no earlier than {late:g} + backward work"
+                                          f" {back:g} (sequence chunks)", r))
+        else:
+            out.append(Bound(fwd + back, f"rank {r}: work {fwd + back:g} (sequence chunks)", r))
+            mine = [x for x in nodes if sr[x[1]] == r]
+            best = 0.0
+            for a in mine:  # (from one of its forwards: every op of the rank has one before it)
+                if a[0] is Kind.F:
+                    end = longest(a)
+                    best = max([best] + [end[b] for b in mine if b in end])
+            out.append(Bound(best, f"rank {r}: one sequence's chain from and back to it: {best:g}", r))
+    if objective == "makespan":
+        top = max(es_end.values())
+        out.append(Bound(top, f"critical path of one sequence ({k} chunks through every stage and back): {top:g}"))
+    return out
 
 
 def _without_overlap(problem: Problem) -> Problem:

@@ -85,17 +85,25 @@ def order_edges(
     every stage in microbatch order: a restriction (some optimal schedules reorder microbatches,
     tests/test_exhaustive.py has one), so only searches that claim no bound may use it. With a
     Schedule as ``in_order``, only the pairs that schedule runs in microbatch order are fixed so
-    (it stays a solution of the model)."""
-    rank_of = problem.stage_rank
-    pos = {op: k for ops in in_order.ranks for k, op in enumerate(ops)} if isinstance(in_order, Schedule) else None
+    (it stays a solution of the model).
+
+    With sequence chunks (k = ``Problem.seq_chunks``; an op's mb is a unit, sequence * k + chunk),
+    the chunk rule's edges too (``producers``), and sequences, not units, are interchangeable (a
+    chunk position has its own costs and memory): the symmetry edge is F(0, chunk 0 of sequence i)
+    before F(0, chunk 0 of sequence i+1), which any schedule keeps once its sequences are numbered
+    by when their first chunk enters stage 0 (the other chunks of sequence i may still run after
+    sequence i+1's first); ``in_order`` likewise orders the units of one chunk position."""
+    rank_of, k = problem.stage_rank, problem.seq_chunks
+    pos = {op: x for ops in in_order.ranks for x, op in enumerate(ops)} if isinstance(in_order, Schedule) else None
     edges = []
     for op in ops:
-        for d in producers(op, problem.pipeline_stages, index):
+        for d in producers(op, problem.pipeline_stages, index, k):
             edges.append((index[d], index[op], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm))
-        if op.mb == 0:
+        if op.mb < k:
             continue
-        prev = op._replace(mb=op.mb - 1)
-        if (op.kind == Kind.F and op.stage % problem.pipeline_stages == 0) or (in_order and (pos is None or pos[prev] < pos[op])):
+        prev = op._replace(mb=op.mb - k)  # the same chunk position of the sequence before
+        first = op.kind == Kind.F and op.stage % problem.pipeline_stages == 0 and op.mb % k == 0
+        if first or (in_order and (pos is None or pos[prev] < pos[op])):
             edges.append((index[prev], index[op], 0.0))
     return edges
 
@@ -150,3 +158,11 @@ def model_deltas(problem: Problem, stage: int) -> dict[Kind, float]:
     return out
 
 
+def model_op_deltas(problem: Problem, ops: list[Op]) -> list[float]:
+    """Per op, the model's memory delta (``model_deltas``), a sequence chunk's its chunk
+    position's share of it (``Problem.op_delta``; no recompute with sequence chunks)."""
+    deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
+    share = problem.chunk_shares.get("memory")
+    k = problem.seq_chunks
+    return [deltas[op.stage].get(op.kind, problem.mem[op.kind][op.stage]) * (share[op.mb % k] if share else 1.0)
+            for op in ops]

@@ -126,7 +126,11 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
 
     Returns what it found and the lower bound it proved; its ``note`` contains "time" when the
     budget stopped the search (or the model building) and "Optimal" when CP-SAT proved
-    optimality (within ``settings.gap``)."""
+    optimality (within ``settings.gap``). Not on a sequence-chunked problem (its model takes one
+    cost per stage and kind): it returns nothing there, and the solve keeps what the local search
+    found, with schedc's own bound."""
+    if problem.seq_chunks > 1:
+        return Found(None, None, [], "not searched: the CP-SAT model does not handle sequence chunks (use cbc)")
     budget = settings.budget
     try:
         from ortools.sat.python import cp_model

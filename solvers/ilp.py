@@ -44,6 +44,12 @@ cut leaves its pair's forward out: every cut holds for a schedule with pairs. On
 model, and not with recompute (whose ops are placed by position): there the search makes no
 pairs and its bound is dropped.
 
+Sequence chunks (``Problem.sequence_chunks``, Seq1F1B): the ops are per unit (a chunk of a
+sequence: ``mb = sequence * k + chunk``), each with its own cost and memory (``Problem.op_cost``,
+``op_delta``), the chunk rule among the edges (``common.order_edges``); sequences, not units, are
+interchangeable, so the symmetry edge orders the sequences' first chunks on stage 0 and the W
+follow their B only within one chunk position (units of one position cost and free the same).
+
 The search: the whole model up to FULL_MODEL_OPS ops; above that, a large-neighbourhood search
 over windows of the incumbent's order (``_neighbourhoods``). The order found is re-timed by the
 simulator (as soon as possible) in the driver, which is never later than the ILP's times.
@@ -70,8 +76,8 @@ from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_wai
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
-    WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, model_deltas, model_kinds, order_edges,
-    register_backend,
+    WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, model_deltas, model_kinds, model_op_deltas,
+    order_edges, register_backend,
 )
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
 from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as README shows)
@@ -135,11 +141,11 @@ class _Model:
         import pulp
 
         self.problem = problem
-        n, m = problem.n_stages, problem.microbatches
+        n, m = problem.n_stages, problem.units  # (units: microbatches x sequence chunks)
         self.kinds = model_kinds(problem)
         self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in self.kinds]
         self.index = index = {op: k for k, op in enumerate(self.ops)}
-        self.cost = [problem.cost[op.kind][op.stage] for op in self.ops]
+        self.cost = [problem.op_cost(op.kind, op.stage, op.mb) for op in self.ops]
         # The shortest each op can last (a recompute not chosen lasts 0; an op that may run in an
         # overlapped pair, its share of the pair: ``_pairable``): windows, cuts and edges.
         self.dur = [0.0 if op.kind in RECOMPUTES else c for op, c in zip(self.ops, self.cost)]
@@ -161,7 +167,7 @@ class _Model:
             self.on_rank[problem.stage_rank[op.stage]].append(k)
         # (W pair, its B pair) of one stage, both as (lower microbatch, higher): tied in the full
         # model (in a neighbourhood the W outside the window keep their place).
-        self.twins = {} if keep is not None else _w_follow_b(self.ops, index, n, m)
+        self.twins = {} if keep is not None else _w_follow_b(self.ops, index, n, m, problem.seq_chunks)
         edges, earliest, latest, self.reach = _windows(
             self.dur, edges, self.on_rank, self.free, horizon, self.twins, fix=keep is None, open_pair=self._may_pair
         )
@@ -317,8 +323,7 @@ class _Model:
         import pulp
 
         problem = self.problem
-        deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
-        delta = [deltas[op.stage][op.kind] for op in self.ops]
+        delta = model_op_deltas(problem, self.ops)
         for r, ks in enumerate(self.on_rank):
             room = problem.activation_room[r]
             for o in ks:
@@ -362,8 +367,8 @@ class _Model:
         # the level never exceeds the room between the rank's first start and C (+ it).
         held = []
         for s in problem.rank_stages[r]:
-            f, b = problem.mem[Kind.F][s], problem.mem[Kind.B][s]
-            for i in range(problem.microbatches):
+            for i in range(problem.units):  # (a sequence chunk holds its share)
+                f, b = (problem.op_delta(kind, s, i) for kind in (Kind.F, Kind.B))
                 kf, kb, kw = (self.index[Op(kind, s, i)] for kind in SPLIT)
                 held += [f * (start[kb] - start[kf]), (f + b) * (start[kw] - start[kb])]
         window_length = self.C if problem.objective == "span" else self.C - first_start
@@ -440,12 +445,15 @@ class _Model:
         for op in self.ops:
             if op not in times:  # a recompute op the incumbent does not hold: at its F's end
                 times[op], tie[op] = spans[Op(Kind.F, op.stage, op.mb)][2], 0
-        if self.twins:
+        if self.twins:  # (per chunk position: only those W last as long and free as much)
+            k = self.problem.seq_chunks
             for s in range(self.problem.n_stages):
-                slots = sorted(times[Op(Kind.W, s, i)] for i in range(self.problem.microbatches))
-                by_b = sorted(range(self.problem.microbatches), key=lambda i: times[Op(Kind.B, s, i)])
-                for slot, i in zip(slots, by_b):
-                    times[Op(Kind.W, s, i)] = slot
+                for c in range(k):
+                    units = range(c, self.problem.units, k)
+                    slots = sorted(times[Op(Kind.W, s, i)] for i in units)
+                    by_b = sorted(units, key=lambda i: times[Op(Kind.B, s, i)])
+                    for slot, i in zip(slots, by_b):
+                        times[Op(Kind.W, s, i)] = slot
         for k, op in enumerate(self.ops):  # the simulator's sums may pass a window's by rounding
             x = self.start[k]
             x.setInitialValue(min(max(times[op], x.lowBound), x.upBound))
@@ -482,12 +490,16 @@ class _Model:
         return Schedule.from_lists(name, [[self.ops[k] for k in ks] for ks in per_rank], pairs=pairs)
 
 
-def _w_follow_b(ops: list[Op], index: dict[Op, int], n: int, m: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """``(W(s, i), W(s, j)) -> (B(s, i), B(s, j))`` for every stage s and i < j (as op indices)."""
+def _w_follow_b(
+    ops: list[Op], index: dict[Op, int], n: int, m: int, chunks: int = 1
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(W(s, i), W(s, j)) -> (B(s, i), B(s, j))`` for every stage s and i < j (as op indices) of
+    ``m`` units; with sequence ``chunks``, only units of one chunk position (j - i a multiple of
+    ``chunks``): W of other positions differ in cost and memory."""
     twins = {}
     for s in range(n):
         for i in range(m):
-            for j in range(i + 1, m):
+            for j in range(i + chunks, m, chunks):
                 pair = (index[Op(Kind.W, s, i)], index[Op(Kind.W, s, j)])
                 twins[pair] = (index[Op(Kind.B, s, i)], index[Op(Kind.B, s, j)])
     return twins
@@ -610,7 +622,7 @@ def _pulp_search(problem: Problem, incumbent: Timeline, settings: Settings, solv
     large-neighbourhood search over windows of the incumbent's order (no bound of its own)."""
     if incumbent.schedule.copy:
         return Found(None, None, [], "not searched: the ILP does not model offload (the incumbent offloads)")
-    if problem.n_stages * problem.microbatches * len(model_kinds(problem)) > FULL_MODEL_OPS:
+    if problem.n_stages * problem.units * len(model_kinds(problem)) > FULL_MODEL_OPS:
         return _neighbourhoods(problem, incumbent, settings, solver)
     found = solve_pulp(problem, incumbent, settings, solver)
     if Kind.O in problem.policies:  # its bound is over the schedules that do not offload only
@@ -634,13 +646,17 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
     """Large neighbourhood search: sweep a window of microbatches across the schedule; in each,
     the ops of those microbatches (and whatever lies between them on a rank) may be reordered,
     the rest keeps the incumbent's order. A window the solver cannot finish within its time, and
-    that finds nothing better, halves the windows (down to MIN_WINDOW_MICROBATCHES microbatches;
-    the sweep starts again); where GIVE_UP of those run out of time, the search gives up
-    (its note says so). Stops when the budget runs out (when too little is left for one more
+    that finds nothing better, halves the windows (down to MIN_WINDOW_MICROBATCHES microbatches, or
+    one sequence with sequence chunks; the sweep starts again); where GIVE_UP of those run out of
+    time, the search gives up (its note says so). Stops when the budget runs out (when too little is left for one more
     window), at the lower bound, or after a sweep without improvement. Gives no bound of its own;
-    its note is "time limit" when the budget stopped it."""
+    its note is "time limit" when the budget stopped it. With sequence chunks, the windows are of
+    sequences (all their chunks)."""
     best, budget = incumbent, settings.budget
-    k = max(MIN_WINDOW_MICROBATCHES, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks))
+    chunks = problem.seq_chunks  # (with sequence chunks a window holds whole sequences: k of them)
+    # A sequence is ``chunks`` units (that many times the ops): its windows may shrink to one sequence.
+    smallest = 1 if chunks > 1 else MIN_WINDOW_MICROBATCHES
+    k = max(smallest, WINDOW_OPS // (len(model_kinds(problem)) * problem.chunks * chunks))
     policies = len(model_kinds(problem)) > len(SPLIT)
     if policies:  # recompute binaries make windows far slower to search: the smallest, and less time
         k = MIN_WINDOW_MICROBATCHES
@@ -661,7 +677,7 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
             began = time.perf_counter()
             window = []
             for ops in augmented(problem, best.schedule).ranks:  # the order the model sees
-                pos = [x for x, op in enumerate(ops) if w0 <= op.mb < w0 + k]
+                pos = [x for x, op in enumerate(ops) if w0 <= op.mb // chunks < w0 + k]
                 window.append(range(min(pos), max(pos) + 1) if pos else range(0))
             share = POLICY_WINDOW_SHARE if policies else 0.5
             one = replace(settings, budget=budget.share(share).at_most(WINDOW_SECONDS), gap=0.0, progress=None)
@@ -676,8 +692,8 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
                 if settings.progress:
                     settings.progress(event)
             elif "time" in found.note.lower() and not budget.expired():  # too large to search in its time
-                if k > MIN_WINDOW_MICROBATCHES:
-                    k, improved, last = max(MIN_WINDOW_MICROBATCHES, k // 2), True, 0.0
+                if k > smallest:
+                    k, improved, last = max(smallest, k // 2), True, 0.0
                     break  # the sweep again, with smaller windows
                 slow += 1
                 if slow >= GIVE_UP:

@@ -15,6 +15,8 @@ nothing.
 No memory deadlock: when the next op is ready but memory does not admit it and no W is pending,
 every W whose B has run has run, at least those the given order ran before that op, so the level
 is at most the given order's there (which fit). The result is a candidate: the simulator judges it.
+Sequence chunks: each op's own cost and memory (``Problem.op_cost``, ``op_delta``) and the chunk rule
+(``producers`` with ``Problem.seq_chunks``), as the simulator has them.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ def lazy_w(
     if schedule.copy or any(op.kind is Kind.BW for ops in schedule.ranks for op in ops):
         return None
     tol, mtol = problem.time_tol, problem.memory_tol
-    n, comm, rank_of, cost = problem.pipeline_stages, problem.comm, problem.stage_rank, problem.cost
+    n, comm, rank_of, cost = problem.pipeline_stages, problem.comm, problem.stage_rank, problem.op_cost
     rooms = problem.activation_room or (math.inf,) * problem.ranks
     where = set(schedule.ops())
     policy = schedule.policies()
-    deps = {op: producers(op, n, where) for op in where}
+    deps = {op: producers(op, n, where, problem.seq_chunks) for op in where}
     plan = [[op for op in ops if op.kind is not Kind.W] if ranks is None or r in ranks else list(ops)
             for r, ops in enumerate(schedule.ranks)]
     pos = [0] * problem.ranks
@@ -69,16 +71,16 @@ def lazy_w(
         for d in deps[op]:
             done = finish.get(d)
             if done is None:
-                done = max(now, clock[rank_of[d.stage]]) + cost[d.kind][d.stage]
+                done = max(now, clock[rank_of[d.stage]]) + cost(d.kind, d.stage, d.mb)
             t = max(t, done + (comm if rank_of[d.stage] != r else 0.0))
         return t
 
     def run(op: Op, r: int, t: float) -> None:
-        end = t + cost[op.kind][op.stage]
+        end = t + cost(op.kind, op.stage, op.mb)
         finish[op] = clock[r] = end
         out[r].append(op)
         left[r] -= 1
-        level[r] += problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb)))
+        level[r] += problem.op_delta(op.kind, op.stage, op.mb, policy.get((op.stage, op.mb)))
         if op.kind is Kind.B and (ranks is None or r in ranks):
             pending[r].append(Op(Kind.W, op.stage, op.mb))
         heapq.heappush(heap, (end, r))
@@ -94,12 +96,12 @@ def lazy_w(
             continue
         op = plan[r][pos[r]]
         due = arrival(op, r)
-        d = problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb)))
+        d = problem.op_delta(op.kind, op.stage, op.mb, policy.get((op.stage, op.mb)))
         admits = mtol.le(level[r] + max(d, 0.0), rooms[r])
         if tol.le(due, t) and (admits or not pending[r]):
             pos[r] += 1
             run(op, r, t)
-        elif pending[r] and (not admits or fill or tol.le(t + cost[Kind.W][pending[r][0].stage], soonest(op, r, t))):
+        elif pending[r] and (not admits or fill or tol.le(t + cost(*pending[r][0]), soonest(op, r, t))):
             run(pending[r].pop(0), r, t)
         elif due < math.inf:
             clock[r] = due

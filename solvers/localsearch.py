@@ -50,7 +50,7 @@ from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
-from schedc.solvers.common import model_deltas, model_kinds
+from schedc.solvers.common import model_kinds, model_op_deltas
 from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
 
@@ -74,13 +74,12 @@ class _Evaluator:
         if any(op.kind not in kinds for op in where):  # a fused backward, or a copy lane
             self.ops = list(where)
         else:  # every op the problem allows, each recompute op whether chosen or not
-            self.ops = [Op(k, s, i) for s in range(problem.n_stages) for i in range(problem.microbatches)
+            self.ops = [Op(k, s, i) for s in range(problem.n_stages) for i in range(problem.units)
                         for k in kinds]
         self.index = index = {op: k for k, op in enumerate(self.ops)}
-        self.cost = [problem.cost[op.kind][op.stage] for op in self.ops]
+        self.cost = [problem.op_cost(op.kind, op.stage, op.mb) for op in self.ops]  # (a sequence chunk's share)
         self.dur = list(self.cost)
-        deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
-        self.mem = [deltas[op.stage].get(op.kind, problem.mem[op.kind][op.stage]) for op in self.ops]
+        self.mem = model_op_deltas(problem, self.ops)
         self.deps = dependencies(problem, self.ops, index, index, schedule.anchors())
         # Recompute ops: B waits for each (producers names the first); per F, those of its pair.
         self.recompute = {k for k, op in enumerate(self.ops) if op.kind in RECOMPUTES}
@@ -481,20 +480,25 @@ def improve(
         current, current_s = (orders, s) if ev.tol.le(s[0], current_s[0]) else (best, best_s)
     if best_s == score(start):
         return start
-    t = simulate(problem, renumbered(ev.schedule(start.schedule.name, best)))
+    t = simulate(problem, renumbered(ev.schedule(start.schedule.name, best), problem.seq_chunks))
     if not t.fits or _better(score(start), score(t), ev.tol):  # the replay is the simulator's: never happens
         raise RuntimeError(f"bug: local search result {score(t)} judged {best_s} by its evaluator")
     return t
 
 
-def renumbered(schedule: Schedule) -> Schedule:
+def renumbered(schedule: Schedule, chunks: int = 1) -> Schedule:
     """The same schedule with microbatches numbered in the order they enter stage 0 (the exact
-    models number them so). Microbatches are interchangeable, so times and memory do not change."""
-    entry = [op.mb for ops in schedule.ranks for op in ops if op.kind == Kind.F and op.stage == 0]
-    new = {old: k for k, old in enumerate(entry)}
+    models number them so). Microbatches are interchangeable, so times and memory do not change.
+    With ``chunks`` sequence chunks (``Problem.seq_chunks``), whole sequences are: each is numbered
+    by when its first chunk enters stage 0, and its chunks keep their positions (their costs and
+    memory differ)."""
+    k = chunks
+    entry = [op.mb // k for ops in schedule.ranks for op in ops
+             if op.kind == Kind.F and op.stage == 0 and op.mb % k == 0]
+    new = {old: x for x, old in enumerate(entry)}
 
     def renamed(ops):
-        return [Op(op.kind, op.stage, new[op.mb]) for op in ops]
+        return [Op(op.kind, op.stage, new[op.mb // k] * k + op.mb % k) for op in ops]
 
     return Schedule.from_lists(schedule.name, [renamed(ops) for ops in schedule.ranks],
                                pairs=[renamed(ops) for ops in schedule.pairs])

@@ -202,13 +202,12 @@ def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:
     if rooms is None or schedule.copy:
         return False
     policy = schedule.policies() if problem.policies else {}
-    mem, delta = problem.mem, problem.delta
     clearly = Tolerance.of(problem.memory_scale, 1e-6)  # looser than the simulator's memory_tol
     for r, ops in enumerate(schedule.ranks):
         room = rooms[r] + clearly.eps
         level = 0.0
-        for op in ops:
-            level += delta(op.kind, op.stage, policy.get((op.stage, op.mb))) if policy else mem[op.kind][op.stage]
+        for op in ops:  # (a sequence chunk's delta is its share: ``Problem.op_delta``)
+            level += problem.op_delta(op.kind, op.stage, op.mb, policy.get((op.stage, op.mb)))
             if level > room:
                 return True
     return False

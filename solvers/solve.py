@@ -172,7 +172,10 @@ ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, a
 def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]) -> None:
     """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
     far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
-    one cut short joins as NAME+partial, and NAME as not evaluated."""
+    one cut short joins as NAME+partial, and NAME as not evaluated. None on a sequence-chunked
+    problem: the greedy scheduler runs whole sequences (its schedules are n/a there)."""
+    if problem.seq_chunks > 1:
+        return
     latest: dict[str, Schedule] = {}
     done: list[str] = []
     fitted = bool(run.fitting)
@@ -440,10 +443,6 @@ def solve(
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
-    if problem.seq_chunks > 1:  # partial (issue 27): the models and bounds take one cost per stage and kind
-        raise SchedcError(f"solve does not search sequence-chunked problems yet (sequence_chunks {problem.seq_chunks}):"
-                          " its models and bounds take one cost per stage and kind; compare seq1f1b and seq1f1b-zb"
-                          " with `schedc compare`")
     if problem.objective == "steady":  # the makespan over the microbatches: the same search, rescaled
         found = solve(problem.with_changes(objective="makespan"), solver=solver, time_limit=time_limit, gap=gap,
                       threads=threads, progress=progress, candidates=candidates)
@@ -466,6 +465,12 @@ def solve(
         run.fitting.extend(derived)
         run.derived.update(name for name, _ in derived)
     warm = best_registry_schedule(problem, run.fitting)
+    if warm is None and not run.built and not candidates:
+        raise SchedcError(
+            "no registry schedule applies to this problem, so solve has nothing to start from"
+            + (" (on a sequence-chunked problem only seq1f1b and seq1f1b-zb apply, and they need one chunk per"
+               f" rank: chunks is {problem.chunks})" if problem.seq_chunks > 1 else "")
+        )
     if warm is None:
         raise SchedcError(
             "no registry schedule fits the memory limit to start from; raise the limit"

@@ -22,6 +22,11 @@ model, so a bug shared with the simulator or the ILP cannot hide here. The model
   taking them in one order (the model's later stage first) on the same lane as its reduces; tied
   stages on different ranks sum their shared weights' gradients the same way, after the copies'
   (with replicas, each pipeline's copy of a tied group of model stages);
+- sequence chunks (``sequence_chunks``, count k and per chunk position its shares of F, B, W and
+  memory, 1/k each by default): an op's microbatch is a unit (sequence * k + chunk) whose cost and
+  memory delta are its position's share of the stage's; on its own stage F(s, i) also needs
+  F(s, i - 1) unless i is its sequence's first chunk, and B(s, i) needs B(s, i + 1) unless i is its
+  last; sequences (not units) are interchangeable, and two W of one stage only of one position;
 - objective: makespan (the last end) or span (max over ranks of own last end - own first start),
   both of the as-soon-as-possible times, as schedc's simulator runs schedules. Under span a rank
   may do better starting late on purpose (see ``span_with_delays``, the least span of given
@@ -88,18 +93,20 @@ class BudgetExceeded(RuntimeError):
     """The search did not finish within its time budget: no optimum is claimed."""
 
 
-def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=False):
+def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=False, whole_sequences=False):
     """The minimum objective over all deadlock-free per-rank orders that fit, and one optimal order.
 
     Returns ``(value, orders)`` with ``orders[rank]`` a list of ``(kind, stage, mb)``. ``objective``
     overrides the problem's. ``in_order=True`` searches only orders that run each stage's ops of
     one kind by increasing microbatch (what an ILP may assume; by default nothing is assumed).
+    ``whole_sequences=True`` (sequence chunks) searches only orders whose stage 0 runs every chunk's
+    forward of a sequence before the next sequence's first (a restriction: the optimum may interleave).
     Raises BudgetExceeded after ``time_budget`` seconds, ValueError when no order fits.
     """
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
-    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget, in_order)
+    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget, in_order, whole_sequences)
     search.dfs()
     if search.best_orders is None:
         raise ValueError("no order of the ops is deadlock-free and fits the memory limit")
@@ -120,13 +127,21 @@ def _integer_scale(values):
 
 
 class _Search:
-    def __init__(self, problem, objective, deadline, budget, in_order=False):
-        p, m, n = problem.ranks, problem.microbatches, problem.n_stages
+    def __init__(self, problem, objective, deadline, budget, in_order=False, whole_sequences=False):
+        p, n = problem.ranks, problem.n_stages
         depth = problem.pipeline_stages  # with replicas, stage s is in pipeline s // depth
         stage_rank = problem.stage_rank
         comm = problem.comm
         dp = problem.data_parallel
-        raw = [problem.cost[k][s] for k in KINDS for s in range(n)] + [comm]
+        # Sequence chunks: each sequence is k units (mb = sequence * k + chunk), each chunk position
+        # with its share of the stage's costs and memory (1/k when the file gives none).
+        seq = problem.sequence_chunks
+        k_chunks = 1 if seq is None else seq.count
+        share = {key: [1.0] if seq is None else (list(getattr(seq, key)) if getattr(seq, key) is not None
+                                                  else [1.0 / k_chunks] * k_chunks)
+                 for key in (*KINDS, "memory")}
+        m = problem.microbatches * k_chunks
+        raw = [problem.cost[k][s] * share[k][c] for k in KINDS for s in range(n) for c in range(k_chunks)] + [comm]
         raw += list(problem.cost["AR"]) if dp is not None else []
         raw += list(problem.cost["RS"]) if problem.replicas is not None else []
         raw += list(problem.cost["TS"]) if problem.tied is not None else []
@@ -169,21 +184,25 @@ class _Search:
                     o = op(k, s, i)
                     self.names[o] = (kind, s, i)
                     self.rank_of[o] = stage_rank[s]
-                    self.cost[o] = conv(problem.cost[kind][s])
-                    self.mem[o] = problem.mem[kind][s]
-                    if kind == "F":
+                    c = i % k_chunks
+                    self.cost[o] = conv(problem.cost[kind][s] * share[kind][c])
+                    self.mem[o] = problem.mem[kind][s] * share["memory"][c]
+                    if kind == "F":  # (and, with chunks, the same stage's earlier chunk)
                         producers = [op(0, s - 1, i)] if s % depth > 0 else []
-                    elif kind == "B":
+                        producers += [op(0, s, i - 1)] if c > 0 else []
+                    elif kind == "B":  # (and, with chunks, the same stage's later chunk)
                         producers = [op(0, s, i)] + ([op(1, s + 1, i)] if (s + 1) % depth > 0 else [])
+                        producers += [op(1, s, i + 1)] if c < k_chunks - 1 else []
                     else:
                         producers = [op(1, s, i)]
                     for d in producers:
                         lat = 0 if stage_rank[d // m % n] == stage_rank[s] else conv(comm)
                         self.deps[o].append((d, lat))
                         self.succs[d].append((o, lat))
-        # A topological order: forwards by stage, backwards by stage descending, then weights.
+        # A topological order: forwards by stage, backwards by stage descending (later units
+        # first: a chunk's backward needs the next chunk's), then weights.
         self.topo = [op(0, s, i) for s in range(n) for i in range(m)]
-        self.topo += [op(1, s, i) for s in reversed(range(n)) for i in range(m)]
+        self.topo += [op(1, s, i) for s in reversed(range(n)) for i in reversed(range(m))]
         self.topo += [op(2, s, i) for s in range(n) for i in range(m)]
         self.rank_ops = [[o for o in range(N) if self.rank_of[o] == r] for r in range(p)]
 
@@ -198,8 +217,15 @@ class _Search:
         self.anc_same = [anc[o] & rank_mask[self.rank_of[o]] for o in range(N)]
         self.succ_mask = [sum(1 << t for t, _ in self.succs[o]) for o in range(N)]
         # Symmetry breaking: F(0, i) only after F(0, i - 1); with in_order, every op after the
-        # same kind and stage of the microbatch before.
-        self.prev = [o - 1 if o % m > 0 and (in_order or o < m) else -1 for o in range(N)]
+        # same kind and stage of the microbatch before. With sequence chunks, sequences are
+        # interchangeable, not units: the first chunk of a sequence on stage 0 only after the
+        # first chunk of the sequence before; in_order, by chunk position.
+        self.k_chunks = k_chunks
+        self.prev = [o - k_chunks if o % m >= k_chunks and (in_order or (o < m and o % k_chunks == 0)) else -1
+                     for o in range(N)]
+        if whole_sequences:  # (a restriction) the first chunk after the whole sequence before
+            for o in range(k_chunks, m, k_chunks):
+                self.prev[o] = o - 1
 
         # tail_to[r][o]: longest path from the start of o to the end of an op on rank r it leads to.
         self.tail_to = [[NEG] * N for _ in range(p)]
@@ -447,10 +473,11 @@ class _Search:
             if placed >> o & 1 or self.anc_same[o] & ~placed:
                 continue
             kind, stage, _ = self.names[o]
-            if kind == "W":  # interchangeable: only the lowest microbatch of each stage
-                if stage in w_stages:
+            if kind == "W":  # interchangeable: only the lowest microbatch of each stage (and chunk position)
+                key = (stage, self.names[o][2] % self.k_chunks)
+                if key in w_stages:
                     continue
-                w_stages.add(stage)
+                w_stages.add(key)
             prev = self.prev[o]
             if prev >= 0 and not placed >> prev & 1:
                 continue
