@@ -272,7 +272,8 @@ class _CpModel:
         held = set(times_of(warm_t))
         for k, lit in self.present.items():
             self.cp.add_hint(lit, self.ops[k] in held)
-        together = {(self.index[f], self.index[b]) for f, b in warm_t.schedule.paired().items()}
+        together = {(self.index[f], self.index[Op(Kind.B, b.stage, b.mb)])  # a fused BW: its B
+                    for f, b in warm_t.schedule.paired().items()}
         paired = {k for fb in together for k in fb}
         for fb, lit in self.pairs.items():
             self.cp.add_hint(lit, fb in together)
@@ -329,6 +330,11 @@ class _CpModel:
         """The warm start in model units (rounded down when the scale is not exact): each op's
         start, the objective, and the horizon (``ilp._span_horizon`` for span)."""
         times = times_of(warm_t)
+        for op, (r, a, e) in list(times.items()):  # a fused backward: its B at its start, its W at its end
+            if op.kind == Kind.BW:
+                w = self.problem.cost[Kind.W][op.stage]
+                times[Op(Kind.B, op.stage, op.mb)] = (r, a, e - w)
+                times[Op(Kind.W, op.stage, op.mb)] = (r, e - w, e)
         # A policy op the warm start does not hold: at its F's end (absent, it constrains nothing).
         hint = [self.time.down(times[op][1] if op in times else times[Op(Kind.F, op.stage, op.mb)][2])
                 for op in self.ops]

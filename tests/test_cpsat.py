@@ -196,3 +196,19 @@ def test_cpsat_pair_bound_stays_valid_when_fb_is_rounded_down():
     t = simulate(problem, out.schedule)
     assert t.fits and t.objective_value() >= truth - 1e-9
     assert out.bound is not None and out.bound <= truth + 1e-9 and truth - out.bound < 0.01 * truth
+
+
+def test_cpsat_hints_a_warm_start_whose_pairs_hold_fused_backwards():
+    """DualPipe's schedule pairs forwards with fused backwards BW, which the model does not hold:
+    its other ops still hint the model, and the search from it keeps the schedule's pairs."""
+    from schedc.solvers.registry import build
+
+    problem = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3},
+                             "replicas": 2, "memory": {"F": 1, "limit": 3}})
+    warm = simulate(problem, build("dualpipe", problem))
+    assert any(b.kind == "BW" for b in warm.schedule.paired().values())
+    model = _CpModel(problem, warm, pytest.importorskip("ortools.sat.python.cp_model"))
+    assert model.pairs
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(10), 0.0, 1, 0.0, None))
+    t = simulate(problem, out.schedule)
+    assert t.fits and t.makespan <= warm.makespan + 1e-9 and out.bound <= t.makespan + 1e-9
