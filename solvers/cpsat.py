@@ -20,6 +20,18 @@ disjunctive scheduling directly instead of through big-M binaries:
   the rank), each ending by C (plus the rank's first start, for span); durations rounded down as
   the ops' are.
 
+Overlapped pairs (``costs.FB``, DualPipe's forward-and-backward): per rank, each forward F and
+input gradient B of another (stage, microbatch) that run faster together than one after the other
+and that no edge orders (``_candidates``) have a pair literal and an optional interval of the pair's
+time at the F's start, the B starting with it; each such F and B has an "alone" literal and
+optional interval of its own cost instead, and runs alone or in exactly one pair, so all share the
+rank's ``NoOverlap``. Its end (a variable) is its start plus its cost or the pair's time: the data
+edges, the syncs and the reservoir (its B's free at its end) read it, as the simulator times a pair
+(it starts when both may and both end after ``Problem.pair_time``; the F's allocation counts at
+the start). A pair that is not faster is never needed: its two ops one after the other end no
+later and free no later, so the bound covers every schedule. The schedule read back lists each
+chosen B right after its F and in ``Schedule.pairs``.
+
 Memory for time (a problem with ``recompute`` or ``offload``): each (stage, microbatch) and policy
 the problem allows has a presence literal (at most one per pair) and optional intervals: R or S on
 the compute lane between its F and its B; O and L on the rank's copy lane (a ``NoOverlap`` of its
@@ -33,7 +45,7 @@ each copy op issued after the last compute op that ends by its start in the mode
 before the model's time where that op ends earlier in the re-timing, and so raise a peak; such an
 answer is rejected by the driver (it keeps its incumbent).
 
-Times are integers: costs and ``comm`` are multiplied by the least ``scale`` that makes them all
+Times are integers: costs, ``costs.FB`` and ``comm`` are multiplied by the least ``scale`` that makes them all
 integers (their decimals as written, e.g. 1000 when they are multiples of 0.001, 1 when they are
 integers), so the model is exact. When no scale up to 10**6 does that, they are multiplied by
 10**4 over the largest op cost (so that op lasts 10**4 units whatever the unit of the problem;
@@ -170,8 +182,6 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
         if not history or (history[-1].incumbent, history[-1].bound) != (final.incumbent, final.bound):
             history.append(final)
         found = callback.best_schedule or model.schedule(solver.value)
-        if problem.overlap_cheaper:  # its model holds no overlapped pairs: its bound does not hold
-            return Found(found, None, history, f"{result} (bound dropped: the CP-SAT model holds no overlapped pairs)")
         return Found(found, bound, history, result)
     if status == cp_model.INFEASIBLE:  # only with memory rounded conservatively (the warm start is feasible)
         return Found(None, None, history, "infeasible (memory rounded conservatively)")
@@ -203,6 +213,7 @@ def _time_scale(problem: Problem) -> _Scale:
     kinds = [k for k in (*KINDS, *OPTIONAL) if k in problem.kinds]
     raw = [cost[k][s] for k in kinds for s in range(n)] + [problem.comm]
     raw += [x for k in problem.kinds if ROWS[k].per_stage for x in cost[k]]  # (a sync may take 0: not the shortest)
+    raw += list(problem.overlap_time or ())  # costs.FB: an overlapped pair's time
     shortest = min(cost[k][s] for k in kinds for s in range(n))
     fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit
     while shortest * fallback < 1:
@@ -231,7 +242,11 @@ class _CpModel:
         self.ops += [Op(k, s, i) for s in range(n) for i in range(m) for k in self.optional]
         self.index = {op: k for k, op in enumerate(self.ops)}
         self.dur = [max(1, self.time.down(problem.cost[op.kind][op.stage])) for op in self.ops]
-        _, earliest, tail, _ = longest_paths(self.dur[:mandatory], edges)
+        # Overlapped pairs: per rank the pair's time (None: no pair is faster there); the shortest
+        # each F and B may last (its cost, or the pair's) for the windows.
+        self.pair_dur = [None if t is None else max(1, self.time.down(t)) for t in _pair_times(problem)]
+        shortest = [min(d, self.pair_dur_of(k) or d) for k, d in enumerate(self.dur[:mandatory])]
+        order, earliest, tail, succ = longest_paths(shortest, edges)
         # A policy op: anywhere up to the horizon (the chains above only grow with it).
         earliest += [0] * (len(self.ops) - mandatory)
         tail += [self.dur[k] for k in range(mandatory, len(self.ops))]
@@ -244,10 +259,15 @@ class _CpModel:
         self.comm_dur = {op: self.time.down(problem.cost[op.kind][op.stage]) for ops in self.comm for op in ops}
         self.comm_start: dict[Op, object] = {}  # -> its start (a collective's members share one)
         hint, hint_obj, horizon = self._hint(warm_t, comm)
+        latest = [horizon - t for t in tail]
+        self.candidates = self._candidates(budget, order, succ, earliest, latest)
 
         self.cp = cp_model.CpModel()
         self.present: dict[int, object] = {}  # policy op -> its presence literal
-        self._intervals(budget, edges, earliest, [horizon - t for t in tail])
+        self.alone: dict[int, object] = {}  # an F or B that may pair -> its literal: 1 when it runs alone
+        self.pairs: dict[tuple[int, int], object] = {}  # (F, B) -> its literal: 1 when they run as a pair
+        self.end: dict[int, object] = {}  # an F or B that may pair -> its end (a variable)
+        self._intervals(budget, edges, earliest, latest)
         self.memory = self._reservoirs(budget) if problem.memory_limit is not None else None
         self.C = self._objective(budget, hint_obj, horizon)
         for k, x in enumerate(self.start):
@@ -256,12 +276,69 @@ class _CpModel:
         held = set(times_of(warm_t))
         for k, lit in self.present.items():
             self.cp.add_hint(lit, self.ops[k] in held)
+        together = {(self.index[f], self.index[Op(Kind.B, b.stage, b.mb)])  # a fused BW: its B
+                    for f, b in warm_t.schedule.paired().items()}
+        paired = {k for fb in together for k in fb}
+        for fb, lit in self.pairs.items():
+            self.cp.add_hint(lit, fb in together)
+        for k, lit in self.alone.items():
+            self.cp.add_hint(lit, k not in paired)
+            self.cp.add_hint(self.end[k], hint[k] + (self.dur[k] if k not in paired else self.pair_dur_of(k)))
         self.cp.add_hint(self.C, hint_obj)
+
+    def pair_dur_of(self, k: int) -> int | None:
+        """How long op k lasts in an overlapped pair: its rank's pair time where it is an F or B
+        on a rank where pairs are faster, else None."""
+        op = self.ops[k]
+        if op.kind not in (Kind.F, Kind.B):
+            return None
+        return self.pair_dur[self.problem.stage_rank[op.stage]]
+
+    def _candidates(self, budget: Budget, order, succ, earliest: list[int], latest: list[int]) -> list[tuple[int, int]]:
+        """The (F, B) that may run as an overlapped pair: on one rank, of two (stage, microbatch),
+        faster together than one after the other (a pair that is not is never better than its two
+        ops in a row: every end no later, the B's free earlier), neither reaching the other by
+        edges, and windows that meet."""
+        problem, ops = self.problem, self.ops
+        if not any(t is not None for t in self.pair_dur):
+            return []
+        reach = [0] * len(succ)  # op -> bitset of the ops its edges lead to
+        for a in reversed(order):
+            for b, _ in succ[a]:
+                reach[a] |= reach[b] | (1 << b)
+        c, out = problem.cost, []
+        for r, ks in enumerate(self.on_rank):
+            if self.pair_dur[r] is None:
+                continue
+            fs = [k for k in ks if ops[k].kind == Kind.F and k < len(succ)]
+            bs = [k for k in ks if ops[k].kind == Kind.B and k < len(succ)]
+            for n, f in enumerate(fs):
+                _on_time(budget, n)
+                of = ops[f]
+                for b in bs:
+                    ob = ops[b]
+                    if (of.stage, of.mb) == (ob.stage, ob.mb) or reach[f] >> b & 1 or reach[b] >> f & 1:
+                        continue
+                    if not problem.time_tol.lt(problem.pair_time(of.stage, Kind.B, ob.stage),
+                                               c[Kind.F][of.stage] + c[Kind.B][ob.stage]):
+                        continue
+                    if earliest[f] <= latest[b] and earliest[b] <= latest[f]:
+                        out.append((f, b))
+        return out
+
+    def end_of(self, k: int):
+        """Op k's end: its start plus its cost, or the variable of an op that may run in a pair."""
+        return self.end[k] if k in self.end else self.start[k] + self.dur[k]
 
     def _hint(self, warm_t: Timeline, comm: int) -> tuple[list[int], int, int]:
         """The warm start in model units (rounded down when the scale is not exact): each op's
         start, the objective, and the horizon (``ilp._span_horizon`` for span)."""
         times = times_of(warm_t)
+        for op, (r, a, e) in list(times.items()):  # a fused backward: its B at its start, its W at its end
+            if op.kind == Kind.BW:
+                w = self.problem.cost[Kind.W][op.stage]
+                times[Op(Kind.B, op.stage, op.mb)] = (r, a, e - w)
+                times[Op(Kind.W, op.stage, op.mb)] = (r, e - w, e)
         # A policy op the warm start does not hold: at its F's end (absent, it constrains nothing).
         hint = [self.time.down(times[op][1] if op in times else times[Op(Kind.F, op.stage, op.mb)][2])
                 for op in self.ops]
@@ -283,6 +360,7 @@ class _CpModel:
         """A start and a fixed-size interval per op, the precedences, one op at a time per rank."""
         cp, dur = self.cp, self.dur
         self.start, intervals = [], []
+        may_pair = {k for fb in self.candidates for k in fb}
         first = self.index[Op(Kind.F, 0, 0)]  # microbatches are numbered as they enter stage 0: the first op
         literal = {}  # (stage, mb, policy kind) -> its presence literal
         for k, op in enumerate(self.ops):
@@ -300,20 +378,46 @@ class _CpModel:
                     literal[key] = cp.new_bool_var(f"z_{policy}{op.stage}_{op.mb}")
                 self.present[k] = literal[key]
                 intervals.append(cp.new_optional_fixed_size_interval_var(x, dur[k], literal[key], name))
+            elif k in may_pair:  # alone (its cost) or in one of its pairs (the pair's interval)
+                alone = self.alone[k] = cp.new_bool_var(f"a_{op.kind}{op.stage}_{op.mb}")
+                intervals.append(cp.new_optional_fixed_size_interval_var(x, dur[k], alone, name))
+                pair = self.pair_dur_of(k)
+                self.end[k] = cp.new_int_var(lo + min(dur[k], pair), max(lo, hi) + max(dur[k], pair),
+                                             f"e_{op.kind}{op.stage}_{op.mb}")
+                cp.add(self.end[k] == x + pair + (dur[k] - pair) * alone)
             else:
                 intervals.append(cp.new_fixed_size_interval_var(x, dur[k], name))
+        intervals += self._pairs()
         for k, (a, b, lat) in enumerate(edges):
             _on_time(budget, k)
-            cp.add(self.start[b] >= self.start[a] + dur[a] + lat)
+            cp.add(self.start[b] >= self.end_of(a) + lat)
         self._policies(literal)
         for r, ks in enumerate(self.on_rank):
             lanes = {"compute": [], "copy": []}
             for k in ks:
                 lanes[ROWS[self.ops[k].kind].lane].append(intervals[k])
+            lanes["compute"] += [intervals[len(self.ops) + x] for x, (f, _) in enumerate(self.candidates)
+                                 if self.problem.stage_rank[self.ops[f].stage] == r]
             for lane in lanes.values():
                 if lane:
                     cp.add_no_overlap(lane)
         _on_time(budget)
+
+    def _pairs(self) -> list:
+        """Per candidate pair (``_candidates``) its literal and its interval, at the F's start and
+        as long as the pair's time; its B starts with its F; each F and B alone or in one pair.
+        Returns the pairs' intervals, in the candidates' order."""
+        cp, start = self.cp, self.start
+        intervals, chosen = [], {}
+        for f, b in self.candidates:
+            z = self.pairs[f, b] = cp.new_bool_var(f"p_{f}_{b}")
+            chosen.setdefault(f, []).append(z)
+            chosen.setdefault(b, []).append(z)
+            cp.add(start[b] == start[f]).only_enforce_if(z)
+            intervals.append(cp.new_optional_fixed_size_interval_var(start[f], self.pair_dur_of(f), z, f"i_p{f}_{b}"))
+        for k, zs in chosen.items():
+            cp.add_exactly_one([self.alone[k], *zs])
+        return intervals
 
     def _policies(self, literal: dict) -> None:
         """At most one policy per (stage, microbatch); each policy op, where present, after what
@@ -329,7 +433,7 @@ class _CpModel:
             op = self.ops[k]
             for need, _ in ROWS[op.kind].needs:  # F for R, S and O; O for L
                 d = index[Op(need, op.stage, op.mb)]
-                cp.add(start[k] >= start[d] + dur[d]).only_enforce_if(lit)
+                cp.add(start[k] >= self.end_of(d)).only_enforce_if(lit)
             if op.kind != Kind.O:  # what brings the activation back ends before its B starts
                 b = index[Op(Kind.B, op.stage, op.mb)]
                 cp.add(start[b] >= start[k] + dur[k]).only_enforce_if(lit)
@@ -357,7 +461,7 @@ class _CpModel:
                     if delta > 0:  # an allocation counts from the op's start
                         when.append(start[k])
                     elif delta < 0:  # a free from its end (a lighter F: from its start, as its allocation)
-                        when.append(start[k] if op.kind == Kind.F else start[k] + dur[k])
+                        when.append(start[k] if op.kind == Kind.F else self.end_of(k))
                     else:
                         continue
                     change.append(delta)
@@ -374,10 +478,14 @@ class _CpModel:
         """C, minimised: every rank's work fits before it, and every W ends by it (for span, by it
         plus the rank's first start)."""
         cp, start, dur, span = self.cp, self.start, self.dur, self.span
+        rank_of = self.problem.stage_rank
         C = cp.new_int_var(0, hint_obj, "C")
         for r, ks in enumerate(self.on_rank):
             _on_time(budget)
-            work = sum(dur[k] for k in ks if k not in self.present)  # policy ops: not always there
+            # policy ops: not always there; an F or B that may pair: its cost alone, once per pair in one
+            work = sum(dur[k] for k in ks if k not in self.present and k not in self.alone)
+            work += sum(dur[k] * self.alone[k] for k in ks if k in self.alone)
+            work += sum(self.pair_dur_of(f) * z for (f, _), z in self.pairs.items() if rank_of[self.ops[f].stage] == r)
             base = cp.new_int_var(0, horizon, f"first_{r}")  # the rank's first start, whichever op it is
             cp.add_min_equality(base, [start[k] for k in ks if k not in self.present])  # the compute lane's
             if span:
@@ -410,7 +518,7 @@ class _CpModel:
             for k in ks:
                 if not sync_waits_for(problem, op, self.ops[k]):
                     continue
-                row = cp.add(a >= start[k] + dur[k])
+                row = cp.add(a >= self.end_of(k))
                 if k in self.present:
                     row.only_enforce_if(self.present[k])
             lane.append(cp.new_fixed_size_interval_var(a, self.comm_dur[op], f"i_{op.kind}{op.stage}"))
@@ -440,24 +548,29 @@ class _CpModel:
         that ends by its start (``Schedule.after``), so the simulator starts it no earlier than
         that op's end, as the model had it wait."""
         starts = [value(x) for x in self.start]
+        ends = [value(self.end[k]) if k in self.end else x + self.dur[k] for k, x in enumerate(starts)]
+        paired = {b for (_, b), z in self.pairs.items() if value(z)}  # each right after its F (same start)
         lanes = {"compute": [[] for _ in self.on_rank], "copy": [[] for _ in self.on_rank]}
         after: list[list[Op | None]] = [[] for _ in self.on_rank]
+        pairs: list[list[Op]] = [[] for _ in self.on_rank]
         for r, ks in enumerate(self.on_rank):
             last: Op | None = None  # the last compute op so far that has ended
             ended = []  # (end, op) of the rank's compute ops so far, by start
-            for k in sorted(ks, key=lambda k: (starts[k], k)):
+            for k in sorted(ks, key=lambda k: (starts[k], k in paired, k)):
                 if k in self.present and not value(self.present[k]):
                     continue
                 op = self.ops[k]
                 lane = ROWS[op.kind].lane
                 lanes[lane][r].append(op)
                 if lane == "compute":
-                    ended.append((starts[k] + self.dur[k], op))
+                    ended.append((ends[k], op))
+                    if k in paired:
+                        pairs[r].append(op)
                     continue
                 while ended and ended[0][0] <= starts[k]:
                     last = ended.pop(0)[1]
                 after[r].append(last)
-        return Schedule.from_lists("cpsat", lanes["compute"], lanes["copy"], after)
+        return Schedule.from_lists("cpsat", lanes["compute"], lanes["copy"], after, pairs=pairs)
 
 
 def times_of(timeline: Timeline) -> dict[Op, tuple[int, float, float]]:
@@ -494,3 +607,13 @@ def _make_callback(cp_model, model: _CpModel, history: list, progress, progress_
 
     return Callback()
 
+
+
+def _pair_times(problem: Problem) -> list[float | None]:
+    """Per rank, the time of an overlapped pair of a forward and a B (``costs.FB``) where some
+    forward and B of its stages run faster so than one after the other, else None."""
+    if problem.overlap_time is None:
+        return [None] * problem.ranks
+    c, tol = problem.cost, problem.time_tol
+    return [t if any(tol.lt(t, c[Kind.F][s] + c[Kind.B][u]) for s in stages for u in stages) else None
+            for t, stages in zip(problem.overlap_time, problem.rank_stages)]

@@ -145,3 +145,70 @@ def test_missing_ortools_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     with pytest.raises(SchedcError, match=r"pip install 'schedc\[cpsat\]'"):
         solve_cpsat(problem, warm, Settings(Budget.seconds(1), 0.0, 1, 0.0, None))
+
+
+# ---- overlapped pairs (costs.FB, issue 26) ----
+
+PAIR_CASES = [  # each: pairs gain, and the registry's best start is not optimal
+    dict(ranks=2, microbatches=2, costs=dict(F=[2, 1], B=[2, 3], W=1, FB=[3, 2.5]), comm=0.5),
+    dict(ranks=1, microbatches=2, chunks=2, costs=dict(F=2, B=2, W=1, FB=3)),
+    dict(ranks=1, microbatches=2, chunks=2, placement="v", costs=dict(F=[1, 2], B=[3, 1], W=[1, 2], FB=2.5),
+         memory=dict(F=1, limit=3)),  # FB 2.5 with integer F, B, W: the time scale must count it
+    dict(ranks=1, microbatches=2, chunks=2, costs=dict(F=2, B=2, W=1, FB=1.5), memory=dict(F=1, limit=2)),
+    dict(ranks=1, microbatches=2, chunks=2, costs=dict(F=2, B=2, W=1, FB=3), objective="span"),
+]
+
+
+@pytest.mark.parametrize("data", PAIR_CASES, ids=range(len(PAIR_CASES)))
+def test_cpsat_with_overlapped_pairs_reaches_the_enumerated_optimum_and_keeps_its_bound(data):
+    """CP-SAT's model holds the overlapped pairs: from a start without them it finds the best over
+    every order and choice of pairs (``pair_optimum``, the simulator's timing), which no schedule
+    without pairs reaches, and proves it (its bound kept, never above the enumeration)."""
+    from tests.exhaustive import pair_optimum
+
+    problem = Problem.parse(data)
+    truth, _ = pair_optimum(problem)
+    without = Problem.parse({**data, "costs": {k: v for k, v in data["costs"].items() if k != "FB"}})
+    assert pair_optimum(without)[0] > truth + 1e-6  # a model without pairs could not reach it
+    _, warm = best_registry_schedule(problem)
+    assert warm.objective_value() > truth + 1e-6
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(30), 0.0, 1, 0.0, None))
+    t = simulate(problem, out.schedule)
+    assert t.fits and any(out.schedule.pairs)
+    assert t.objective_value() == pytest.approx(truth, abs=1e-6)
+    assert "Optimal" in out.note and "dropped" not in out.note
+    assert out.bound is not None and out.bound <= truth + 1e-6
+    if problem.objective == "makespan":
+        assert out.bound == pytest.approx(truth, abs=1e-6)
+
+
+def test_cpsat_pair_bound_stays_valid_when_fb_is_rounded_down():
+    """costs.FB without a small exact scale: rounded down with the others, the bound still holds."""
+    from tests.exhaustive import pair_optimum
+
+    root2 = 2**0.5
+    problem = Problem.parse(dict(ranks=1, microbatches=2, chunks=2, costs=dict(F=root2, B=root2, W=1, FB=1.5 * root2)))
+    _, warm = best_registry_schedule(problem)
+    model = _CpModel(problem, warm, pytest.importorskip("ortools.sat.python.cp_model"))
+    assert not model.time.exact and model.pairs
+    truth, _ = pair_optimum(problem)
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(30), 0.0, 1, 0.0, None))
+    t = simulate(problem, out.schedule)
+    assert t.fits and t.objective_value() >= truth - 1e-9
+    assert out.bound is not None and out.bound <= truth + 1e-9 and truth - out.bound < 0.01 * truth
+
+
+def test_cpsat_hints_a_warm_start_whose_pairs_hold_fused_backwards():
+    """DualPipe's schedule pairs forwards with fused backwards BW, which the model does not hold:
+    its other ops still hint the model, and the search from it keeps the schedule's pairs."""
+    from schedc.solvers.registry import build
+
+    problem = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3},
+                             "replicas": 2, "memory": {"F": 1, "limit": 3}})
+    warm = simulate(problem, build("dualpipe", problem))
+    assert any(b.kind == "BW" for b in warm.schedule.paired().values())
+    model = _CpModel(problem, warm, pytest.importorskip("ortools.sat.python.cp_model"))
+    assert model.pairs
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(10), 0.0, 1, 0.0, None))
+    t = simulate(problem, out.schedule)
+    assert t.fits and t.makespan <= warm.makespan + 1e-9 and out.bound <= t.makespan + 1e-9
