@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.problem import Problem
-from schedc.schedule import comm_ops
+from schedc.schedule import Op, comm_ops, producers
 
 BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS)  # the kinds the terms hold for
 POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
@@ -192,8 +192,8 @@ def _chunked_bounds(problem: Problem, objective: str) -> list[Bound]:
     stage and kind, and are not used here.
 
     - The chains of one sequence: every sequence's ops form the same DAG (costs depend on the chunk
-      position only): F(s, c) after F(s-1, c) (+ comm across ranks) and F(s, c-1); B(s, c) after
-      F(s, c), B(s+1, c) (+ comm) and B(s, c+1); W(s, c) after B(s, c). Every op starts at 0 or
+      position only; ``producers``): F(s, c) after F(s-1, c) (+ comm across ranks) and F(s, c-1);
+      B(s, c) after F(s, c), B(s+1, c) (+ comm) and B(s, c+1); W(s, c) after B(s, c). Every op starts at 0 or
       later, so the makespan is at least the longest path (its ``es``: each op's earliest start).
       Span: for any two ops a, b of one sequence on rank r with a path from a to b, rank r's window
       holds a's start and b's end: its span is at least that path.
@@ -204,28 +204,19 @@ def _chunked_bounds(problem: Problem, objective: str) -> list[Bound]:
     n, sr, comm, k = problem.n_stages, problem.stage_rank, problem.comm, problem.seq_chunks
     c = problem.op_cost
     split = (Kind.F, Kind.B, Kind.W)
-    nodes = [(kind, s, u) for u in range(k) for s in range(n) for kind in split]
-    dur = {x: c(x[0], x[1], x[2]) for x in nodes}
-    d = lambda a, b: comm if sr[a] != sr[b] else 0.0  # noqa: E731
-    preds: dict[tuple, list[tuple[tuple, float]]] = {x: [] for x in nodes}
-    for kind, s, u in nodes:
-        need = preds[kind, s, u]
-        if kind is Kind.F:
-            need += [((Kind.F, s - 1, u), d(s - 1, s))] if s > 0 else []
-            need += [((Kind.F, s, u - 1), 0.0)] if u > 0 else []
-        elif kind is Kind.B:
-            need.append(((Kind.F, s, u), 0.0))
-            need += [((Kind.B, s + 1, u), d(s + 1, s))] if s + 1 < n else []
-            need += [((Kind.B, s, u + 1), 0.0)] if u + 1 < k else []
-        else:
-            need.append(((Kind.B, s, u), 0.0))
+    nodes = [Op(kind, s, u) for u in range(k) for s in range(n) for kind in split]
+    dur = {x: c(*x) for x in nodes}
+    # What each op of sequence 0 waits for: the one dependency rule (``producers``, with the chunks'),
+    # plus the latency across ranks.
+    preds = {x: [(d, comm if sr[d.stage] != sr[x.stage] else 0.0) for d in producers(x, problem.pipeline_stages, None, k)]
+             for x in nodes}
     # A topological order: forwards by (chunk, stage), then backwards by (chunk, stage) reversed.
-    order = ([(Kind.F, s, u) for u in range(k) for s in range(n)]
-             + [(kind, s, u) for u in reversed(range(k)) for s in reversed(range(n)) for kind in (Kind.B, Kind.W)])
+    order = ([Op(Kind.F, s, u) for u in range(k) for s in range(n)]
+             + [Op(kind, s, u) for u in reversed(range(k)) for s in reversed(range(n)) for kind in (Kind.B, Kind.W)])
 
-    def longest(source: tuple | None) -> dict[tuple, float]:
+    def longest(source: Op | None) -> dict[Op, float]:
         """Each node's latest end on a path from ``source``'s start (None: from time 0, any node)."""
-        end: dict[tuple, float] = {}
+        end: dict[Op, float] = {}
         for x in order:
             ins = [end[a] + lat for a, lat in preds[x] if a in end]
             if x == source or source is None:
@@ -250,10 +241,10 @@ def _chunked_bounds(problem: Problem, objective: str) -> list[Bound]:
                                           f" {back:g} (sequence chunks)", r))
         else:
             out.append(Bound(fwd + back, f"rank {r}: work {fwd + back:g} (sequence chunks)", r))
-            mine = [x for x in nodes if sr[x[1]] == r]
+            mine = [x for x in nodes if sr[x.stage] == r]
             best = 0.0
             for a in mine:  # (from one of its forwards: every op of the rank has one before it)
-                if a[0] is Kind.F:
+                if a.kind is Kind.F:
                     end = longest(a)
                     best = max([best] + [end[b] for b in mine if b in end])
             out.append(Bound(best, f"rank {r}: one sequence's chain from and back to it: {best:g}", r))
