@@ -132,6 +132,18 @@ def longest_paths(dur: list, edges: list[tuple[int, int, float]]):
     return order, earliest, tail, succ
 
 
+def descendants(order: list[int], succ: list[list[tuple[int, float]]]) -> list[int]:
+    """Per op, the ops its edges lead to, as a bit set (``longest_paths``' topological order and
+    successors)."""
+    reach = [0] * len(succ)
+    for a in reversed(order):
+        bits = 0
+        for b, _ in succ[a]:
+            bits |= reach[b] | (1 << b)
+        reach[a] = bits
+    return reach
+
+
 # ---- recompute as the searches model it ----
 
 # The recompute ops (schedc.kinds.RECOMPUTES) are the policies the models choose: each is always in the

@@ -80,7 +80,9 @@ from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_waits_for
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.common import COPY_LANE, Found, Progress, Settings, longest_paths, order_edges, register_backend
+from schedc.solvers.common import (
+    COPY_LANE, Found, Progress, Settings, descendants, longest_paths, order_edges, register_backend,
+)
 from schedc.solvers.deadline import Budget
 
 KINDS = (Kind.F, Kind.B, Kind.W)  # the split backward's kinds: the ops every model holds
@@ -302,10 +304,7 @@ class _CpModel:
         problem, ops = self.problem, self.ops
         if not any(t is not None for t in self.pair_dur):
             return []
-        reach = [0] * len(succ)  # op -> bitset of the ops its edges lead to
-        for a in reversed(order):
-            for b, _ in succ[a]:
-                reach[a] |= reach[b] | (1 << b)
+        reach = descendants(order, succ)
         c, out = problem.cost, []
         for r, ks in enumerate(self.on_rank):
             if self.pair_dur[r] is None:

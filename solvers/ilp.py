@@ -76,8 +76,8 @@ from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_wai
 from schedc.simulate import Timeline, simulate
 from schedc.solvers import cbc
 from schedc.solvers.common import (
-    WINDOW_MIN_SECONDS, Found, Progress, Settings, longest_paths, model_deltas, model_kinds, model_op_deltas,
-    order_edges, register_backend,
+    WINDOW_MIN_SECONDS, Found, Progress, Settings, descendants, longest_paths, model_deltas, model_kinds,
+    model_op_deltas, order_edges, register_backend,
 )
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
 from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as README shows)
@@ -556,12 +556,7 @@ def _windows(dur, edges, on_rank, free, horizon, twins, fix=True, open_pair=lamb
     while True:
         order, earliest, tail, succ = longest_paths(dur, edges)
         latest = [horizon - t for t in tail]
-        reach = [0] * len(dur)
-        for a in reversed(order):
-            bits = 0
-            for b, _ in succ[a]:
-                bits |= reach[b] | (1 << b)
-            reach[a] = bits
+        reach = descendants(order, succ)
         if not fix:
             return edges, earliest, latest, reach
         added = []
