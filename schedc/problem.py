@@ -831,11 +831,15 @@ class Problem(_Strict):
             return cost * (shares["B"][c] * b + shares["W"][c] * w) / (b + w)
         return cost * shares[kind.value][c]
 
+    def memory_share(self, unit: int) -> float:
+        """What part of a stage's memory deltas ``unit`` has: a chunk of a sequence its chunk
+        position's share, else 1."""
+        return 1.0 if self.sequence_chunks is None else self.chunk_shares["memory"][unit % self.seq_chunks]
+
     def op_delta(self, kind: Kind, stage: int, unit: int, policy: Kind | None = None) -> float:
         """The memory delta of ``kind`` on ``stage`` for ``unit`` whose (stage, unit) holds the
-        policy op ``policy`` (``delta``); a chunk of a sequence, its share of it."""
-        delta = self.delta(kind, stage, policy)
-        return delta if self.sequence_chunks is None else delta * self.chunk_shares["memory"][unit % self.seq_chunks]
+        policy op ``policy`` (``delta``); a chunk of a sequence, its share of it (``memory_share``)."""
+        return self.delta(kind, stage, policy) * self.memory_share(unit)
 
     @property
     def search_objective(self) -> str:

@@ -172,9 +172,6 @@ def model_deltas(problem: Problem, stage: int) -> dict[Kind, float]:
 
 def model_op_deltas(problem: Problem, ops: list[Op]) -> list[float]:
     """Per op, the model's memory delta (``model_deltas``), a sequence chunk's its chunk
-    position's share of it (``Problem.op_delta``; no recompute with sequence chunks)."""
+    position's share of it (``Problem.memory_share``; no recompute with sequence chunks)."""
     deltas = [model_deltas(problem, s) for s in range(problem.n_stages)]
-    share = problem.chunk_shares.get("memory")
-    k = problem.seq_chunks
-    return [deltas[op.stage].get(op.kind, problem.mem[op.kind][op.stage]) * (share[op.mb % k] if share else 1.0)
-            for op in ops]
+    return [deltas[op.stage].get(op.kind, problem.mem[op.kind][op.stage]) * problem.memory_share(op.mb) for op in ops]
