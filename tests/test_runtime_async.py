@@ -52,11 +52,12 @@ def batches(m: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return token_batches(CALLS, ROUNDS * m * PER_MB, seed=2)
 
 
-def pipelined(rank, world, path, optimizer):
-    """This rank's part of CALLS steps: its per-round losses (last stage) and final weights."""
+def pipelined(rank, world, path, optimizer, device="cpu"):
+    """This rank's part of CALLS steps: its per-round losses (last stage) and final weights (on the
+    host), its stages on ``device``."""
     compiled = schedc.load(path)
     prob = compiled.problem
-    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    mine = {s: mod.to(device) for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
     params = [q for mod in mine.values() for q in mod.parameters()]
     rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=OPTIMIZERS[optimizer](params), timeout=60)
     copies = [0]  # the most weight copies of one parameter held at once (the parameter's and its versions')
@@ -78,7 +79,7 @@ def pipelined(rank, world, path, optimizer):
         if mean is not None:
             losses += rt.round_losses.tolist()
             means.append(mean.item())
-    weights = {f"{s}.{k}": t for s, mod in mine.items() for k, t in mod.state_dict().items()}
+    weights = {f"{s}.{k}": t.cpu() for s, mod in mine.items() for k, t in mod.state_dict().items()}
     return {"losses": losses or None, "means": means, "weights": weights, "copies": copies[0]}
 
 
@@ -147,6 +148,15 @@ def assert_like_reference(results, p: int, m: int, optimizer: str) -> None:
 def test_2bw_trains_like_the_delayed_update_rule_in_one_process(p, m, optimizer, tmp_path):
     results = run_local(pipelined, p, compiled_file(tmp_path, p, m), optimizer, timeout=300)
     assert_like_reference(results, p, m, optimizer)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_2bw_on_cuda_trains_like_the_delayed_update_rule(split, tmp_path):
+    """The weight versions with CUDA tensors: 2 gloo ranks on the one GPU (NCCL refuses two ranks
+    on one device), Adam, against one process on the host."""
+    results = run_local(pipelined, 2, compiled_file(tmp_path, 2, 2, split=split), "adam", "cuda", timeout=300)
+    assert_like_reference(results, 2, 2, "adam")
 
 
 def test_a_split_backward_keeps_each_rounds_weight_gradients_apart(tmp_path):

@@ -35,14 +35,14 @@ def batches():
     return token_batches(STEPS, M * MB_SIZE, seq_len=SEQ, seed=2)
 
 
-def train(rank, world, paths):
-    """Each schedule in turn: a fresh model, STEPS steps of SGD with momentum; this rank's losses
-    (None where it holds no last stage) and its stages' weights."""
+def train(rank, world, paths, device="cpu"):
+    """Each schedule in turn: a fresh model on ``device``, STEPS steps of SGD with momentum; this
+    rank's losses (None where it holds no last stage) and its stages' weights (on the host)."""
     out = {}
     for path in paths:
         compiled = schedc.load(path)
         prob = compiled.problem
-        mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+        mine = {s: mod.to(device) for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
         opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
         rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120)
         first, last = 0 in mine, prob.n_stages - 1 in mine
@@ -51,7 +51,7 @@ def train(rank, world, paths):
             loss = rt.step(x if first else None, y if last else None)
             losses.append(None if loss is None else loss.item())
         assert not any(c.states for c in rt.chunked.values()) and not rt.store.pending()
-        weights = {f"{s}.{k}": t for s, mod in mine.items() for k, t in mod.state_dict().items()}
+        weights = {f"{s}.{k}": t.cpu() for s, mod in mine.items() for k, t in mod.state_dict().items()}
         out[compiled.name] = {"losses": losses, "weights": weights}
     return out
 
@@ -61,14 +61,20 @@ def reference(n_stages: int):
     return test_runtime.reference(n_stages, M, M * MB_SIZE, make=model, data=batches())
 
 
-@pytest.mark.parametrize("p, k", [(2, 2), (2, 4), (4, 2), (4, 4)], ids=lambda x: str(x))
-def test_sequence_chunks_train_exactly_like_one_process(p, k, tmp_path):
+@pytest.mark.parametrize("p, k, device", [
+    (2, 2, "cpu"), (2, 4, "cpu"), (4, 2, "cpu"), (4, 4, "cpu"),
+    pytest.param(2, 4, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                        reason="torch sees no CUDA device")),
+], ids=lambda x: str(x))
+def test_sequence_chunks_train_exactly_like_one_process(p, k, device, tmp_path):
+    """On CUDA: 2 gloo ranks on the one GPU (NCCL refuses two ranks on one device) against one
+    process on the host."""
     prob = problem(p, k)
     paths = []
     for name in NAMES:
         schedc.compile(prob, name).save(tmp_path / f"{name}.json")
         paths.append(str(tmp_path / f"{name}.json"))
-    ranks = run_local(train, p, paths, timeout=600)
+    ranks = run_local(train, p, paths, device, timeout=600)
     ref_losses, ref_weights = reference(p)
     for name in NAMES:
         losses = ranks[-1][name]["losses"]
