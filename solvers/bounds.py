@@ -58,8 +58,14 @@ whose step it bounds (``Bound.rank``; a term of no one rank's by the least tail 
 With ``replicas`` (pipelines in opposite directions on the same ranks), the chains run along each
 stage's own pipeline, and a rank holds stages of several pipelines, so facts 1 and 2 hold per
 pipeline only: the terms are then those that need neither (``_bidirectional_bounds``: work,
-memory-time, critical path), weaker than for one pipeline. The gradient sums RS and TS join the
-reduces' tail: the stage whose weight gradient ends last on a rank still has its syncs to run.
+memory-time, critical path), weaker than for one pipeline, and one that needs only the earliest
+backward over the rank's stages (``_first_backward``: a middle rank waits a round trip of each
+direction for it and can only run unpaired forwards until then). The gradient sums RS and TS join
+the reduces' tail: the stage whose weight gradient ends last on a rank still has its syncs to run.
+
+With overlapped pairs (``costs.FB``), the terms are those of a relaxation whose F and B are cut so
+that a pair saves nothing (``_without_overlap``), and ``_first_backward`` on the problem itself,
+which counts the pairs a rank can still form after its first backward.
 
 All bounds are relaxations: they may lie below the best schedule, never above a schedule that
 fits. Cost O(p * v * log v), and O(p^2 * v) for the span terms over two ranks; m only multiplies.
@@ -109,8 +115,8 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
     check_supported(problem.cost, "the lower bounds", BOUNDED)
-    if problem.overlap_time is not None:
-        return all_bounds(_without_overlap(problem), objective)
+    if problem.overlap_time is not None:  # (the first-backward term counts the pairs themselves)
+        return all_bounds(_without_overlap(problem), objective) + _first_backward(problem, objective)
     if any(problem.cost[op.kind][op.stage] for r in range(problem.ranks) for op in comm_ops(problem, r)):
         return _with_sync(problem, objective)
     problem = _relaxed(problem)
@@ -180,7 +186,68 @@ def _bidirectional_bounds(problem: Problem, objective: str) -> list[Bound]:
         if not problem.policies:
             out.append(_memory_time_bound(problem, ch, r, objective))
     out.append(_critical_path(problem, ch, objective))
+    out += _first_backward(problem, objective)
     return [b for b in out if b is not None]
+
+
+def _first_backward(problem: Problem, objective: str) -> list[Bound]:
+    """Per rank r, what its work costs once no backward can have reached it yet: a term for two
+    directions (where a middle rank waits a round trip of each for its first backward) and for
+    overlapped pairs (``costs.FB``, counted here as pairs, not relaxed away).
+
+    ``first_b`` is the earliest any backward (B or BW) can start on rank r: ``head(s) + F(s) +
+    rt(s)`` over its stages s (span: ``F(s) + rt(s)`` after the rank's first op, which precedes
+    F(s, i)), along chains timed with each op at its quickest (an F or B in a pair ends after the
+    rank's FB; a fused BW ends its input gradient no sooner than BW). Before ``first_b`` the rank
+    runs forwards only, unpaired (a pair holds a backward, a W follows its B), so k forwards there
+    take x <= the k dearest forwards' time, no more than the window (x <= first_b - head, makespan),
+    and, with nothing freed before a backward and no policy to drop an activation, their
+    activations fit the rank's room. After it the rank runs the rest of its work, ``total - x``
+    less what pairs save: each pair at most ``max F + max B - FB`` of the rank, and at most one per
+    forward left (n - k). So an end of ``first_b + total - x - save (n - k)`` or later, at least
+    ``total - save (n - k) + max(head, first_b - x_k)``; the least over the k the room allows.
+    ``total`` counts each backward at the cheaper of B + W and BW (a pair with BW also runs its W).
+    Not for sequence chunks (per-chunk costs): ``_chunked_bounds`` has its own terms."""
+    if problem.seq_chunks > 1:
+        return []
+    c, fb, sr, m = problem.cost, problem.overlap_time, problem.stage_rank, problem.microbatches
+    F, B, W = c[Kind.F], c[Kind.B], c[Kind.W]
+    fused = c[Kind.BW] if problem.costs.BW is not None else None
+    back = [b + w if fused is None else min(b + w, bw) for b, w, bw in zip(B, W, fused or B)]
+
+    def quickest(x: float, s: int) -> float:
+        return x if fb is None else min(x, fb[sr[s]])
+
+    ch = _Chains(_with_costs(problem, {"F": [quickest(F[s], s) for s in range(problem.n_stages)],
+                                       "B": [quickest(B[s] if fused is None else min(B[s], fused[s]), s)
+                                             for s in range(problem.n_stages)], "W": list(W)}))
+    makespan = objective == "makespan"
+    out = []
+    for r, stages in enumerate(problem.rank_stages):
+        first_b = min((ch.head[s] if makespan else 0.0) + quickest(F[s], s) + ch.rt[s] for s in stages)
+        start = min(ch.head[s] for s in stages) if makespan else 0.0
+        total = m * sum(F[s] + back[s] for s in stages)
+        n = m * len(stages)
+        save = 0.0 if fb is None else max(0.0, max(F[s] for s in stages) + max(B[s] for s in stages) - fb[r])
+        held = math.inf if problem.policies else _cap(problem, r)
+        dearest = sorted((F[s] for s in stages), reverse=True)
+        lightest = sorted(max(0.0, problem.mem[Kind.F][s]) for s in stages)
+        x = room = 0.0
+        best = (math.inf, 0)
+        for k in range(n + 1):  # k forwards before first_b (at least the rank's first op under span)
+            if k:
+                x += dearest[(k - 1) // m]
+                room += lightest[(k - 1) // m]
+                if room > held:
+                    break
+            if k or makespan:
+                best = min(best, (total - save * (n - k) + max(start, first_b - x), k))
+        value, k = best
+        if value < math.inf:
+            pairs = f", and overlapped pairs save at most {save:g} each" if save > 0 else ""
+            out.append(Bound(value, f"rank {r}: no backward reaches it before {first_b:g}, and its work {total:g}"
+                                    f" follows the forwards run by then (least with {k}){pairs}", r))
+    return out
 
 
 def _chunked_bounds(problem: Problem, objective: str) -> list[Bound]:

@@ -704,18 +704,19 @@ def policy_optimum(problem, objective=None):
 
 def _rank_orders(problem, r, pol):
     """Every order of rank r's ops under policies ``pol`` that respects the dependencies among them."""
-    stages, m = problem.rank_stages[r], problem.microbatches
+    stages, m, depth = problem.rank_stages[r], problem.microbatches, problem.pipeline_stages
     before = {}
     for s in stages:
+        own = [t for t in stages if t // depth == s // depth]  # (with replicas: the stages of s's pipeline)
         for i in range(m):
             k = pol[(s, i)]
-            before[("F", s, i)] = {("F", t, i) for t in stages if t < s} | (
+            before[("F", s, i)] = {("F", t, i) for t in own if t < s} | (
                 {("F", s, i - 1)} if s == 0 and i > 0 else set())
             bring = {("F", s, i)}
             if k is not None:
                 before[(k.value, s, i)] = {("F", s, i)}
                 bring = {(k.value, s, i)}
-            before[("B", s, i)] = bring | {("B", t, i) for t in stages if t > s}
+            before[("B", s, i)] = bring | {("B", t, i) for t in own if t > s}
             before[("W", s, i)] = {("B", s, i)}
     return linear_extensions(before)
 
@@ -750,7 +751,7 @@ def _fits(problem, order, pol, room):
 
 
 def pair_optimum(problem, objective=None):
-    """The best objective over every split schedule of ``problem`` (one pipeline, no recompute)
+    """The best objective over every split schedule of ``problem`` (no recompute; with replicas, sync 0)
     with any per-rank order that respects the dependencies among the rank's ops and any choice of
     overlapped pairs (``Schedule.pairs``: a forward and the backward B of another (stage,
     microbatch) right after it), judged by schedc's simulator; returns ``(value, schedule)``.
