@@ -203,6 +203,7 @@ class ListScheduler:
         self.recomputed: dict[tuple[int, int], Kind] = {}  # (stage, microbatch) -> R or S, as started
         self.memory_gated = False  # some memory gate would have kept a microbatch out under the strictest
         # recompute switches (``admits``); while False, no recompute switch changes a decision of the pass
+        self.lean_matters = False  # some memory gate decided otherwise than it would with ``lean`` flipped
         kinds = problem.recomputes
         self.ranks = [
             RankState(
@@ -388,10 +389,14 @@ class ListScheduler:
         # Short of the warm-up depth anyway: the kind that keeps least, if one microbatch fits.
         return rank.least if self.room_for(rank, rank.needs[rank.least]) else None
 
-    def room_for(self, rank: RankState, need: float) -> bool:
-        """Whether ``need`` fits on the rank beside what it holds (and, unless lean, has promised)."""
-        held = rank.level if self.policy.lean else rank.level + rank.reserved
-        return self.mtol.le(held + need, rank.room)
+    def room_for(self, rank: RankState, need: float, decides: bool = True) -> bool:
+        """Whether ``need`` fits on the rank beside what it holds (and, unless lean, has promised);
+        ``decides``: the pass acts on the answer (else a what-if: ``lean_matters`` is left alone)."""
+        lean = self.mtol.le(rank.level + need, rank.room)
+        full = self.mtol.le(rank.level + rank.reserved + need, rank.room)
+        if lean != full and decides:
+            self.lean_matters = True
+        return lean if self.policy.lean else full
 
     def to_come(self, rank: RankState, keep: float | None = None) -> float:
         """With recompute: the room a new microbatch leaves for the rest of the warm-up depth
@@ -463,7 +468,10 @@ class ListScheduler:
         ``memory`` False: every gate but memory (a kept microbatch's)."""
         policy, rank, mtol = self.policy, self.ranks[r], self.mtol
         if op.stage != rank.first:
-            return not policy.lean or mtol.le(rank.level + self._delta(F_, op.stage, op.mb), rank.room)
+            if mtol.le(rank.level + self._delta(F_, op.stage, op.mb), rank.room):
+                return True
+            self.lean_matters = True  # (only a lean pass gates these)
+            return not policy.lean
         if policy.alternate and rank.seen_b and rank.last_fb == F_:
             return False  # steady state: a B between two new microbatches
         if policy.shallow_warmup and not rank.seen_b and rank.started >= rank.depth:
@@ -477,11 +485,10 @@ class ListScheduler:
         if not memory:
             return True
         if rank.kept and not self.memory_gated:  # (the strictest gate passes: every gate passes)
-            self.memory_gated = not self.room_for(rank, rank.need + self.to_come(rank, rank.keep_most))
+            self.memory_gated = not self.room_for(rank, rank.need + self.to_come(rank, rank.keep_most), decides=False)
         if self.lighten:  # a kept microbatch leaves room to reach the warm-up depth with recomputed ones
             return self.room_for(rank, rank.need + self.to_come(rank))
-        held = rank.level if policy.lean else rank.level + rank.reserved
-        return mtol.le(held + rank.need, rank.room)
+        return self.room_for(rank, rank.need)
 
     def fits_gap(self, r: int, t: float, w: Op, wakers: list[Op]) -> bool:
         """True when nothing useful (``wakers``) can arrive on rank r before W would end."""
@@ -614,7 +621,7 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
     large problem, where each variant takes seconds to build) keeps the last it got."""
     seen: dict[Policy, tuple] = {}  # policy -> (over the limit, objective, makespan, schedule)
     judged: dict[tuple, tuple] = {}  # a schedule's ops -> its (over, objective, makespan)
-    inert: set[Policy] = set()  # policies whose pass no recompute switch could change
+    inert: dict[Policy, frozenset[str]] = {}  # policy -> the switches whose flip builds the same pass
     tol = problem.time_tol
 
     def score(policy: Policy) -> tuple:
@@ -629,8 +636,7 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
                     t = simulate(problem, schedule)
                     judged[schedule.ranks] = (not t.fits, t.objective_value(), t.makespan)
                 seen[policy] = (*judged[schedule.ranks], schedule)
-                if not scheduler.memory_gated:
-                    inert.add(policy)
+                inert[policy] = same_pass(policy, scheduler)
         return seen[policy][:3]
 
     def better(a: Policy, b: Policy) -> bool:
@@ -660,7 +666,7 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
         while improved and not optimal(best):
             improved = False
             for flag in flags:
-                if flag in RECOMPUTE_FLAGS and best in inert:
+                if flag in inert.get(best, ()):
                     continue  # (the flip builds the same schedule)
                 other = replace(best, **{flag: not getattr(best, flag)})
                 if better(other, best):
@@ -698,6 +704,22 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
         yield greedy_schedule(unlimited, best, name), False
     elif best != top:  # (the news already said it otherwise)
         yield seen[best][3], not seen[best][0]
+
+
+def same_pass(policy: Policy, scheduler: ListScheduler) -> frozenset[str]:
+    """The switches whose flip would build the same schedule as ``scheduler``'s pass of ``policy``
+    (every decision of the pass the same): the recompute switches where no memory gate would have
+    held a microbatch back under the strictest of them (``memory_gated``), ``lean`` where no memory
+    gate decided otherwise than with it flipped, ``overrun_warmup`` without ``timed_warmup`` and
+    ``balance_w`` with ``eager_w`` (each read only under the other)."""
+    out = set() if scheduler.memory_gated else set(RECOMPUTE_FLAGS)
+    if not scheduler.lean_matters:
+        out.add("lean")
+    if not policy.timed_warmup:
+        out.add("overrun_warmup")
+    if policy.eager_w:
+        out.add("balance_w")
+    return frozenset(out)
 
 
 def reference_limit(problem: Problem, microbatches_per_rank: float) -> tuple[float, ...]:

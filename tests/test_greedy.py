@@ -13,7 +13,7 @@ from schedc import Problem, load_problem, simulate
 from schedc.kinds import Kind
 from schedc.solvers.greedy import (
     NEWER, PAPER_LIKE, ListScheduler, Policy, best_greedy, flags_for, greedy_schedule, greedy_search, policies,
-    reference_limit,
+    reference_limit, same_pass,
 )
 from tests.strategies import with_working, working_memory
 
@@ -106,6 +106,36 @@ def test_every_policy_completes_within_any_feasible_limit(problem, data):
     for name in ("zb-greedy", "zb-1p", "zb-2p"):
         t = simulate(problem, solvers.build(name, problem))
         assert t.fits, (name, t.violations)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limited_problems(), st.data())
+def test_a_flip_the_pass_calls_inert_builds_the_same_schedule(problem, data):
+    """``same_pass``: each switch the pass names (lean where no memory gate decided otherwise than
+    it would have with lean flipped; switches read only under another that is off) builds the same
+    schedule when flipped, so greedy_search skips it; and a tight limit makes lean matter somewhere."""
+    flags = flags_for(problem)
+    policy = Policy(**{f: data.draw(st.booleans(), label=f) for f in flags})
+    scheduler = ListScheduler(problem, policy)
+    built = scheduler.build("g")
+    for flag in same_pass(policy, scheduler) & set(flags):
+        other = replace(policy, **{flag: not getattr(policy, flag)})
+        assert greedy_schedule(problem, other, "g").ranks == built.ranks, flag
+
+
+def test_lean_matters_only_where_memory_binds():
+    problem = Problem.parse({"ranks": 4, "microbatches": 8, "chunks": 2, "placement": "v",
+                             "costs": {"F": 1, "B": 1, "W": 1}, "memory": {"F": 1}})
+    assert "lean" in same_pass(Policy(), _built(problem, Policy()))
+    tight = problem.with_changes(memory={"limit": 5})
+    assert "lean" not in same_pass(Policy(), _built(tight, Policy()))
+    assert greedy_schedule(tight, Policy(), "g").ranks != greedy_schedule(tight, Policy(lean=True), "g").ranks
+
+
+def _built(problem, policy):
+    scheduler = ListScheduler(problem, policy)
+    scheduler.build("g")
+    return scheduler
 
 
 PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
