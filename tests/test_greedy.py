@@ -113,7 +113,7 @@ def test_every_policy_completes_within_any_feasible_limit(problem, data):
 def test_a_flip_the_pass_calls_inert_builds_the_same_schedule(problem, data):
     """``same_pass``: each switch the pass names (lean where no memory gate decided otherwise than
     it would have with lean flipped; switches read only under another that is off) builds the same
-    schedule when flipped, so greedy_search skips it; and a tight limit makes lean matter somewhere."""
+    schedule when flipped, so greedy_search may skip it."""
     flags = flags_for(problem)
     policy = Policy(**{f: data.draw(st.booleans(), label=f) for f in flags})
     scheduler = ListScheduler(problem, policy)
@@ -124,6 +124,8 @@ def test_a_flip_the_pass_calls_inert_builds_the_same_schedule(problem, data):
 
 
 def test_lean_matters_only_where_memory_binds():
+    """Without a limit no gate can decide otherwise with lean flipped; under a tight one lean
+    changes the schedule, and the pass says so."""
     problem = Problem.parse({"ranks": 4, "microbatches": 8, "chunks": 2, "placement": "v",
                              "costs": {"F": 1, "B": 1, "W": 1}, "memory": {"F": 1}})
     assert "lean" in same_pass(Policy(), _built(problem, Policy()))
