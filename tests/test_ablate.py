@@ -21,7 +21,7 @@ problems:
 grid:
   memory: [0.67, 1.0, null]
 schedules: [1f1b, zb-h1, zb-h2, zb-greedy, ilp]
-solver: {{time_limit: 20}}
+solver: {{time_limit: 8}}
 """
 
 
