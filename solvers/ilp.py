@@ -40,9 +40,10 @@ pair per op; a pair's two ops start together, the forward first in the order (so
 count its allocation before the B's free, as the simulator does), each lasting the pair's time,
 their two order rows relaxed. The windows and the sum-of-durations cuts count each such F and B
 at its cost scaled so that two that may pair sum to at most the pair's time, and a B's "before"
-cut leaves its pair's forward out: every cut holds for a schedule with pairs. Only in the whole
-model, and not with recompute (whose ops are placed by position): there the search makes no
-pairs and its bound is dropped.
+cut leaves its pair's forward out: every cut holds for a schedule with pairs. A neighbourhood may
+pair the ops of its window and keeps the incumbent's pairs outside it (its windows hold both ops
+of a pair or neither). Not with recompute (whose ops are placed by position): there the search
+makes no pairs and its bound is dropped.
 
 Sequence chunks (``Problem.sequence_chunks``, Seq1F1B): the ops are per unit (a chunk of a
 sequence: ``mb = sequence * k + chunk``), each with its own cost and memory (``Problem.op_cost``,
@@ -149,8 +150,10 @@ class _Model:
         # The shortest each op can last (a recompute not chosen lasts 0; an op that may run in an
         # overlapped pair, its share of the pair: ``_pairable``): windows, cuts and edges.
         self.dur = [0.0 if op.kind in RECOMPUTES else c for op, c in zip(self.ops, self.cost)]
-        self.pair_time = _pairable(problem, self.ops, self.dur) if keep is None else [None] * problem.ranks
+        self.pair_time = _pairable(problem, self.ops, self.dur)
         self.held = set(keep.ops()) if keep is not None else set()  # the incumbent's ops (its policies)
+        # (with recompute the model places recompute ops by position and makes no pairs: none kept)
+        kept_pairs = keep.paired() if keep is not None and not problem.recomputes else {}
         if keep is not None:
             keep = augmented(problem, keep)
 
@@ -159,9 +162,22 @@ class _Model:
         edges += [(index[Op(k, s, i)], index[Op(Kind.B, s, i)], 0.0)
                   for k in self.kinds if k in RECOMPUTES for s in range(n) for i in range(m)]
         self.free = set(range(len(self.ops)))  # ops whose order on their rank is open
+        # A neighbourhood keeps the incumbent's pairs outside its window (``fixed``: op -> the pair's
+        # time): the two start together (the kept edge from the forward, less the pair's time, and a
+        # row back), each lasting the pair's time; the window reaches to both ops of a pair or neither.
+        self.fixed: dict[int, float] = {}
+        self.fixed_pairs: list[tuple[int, int]] = []
         if keep is not None:
             self.free, kept = _kept_order(index, keep, window)
-            edges += kept
+            for f, b in kept_pairs.items():
+                fi, bi = index[f], index[b]
+                if (fi in self.free) != (bi in self.free):
+                    raise ValueError(f"the window holds one op of the pair {f}, {b} only")
+                if fi not in self.free:
+                    self.fixed[fi] = self.fixed[bi] = problem.pair_time(f.stage, b.kind, b.stage)
+                    self.fixed_pairs.append((fi, bi))
+            together = set(self.fixed_pairs)
+            edges += [(x, y, -self.fixed[x] if (x, y) in together else lat) for x, y, lat in kept]
         self.on_rank: list[list[int]] = [[] for _ in range(problem.ranks)]
         for k, op in enumerate(self.ops):
             self.on_rank[problem.stage_rank[op.stage]].append(k)
@@ -198,6 +214,8 @@ class _Model:
                         self.paired.setdefault(b, []).append(z)
         for a, b, lat in edges:
             self.lp += self.start[b] >= self.start[a] + self.length(a) + lat
+        for f, b in self.fixed_pairs:
+            self.lp += self.start[b] <= self.start[f]
         self.before: dict[tuple[int, int], pulp.LpVariable] = {}  # (a, b) with a < b: 1 if a first
         self._order_pairs(earliest, latest)
         self._pair_rows(earliest, latest)
@@ -221,6 +239,8 @@ class _Model:
         z = self.chosen.get(k)
         if z is not None:
             return self.cost[k] * z
+        if k in self.fixed:
+            return self.fixed[k]
         if k in self.paired:
             import pulp
 
@@ -480,13 +500,13 @@ class _Model:
         dropped = {k for k, z in self.chosen.items() if z.value() is None or z.value() < 0.5}
         per_rank = [[k for k in sorted(ks, key=lambda k: (values[k], k)) if k not in dropped] for ks in self.on_rank]
         pairs: list[list[Op]] = [[] for _ in per_rank]
-        for (f, b), z in self.pairs.items():
-            if z.value() is not None and z.value() > 0.5:  # the backward right after its forward
-                r = self.problem.stage_rank[self.ops[f].stage]
-                ks = per_rank[r]
-                ks.remove(b)
-                ks.insert(ks.index(f) + 1, b)
-                pairs[r].append(self.ops[b])
+        chosen = [fb for fb, z in self.pairs.items() if z.value() is not None and z.value() > 0.5]
+        for f, b in chosen + self.fixed_pairs:  # the backward right after its forward
+            r = self.problem.stage_rank[self.ops[f].stage]
+            ks = per_rank[r]
+            ks.remove(b)
+            ks.insert(ks.index(f) + 1, b)
+            pairs[r].append(self.ops[b])
         return Schedule.from_lists(name, [[self.ops[k] for k in ks] for ks in per_rank], pairs=pairs)
 
 
@@ -671,9 +691,16 @@ def _neighbourhoods(problem: Problem, incumbent: Timeline, settings: Settings, s
                 return Found(best.schedule, None, history, "time limit", binaries)
             began = time.perf_counter()
             window = []
+            paired = set(best.schedule.paired().values())  # (a window holds both ops of a pair or neither)
             for ops in augmented(problem, best.schedule).ranks:  # the order the model sees
                 pos = [x for x, op in enumerate(ops) if w0 <= op.mb // chunks < w0 + k]
-                window.append(range(min(pos), max(pos) + 1) if pos else range(0))
+                if not pos:
+                    window.append(range(0))
+                    continue
+                lo, hi = min(pos), max(pos) + 1
+                lo -= lo > 0 and ops[lo] in paired  # (a paired B comes right after its forward)
+                hi += hi < len(ops) and ops[hi] in paired
+                window.append(range(lo, hi))
             share = POLICY_WINDOW_SHARE if policies else 0.5
             one = replace(settings, budget=budget.share(share).at_most(WINDOW_SECONDS), gap=0.0, progress=None)
             found = solve_pulp(problem, best, one, solver, keep=best.schedule, window=window)

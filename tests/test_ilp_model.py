@@ -229,3 +229,50 @@ def test_the_model_with_overlapped_pairs_equals_the_enumeration(data):
     if any(best.pairs):  # the pairs gain here: the model without them could not reach it
         assert simulate(without, schedc.Schedule.from_lists("apart", best.ranks)).makespan > truth
         assert any(result.timeline.schedule.pairs)
+
+
+def _dualpipe_split(p=4, m=8):
+    from schedc.solvers.registry import build, unfuse
+
+    problem = Problem.parse({"ranks": p, "microbatches": m, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3},
+                             "replicas": 2, "memory": {"F": 1, "limit": p + 1}})
+    return problem, simulate(problem, unfuse(build("dualpipe", problem)))
+
+
+def _window(problem, incumbent, window, seconds=20):
+    settings = Settings(Budget.seconds(seconds), 0.0, 1, 0.0, None)
+    found = ilp.solve_pulp(problem, incumbent, settings, "cbc", keep=incumbent.schedule, window=window)
+    return simulate(problem, found.schedule) if found.schedule is not None else None
+
+
+def test_a_neighbourhood_keeps_the_incumbents_pairs_outside_its_window():
+    """Outside its window a neighbourhood keeps the incumbent's overlapped pairs (the two ops start
+    together, each lasting the pair's time): with no window at all it gives the incumbent back,
+    pairs and times (a model without them found no schedule as fast: pairs made it faster)."""
+    problem, incumbent = _dualpipe_split()
+    assert sum(map(len, incumbent.schedule.pairs)) == 44
+    back = _window(problem, incumbent, [range(0)] * problem.ranks)
+    assert back.schedule.ranks == incumbent.schedule.ranks and back.schedule.pairs == incumbent.schedule.pairs
+    assert back.makespan == incumbent.makespan
+    with pytest.raises(ValueError, match="the window holds one op of the pair"):
+        paired_b = incumbent.schedule.pairs[0][0]
+        x = incumbent.schedule.ranks[0].index(paired_b)
+        _window(problem, incumbent, [range(x, x + 1)] + [range(0)] * (problem.ranks - 1))
+
+
+def test_a_neighbourhood_makes_a_pair_inside_its_window():
+    """The incumbent with one pair run apart, one that makes it slower; a window of those two ops
+    alone pairs them again and gets DualPipe's time back, every other pair kept."""
+    problem, paired = _dualpipe_split()
+    for f, b in paired.schedule.paired().items():
+        pairs = tuple(tuple(x for x in ps if x != b) for ps in paired.schedule.pairs)
+        apart = simulate(problem, schedc.Schedule.from_lists("apart", paired.schedule.ranks, pairs=pairs))
+        if apart.makespan > paired.makespan:
+            break
+    else:
+        pytest.fail("no pair of DualPipe's gains time")
+    r = problem.stage_rank[f.stage]
+    x = paired.schedule.ranks[r].index(f)
+    window = [range(x, x + 2) if q == r else range(0) for q in range(problem.ranks)]
+    found = _window(problem, apart, window)
+    assert found.makespan == paired.makespan and found.schedule.pairs == paired.schedule.pairs
