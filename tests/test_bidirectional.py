@@ -399,6 +399,8 @@ def test_bounds_with_pairs_never_pass_the_exhaustive_optimum_of_two_directions(f
 @given(p=st.sampled_from([2, 4]), m=st.integers(2, 6), f=st.lists(st.sampled_from([1, 2, 3]), min_size=4, max_size=4),
        fb=st.sampled_from([None, 1.5, 3, 5]), comm=st.sampled_from([0, 0.5]), objective=st.sampled_from(["makespan", "span"]))
 def test_the_first_backward_term_stays_below_every_two_direction_schedule(p, m, f, fb, comm, objective):
+    """On random two-direction problems, with and without overlapped pairs, the bound (the
+    first-backward term among its terms) stays at or below every two-direction schedule."""
     costs = {"F": f[:p], "B": 2, "W": 1, **({"FB": fb} if fb is not None else {})}
     problem = Problem.parse({"ranks": p, "microbatches": m, "costs": costs, "comm": comm, "replicas": 2,
                              "objective": objective})
