@@ -212,15 +212,16 @@ def _first_backward(problem: Problem, objective: str) -> list[Bound]:
         return []
     c, fb, sr, m = problem.cost, problem.overlap_time, problem.stage_rank, problem.microbatches
     F, B, W = c[Kind.F], c[Kind.B], c[Kind.W]
-    fused = c[Kind.BW] if problem.costs.BW is not None else None
-    back = [b + w if fused is None else min(b + w, bw) for b, w, bw in zip(B, W, fused or B)]
+    stages_all = range(problem.n_stages)
+    fused = problem.costs.BW is not None
+    back = [min(B[s] + W[s], c[Kind.BW][s]) if fused else B[s] + W[s] for s in stages_all]  # a backward's least work
+    gradient = [min(B[s], c[Kind.BW][s]) if fused else B[s] for s in stages_all]  # its input gradient's soonest end
 
     def quickest(x: float, s: int) -> float:
         return x if fb is None else min(x, fb[sr[s]])
 
-    ch = _Chains(_with_costs(problem, {"F": [quickest(F[s], s) for s in range(problem.n_stages)],
-                                       "B": [quickest(B[s] if fused is None else min(B[s], fused[s]), s)
-                                             for s in range(problem.n_stages)], "W": list(W)}))
+    ch = _Chains(_with_costs(problem, {"F": [quickest(F[s], s) for s in stages_all],
+                                       "B": [quickest(gradient[s], s) for s in stages_all], "W": list(W)}))
     makespan = objective == "makespan"
     out = []
     for r, stages in enumerate(problem.rank_stages):

@@ -23,7 +23,7 @@ from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY, build, evaluate
 from tests.exhaustive import exhaustive_optimum
-from tests.test_ilp_model import assert_models_meet_the_oracle
+from tests.test_ilp_model import assert_models_meet_the_oracle, dualpipe_own
 
 
 def _bidir(p=4, m=2, **extra) -> Problem:
@@ -352,22 +352,15 @@ def test_bounds_stay_below_schedules_with_overlapped_pairs():
         assert bound <= lower_bound(_overlapped(None, replicas={"count": 2, "sync": 0.5})).value + 1e-9
 
 
-def _dualpipe_own(d: int) -> Problem:
-    """DualPipe's own problem (benchmarks/sync.py part 3): 2d microbatches each way, F = B = 2,
-    W = 1, a pair overlapped in 3, and DualPipe's peak of d + 1 activations as the limit."""
-    return Problem.parse({"ranks": d, "microbatches": 2 * d, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3},
-                          "replicas": 2, "memory": {"F": 1, "limit": d + 1}})
-
-
 def test_the_first_backward_term_proves_a_schedule_optimal_on_dualpipes_own_problem():
     """A middle rank waits a round trip of each direction for its first backward; the forwards it
     can run by then are unpaired, so at p = 4 no schedule ends before 70 (and at p = 8 before 142).
     The schedule in tests/data (CP-SAT's in 300 s) ends at 70: proven optimal, with 1.43 % of
     bubble against DualPipe's 5.48 % (73)."""
-    problem = _dualpipe_own(4)
+    problem = dualpipe_own(4)
     bound = lower_bound(problem)
     assert bound.value == 70 and "no backward reaches it before 10" in bound.reason
-    assert lower_bound(_dualpipe_own(8)).value == 142
+    assert lower_bound(dualpipe_own(8)).value == 142
     best = schedc.load(Path(__file__).parent / "data" / "dualpipe_p4_optimal.json")
     assert best.problem.model_dump(exclude={"name"}) == problem.model_dump(exclude={"name"})
     t = simulate(problem, best.schedule)

@@ -231,11 +231,18 @@ def test_the_model_with_overlapped_pairs_equals_the_enumeration(data):
         assert any(result.timeline.schedule.pairs)
 
 
-def _dualpipe_split(p=4, m=8):
+def dualpipe_own(d: int) -> Problem:
+    """DualPipe's own problem (benchmarks/sync.py part 3): 2d microbatches each way, F = B = 2,
+    W = 1, a pair overlapped in 3, and DualPipe's peak of d + 1 activations as the limit."""
+    return Problem.parse({"ranks": d, "microbatches": 2 * d, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3},
+                          "replicas": 2, "memory": {"F": 1, "limit": d + 1}})
+
+
+def _dualpipe_split(d=4):
+    """``dualpipe_own(d)`` and DualPipe on it, its backward split (as the searches see it)."""
     from schedc.solvers.registry import build, unfuse
 
-    problem = Problem.parse({"ranks": p, "microbatches": m, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3},
-                             "replicas": 2, "memory": {"F": 1, "limit": p + 1}})
+    problem = dualpipe_own(d)
     return problem, simulate(problem, unfuse(build("dualpipe", problem)))
 
 
