@@ -38,8 +38,13 @@ def last_forwards(schedule: Schedule, problem: Problem) -> list[int]:
 
 
 def permuted(schedule: Schedule, perm: list[int]) -> Schedule:
-    """``schedule`` with microbatch i renamed perm[i] on every op (the same schedule, renumbered)."""
-    return Schedule.from_lists(schedule.name, [[(op.kind, op.stage, perm[op.mb]) for op in ops] for ops in schedule.ranks])
+    """``schedule`` with microbatch i renamed perm[i] on every op of every lane (the same schedule,
+    renumbered)."""
+    def lane(per_rank):
+        return [[None if op is None else (op.kind, op.stage, perm[op.mb]) for op in ops] for ops in per_rank]
+
+    return Schedule.from_lists(schedule.name, lane(schedule.ranks), lane(schedule.copy), lane(schedule.after),
+                               lane(schedule.pairs))
 
 
 # ---- the check and the renumbering, without torch's runtime ----
@@ -105,6 +110,22 @@ def test_renumbering_is_the_same_schedule_op_for_op(prob, data):
     a, b = simulate(prob, scrambled), simulate(prob, renumbered)
     assert (a.start, a.end, a.memory, a.peak_activation, a.makespan) == (b.start, b.end, b.memory, b.peak_activation, b.makespan)
     assert in_torch_order(prob, renumbered) is renumbered
+
+
+def test_renumbering_carries_the_copy_lane():
+    """An offloading schedule (torch refuses it, schedc's runtime runs it): its copy lane and issue
+    points are renumbered with the compute lane, and the simulator times every op as before."""
+    prob = Problem.parse(dict(ranks=2, microbatches=4, chunks=2, placement="v", costs=dict(F=1, B=1, W=1),
+                              offload=dict(time=0.5), memory=dict(limit=2.5)))
+    schedule = S.build("zb-v-offload", prob)
+    assert schedule.copy
+    scrambled = permuted(schedule, [2, 0, 3, 1])
+    renumbered = in_torch_order(prob, scrambled)
+    assert renumbered == schedule
+    a, b = simulate(prob, scrambled), simulate(prob, renumbered)
+    assert (a.start, a.end, a.copy_start, a.copy_end, a.memory) == (b.start, b.end, b.copy_start, b.copy_end, b.memory)
+    with pytest.raises(ScheduleError, match="torch's IR has no offload action"):
+        torch_ready(prob, scrambled, renumber=True)
 
 
 # ---- solve --torch ----
