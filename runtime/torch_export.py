@@ -47,7 +47,7 @@ from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining import stage as _stage
 
 from schedc.errors import SchedcError
-from schedc.interop import torch_ready, torch_comms_rows
+from schedc.interop import torch_comms_rows, torch_ready
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
 from schedc.schedule import Schedule
