@@ -31,9 +31,12 @@ from schedc.runtime.gpt import cut, lm_loss, token_batches
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("schedule", help="schedule file from `schedc solve` or `schedc compile`")
+    ap.add_argument("schedule", help="schedule file from `schedc solve --torch` or `schedc compile`")
     ap.add_argument("--comms", choices=["schedc", "torch"], default="schedc",
                     help="whose sends and receives torch's runtime runs (default: schedc's)")
+    ap.add_argument("--renumber", action="store_true",
+                    help="renumber the microbatches in the order the last stage runs their forwards, as torch's runtime"
+                         " assumes (the same schedule; for a file `schedc solve` wrote without --torch)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the timing")
@@ -47,7 +50,7 @@ def main() -> None:
     model = gpt()
     parts = cut(model.blocks, problem.stage_blocks or uniform(len(model.blocks), problem.n_stages))
     mine = {s: parts[s].to(device) for s, r in torch_placement(compiled).items() if r == rank}
-    pipe = torch_pipeline(compiled, mine, lm_loss, comms=args.comms, device=device)
+    pipe = torch_pipeline(compiled, mine, lm_loss, comms=args.comms, device=device, renumber=args.renumber)
     optimizer = torch.optim.Adam([p for m in mine.values() for p in m.parameters()], lr=args.lr)
     first, last = 0 in mine, problem.n_stages - 1 in mine
     if rank == 0:

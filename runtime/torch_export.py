@@ -21,8 +21,14 @@ Where the sends and receives come from (``comms=``):
   ``_add_reduce_grad``, ``_add_send_recv``), what torch does with the compute-only CSV
   (``schedc export --format torch-csv``; ``_load_csv(path)``).
 
-A schedule that recomputes or offloads (ops R, S, O, L) is refused with one line: torch's IR has no
-such action (``schedc.interop.refuse_untorchable``); schedc's own runtime runs it.
+What torch's runtime assumes of a schedule is checked before anything is built
+(``schedc.interop.torch_ready``, whose module notes list each assumption), each refusal one line:
+no recompute or offload (ops R, S, O, L: torch's IR has no such action), one pipeline, one
+synchronous step, whole microbatches, and the last stage's forwards in microbatch order (torch
+keeps the losses in the order those run and reads them back by microbatch). Out of that order,
+``renumber=True`` runs the same schedule with its microbatches renumbered by it
+(``schedc.interop.in_torch_order``), or ``schedc solve --torch`` writes it so; schedc's own
+runtime runs any of them.
 
 Either way torch infers the stage -> rank map from the actions; ``torch_pipeline`` checks that it
 is the problem's. torch's names used here are private (underscored) and may change between
@@ -41,7 +47,7 @@ from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining import stage as _stage
 
 from schedc.errors import SchedcError
-from schedc.interop import refuse_pipelines, refuse_untorchable, torch_comms_rows
+from schedc.interop import torch_comms_rows, torch_ready
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
 from schedc.schedule import Schedule
@@ -62,20 +68,23 @@ def _torch_names() -> dict[str, Any]:
     return names
 
 
-def _compiled(compiled: CompiledSchedule | Problem, schedule: Schedule | None) -> CompiledSchedule:
+def _compiled(compiled: CompiledSchedule | Problem, schedule: Schedule | None, renumber: bool = False) -> CompiledSchedule:
+    """The compiled schedule torch's runtime is to run, checked before lowering (``torch_ready``:
+    one line, whatever lowering says), its microbatches renumbered with ``renumber``."""
     if isinstance(compiled, Problem):
         if schedule is None:
             raise SchedcError("a Problem needs its Schedule: torch_actions(problem, schedule) or torch_actions(compiled)")
-        refuse_untorchable(schedule.ops(), schedule.name)  # before lowering: one line, whatever lowering says
-        refuse_pipelines(compiled.pipelines, schedule.name)
-        return CompiledSchedule.build(compiled, schedule)  # simulated (complete, no deadlock) and lowered
-    if schedule is not None:
+        problem = compiled
+    elif schedule is not None:
         raise SchedcError("pass a CompiledSchedule alone, or a Problem and a Schedule")
-    if not isinstance(compiled, CompiledSchedule):
+    elif not isinstance(compiled, CompiledSchedule):
         raise SchedcError(f"expected a CompiledSchedule (schedc.load or schedc.compile), got {type(compiled).__name__}")
-    refuse_untorchable(compiled.schedule.ops(), compiled.name)  # torch's IR has no recompute or offload action
-    refuse_pipelines(compiled.problem.pipelines, compiled.name)
-    return compiled
+    else:
+        problem, schedule = compiled.problem, compiled.schedule
+    schedule = torch_ready(problem, schedule, renumber)
+    if isinstance(compiled, CompiledSchedule) and schedule is compiled.schedule:
+        return compiled
+    return CompiledSchedule.build(problem, schedule)  # simulated (complete, no deadlock) and lowered
 
 
 def torch_placement(compiled: CompiledSchedule | Problem) -> dict[int, int]:
@@ -85,14 +94,15 @@ def torch_placement(compiled: CompiledSchedule | Problem) -> dict[int, int]:
 
 
 def torch_actions(compiled: CompiledSchedule | Problem, schedule: Schedule | None = None, *,
-                  comms: str = "schedc") -> dict[int, list]:
+                  comms: str = "schedc", renumber: bool = False) -> dict[int, list]:
     """Per rank, the ``_Action`` s torch's ``_PipelineScheduleRuntime`` executes for this schedule.
 
     ``comms="schedc"``: schedc's sends, receives and REDUCE_GRAD (see the module notes);
     ``"torch"``: torch's own lowering of the compute order; ``"none"``: the compute order only
     (the compute-only CSV). A split backward is torch's I then W, a fused one torch's B.
+    ``renumber``: see the module notes.
     """
-    compiled = _compiled(compiled, schedule)
+    compiled = _compiled(compiled, schedule, renumber)
     if comms not in COMMS:
         raise SchedcError(f"comms={comms!r} is not one of {', '.join(COMMS)}")
     names = _torch_names()
@@ -122,7 +132,8 @@ def _rejected(compiled: CompiledSchedule, e: Exception) -> SchedcError:
 
 def torch_pipeline(compiled: CompiledSchedule | Problem, modules: Mapping[int, nn.Module], loss_fn: Callable | None = None,
                    *, schedule: Schedule | None = None, comms: str = "schedc", group: dist.ProcessGroup | None = None,
-                   device: torch.device | str | None = None, scale_grads: bool = True, **kwargs: Any):
+                   device: torch.device | str | None = None, scale_grads: bool = True, renumber: bool = False,
+                   **kwargs: Any):
     """This rank's ``torch.distributed.pipelining`` schedule running ``compiled``.
 
     ``modules`` maps each stage this rank holds (``compiled.problem.rank_stages[rank]``, see
@@ -132,12 +143,13 @@ def torch_pipeline(compiled: CompiledSchedule | Problem, modules: Mapping[int, n
     the schedule's ranks. ``loss_fn(output, target)`` is the last stage's loss per microbatch; with
     ``scale_grads`` (default) torch divides the summed gradients by m, which gives the gradients
     of the mean loss over the microbatches, as single-process training on the whole batch with a
-    mean loss. ``comms``: see ``torch_actions``. Other keyword arguments go to
+    mean loss. ``comms``: see ``torch_actions``; ``renumber``: see the module notes (the losses
+    and outputs come back in the inputs' microbatch order either way). Other keyword arguments go to
     ``_PipelineScheduleRuntime`` (e.g. ``args_chunk_spec``). Returns the schedule: call
     ``step(*inputs, target=..., losses=[])`` on every rank (inputs on the first stage's rank, the
     target on the last's), then your optimizer.
     """
-    compiled = _compiled(compiled, schedule)
+    compiled = _compiled(compiled, schedule, renumber)
     problem = compiled.problem
     names = _torch_names()
     if comms not in COMMS or comms == "none":

@@ -13,6 +13,31 @@ with one line naming what the schedule recomputes or offloads; such a schedule r
 own runtime. Reading and writing CSV is our own code and needs no torch;
 torch's own schedules are built in ``schedc.runtime.torch_schedules`` (it imports torch).
 
+What torch's ``_PipelineScheduleRuntime`` (torch 2.13) assumes of a schedule, and what schedc does
+about each (``torch_ready`` runs every check; each refusal is one line):
+
+- the last stage's forwards run in microbatch order: the runtime appends each loss to a list as
+  the last stage's forward computes it and reads it back by microbatch number at the backward
+  (``_maybe_compute_loss``, ``_maybe_get_loss``), and returns the losses and the merged outputs
+  in that list's order. Out of order it fails mid-step ("Loss for microbatch 5 is not available",
+  also from a backward of another stage on that rank) or, where the index exists, hands the
+  backward another microbatch's loss. Refused (``refuse_out_of_order``); ``in_torch_order`` renumbers the
+  microbatches by that order, the same schedule (microbatches are interchangeable), which
+  ``schedc solve --torch`` does to what it finds and ``renumber=True`` to what is exported;
+- every action of its IR is F, I, W, B (fused) or communication: no recompute or offload
+  (``refuse_untorchable``), one pipeline (``refuse_pipelines``), one synchronous step
+  (``refuse_asynchronous``), whole microbatches (``refuse_sequence_chunks``: a chunk would be read
+  as a microbatch);
+- checked by torch itself when it loads the actions (``_validate_schedule``): every forward once
+  per stage, each I or B after its forward, each W after its I, each stage on one rank;
+- sends and receives between two ranks match in the order each posts them (one tag): schedc's
+  Program pairs them so (``schedc.check``), torch's own lowering likewise;
+- nothing else is read by order: the first stage takes microbatch i of the split inputs by
+  number, the receive buffers, the saved activations and the weight-gradient closures are kept
+  per microbatch, a backward on the last stage may run in any order once the forwards are in
+  order, a rank's W in any order after their I, and REDUCE_GRAD (the 1/m scaling) after the
+  stage's last backward, counted, not numbered.
+
 ``torch_comms_rows(program)`` writes a lowered Program in torch's other format, "compute_comms":
 the compute cells plus schedc's own sends and receives (``0SEND_F3``, ``1RECV_F3``, ``1SEND_B3``,
 ``0RECV_B3``) in the Program's order, and ``0REDUCE_GRAD`` after each stage's last backward (where
@@ -30,11 +55,13 @@ import re
 from pathlib import Path
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from schedc.errors import SchedcError, ScheduleError
 from schedc.inputs import read_text
 from schedc.kinds import BY_TORCH, ROWS, Kind, in_order
+from schedc.problem import Problem
 from schedc.program import Opcode, Program
 from schedc.schedule import Op, Schedule
 
@@ -81,10 +108,93 @@ def refuse_asynchronous(rounds: int, name: str) -> None:
                             " torch.distributed.pipelining runs synchronous schedules only: run it with schedc's runtime")
 
 
+def refuse_sequence_chunks(chunks: int, name: str) -> None:
+    """Raise a one-line ScheduleError for a schedule of sequence chunks (``Problem.sequence_chunks``):
+    torch's pipelining has none, and would run each chunk as a microbatch of its own."""
+    if chunks > 1:
+        raise ScheduleError(f"{name}: torch.distributed.pipelining has no sequence chunks, and this schedule cuts each"
+                            f" microbatch into {chunks}: run it with schedc's runtime")
+
+
+def _last_forwards(ranks: Sequence[Sequence[Op]]) -> tuple[int, int, list[int]]:
+    """The last stage (the highest in the ops), its rank and the microbatches of its forwards, in
+    the order they run."""
+    last = max((op.stage for ops in ranks for op in ops), default=0)
+    for r, ops in enumerate(ranks):
+        mbs = [op.mb for op in ops if op.kind is Kind.F and op.stage == last]
+        if mbs:
+            return last, r, mbs
+    return last, 0, []
+
+
+def refuse_out_of_order(ranks: Sequence[Sequence[Op]], name: str) -> None:
+    """Raise a one-line ScheduleError where the last stage's forwards (``ranks``: per rank, the
+    compute order) do not run in microbatch order, which torch's runtime assumes (see the module
+    notes), naming the first two that do not and what to do."""
+    last, r, mbs = _last_forwards(ranks)
+    want = sorted(mbs)
+    k = next((k for k, (a, b) in enumerate(zip(mbs, want)) if a != b), None)
+    if k is None:
+        return
+    raise ScheduleError(
+        f"{name}: torch's runtime keeps the last stage's losses in the order its forwards run and reads them by"
+        f" microbatch, but rank {r} runs {last}F{mbs[k]} before {last}F{want[k]}: renumber the microbatches (solve"
+        " --torch, export --renumber, renumber=True) or use schedc's runtime"
+    )
+
+
+def torch_ready(problem: Problem, schedule: Schedule, renumber: bool = False) -> Schedule:
+    """``schedule`` as torch's runtime is to run it on ``problem``, checked for every assumption of
+    the module notes (a one-line ScheduleError for the first it fails); with ``renumber``, its
+    microbatches renumbered in its last stage's forward order first (``in_torch_order``: the
+    same schedule), so that order passes."""
+    name = schedule.name
+    refuse_untorchable(schedule.ops(), name)
+    refuse_pipelines(problem.pipelines, name)
+    refuse_asynchronous(schedule.rounds, name)
+    refuse_sequence_chunks(problem.seq_chunks, name)
+    if renumber:
+        schedule = in_torch_order(problem, schedule)
+    refuse_out_of_order(schedule.ranks, name)
+    return schedule
+
+
+def in_torch_order(problem: Problem, schedule: Schedule) -> Schedule:
+    """``schedule`` with its microbatches renumbered in the order its last stage runs their
+    forwards, the order torch's runtime assumes (``refuse_out_of_order``); itself when already so.
+
+    The same schedule: on a problem of one pipeline, whole microbatches and one synchronous step,
+    microbatches are interchangeable (each costs, allocates and waits for the same as any other
+    on each stage), and the renumbering is one permutation applied to every op of every lane and
+    rank (the copy lane, its issue points and the overlapped pairs too), so each op waits for
+    the renumbered ops it waited for before, in the same positions: the simulator's timeline is
+    the same op for op, renumbered (tests/test_torch_order.py checks it). Where microbatches are not
+    interchangeable (replicas, rounds, sequence chunks) a one-line ScheduleError: torch runs none
+    of those."""
+    name = schedule.name
+    refuse_pipelines(problem.pipelines, name)
+    refuse_asynchronous(schedule.rounds, name)
+    refuse_sequence_chunks(problem.seq_chunks, name)
+    last, _, mbs = _last_forwards(schedule.ranks)
+    if sorted(mbs) != list(range(problem.microbatches)) or last != problem.n_stages - 1:
+        raise ScheduleError(f"{name}: stage {problem.n_stages - 1} does not run the forward of each of the"
+                            f" {problem.microbatches} microbatches once: not a schedule of this problem")
+    if mbs == sorted(mbs):
+        return schedule
+    new = {mb: k for k, mb in enumerate(mbs)}
+
+    def lane(per_rank):
+        return tuple(tuple(None if op is None else op._replace(mb=new[op.mb]) for op in ops) for ops in per_rank)
+
+    return replace(schedule, ranks=lane(schedule.ranks), copy=lane(schedule.copy), after=lane(schedule.after),
+                   pairs=lane(schedule.pairs))
+
+
 def to_torch_csv(schedule: Schedule) -> str:
     """One row per rank, the rank's ops in order, no idle cells (order is all a Schedule has)."""
     refuse_asynchronous(schedule.rounds, schedule.name)
     refuse_untorchable(schedule.ops(), schedule.name)
+    refuse_out_of_order(schedule.ranks, schedule.name)
     if schedule.pairs:
         raise ScheduleError(f"{schedule.name}: the schedule overlaps forward-and-backward pairs, which this export"
                             " does not write yet (torch's OVERLAP_F_B): run it with schedc's runtime")
@@ -109,6 +219,8 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     refuse_pipelines(program.header.pipelines if program.header is not None else 1, name)
     refuse_asynchronous(program.header.rounds if program.header is not None else 1, name)
     refuse_untorchable((i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)), name)
+    refuse_sequence_chunks(program.header.sequence_chunks if program.header is not None else 1, name)
+    refuse_out_of_order([[i.compute for i in instrs if isinstance(i.op, Kind)] for instrs in program.ranks], name)
     rows = []
     reduces = any(i.op is Kind.AR for instrs in program.ranks for i in instrs)
     for instrs in program.ranks:

@@ -14,6 +14,13 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
    ``Found``; what it found is judged by the simulator, the one judge;
 4. the status, from the objective against the larger of the backend's bound and schedc's own
    independent one (``solvers/bounds.py``): "optimal" only when the objective meets it.
+
+For torch's runtime (``torch=True``, ``schedc solve --torch``), which assumes the last stage's
+forwards run in microbatch order (``schedc.interop``'s notes), the best schedule is returned with
+its microbatches renumbered in that order (``in_torch_order``). No search is constrained for it:
+microbatches are interchangeable, so the renumbered schedule is the same schedule (the simulator
+judges it again and must find the same objective), and every search's result, the warm start's
+included, passes through that one step, losing nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
-from schedc.errors import SchedcError
-from schedc.kinds import Kind
+from schedc.errors import SchedcError, ScheduleError
+from schedc.interop import in_torch_order, refuse_pipelines, refuse_sequence_chunks
+from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
@@ -406,6 +414,7 @@ class _Call:
     solver: str
     run: RegistryRun
     clock: _Clock
+    torch: bool = False  # the result renumbered for torch's runtime (``in_torch_order``)
 
 
 @dataclass
@@ -428,6 +437,7 @@ def solve(
     threads: int | None = None,
     progress: Callable[[Progress], None] | None = None,
     candidates: Sequence[tuple[str, Schedule]] = (),
+    torch: bool = False,
 ) -> SolveResult:
     """Search the fastest split-backward schedule that fits ``problem``'s memory limit.
 
@@ -439,13 +449,17 @@ def solve(
     with seconds since the call began. ``candidates`` are more schedules to start from (e.g.
     torch.distributed.pipelining's, which the CLI adds with ``--torch``): each that is complete
     and fits joins the registry's for the warm start, so the result is never worse than any of
-    them either."""
+    them either. ``torch``: the result is for torch.distributed.pipelining's runtime, its
+    microbatches numbered in the order its last stage runs their forwards (see the module notes);
+    a problem torch cannot run (replicas, sequence chunks, recompute or offload) is refused first."""
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
+    if torch:
+        _refuse_untorchable_problem(problem)
     if problem.objective == "steady":  # the makespan over the microbatches: the same search, rescaled
         found = solve(problem.with_changes(objective="makespan"), solver=solver, time_limit=time_limit, gap=gap,
-                      threads=threads, progress=progress, candidates=candidates)
+                      threads=threads, progress=progress, candidates=candidates, torch=torch)
         return per_microbatch(found, problem)
     clock = _Clock(progress)
     budget = time_limit if isinstance(time_limit, Budget) else Budget.seconds(time_limit)
@@ -480,7 +494,7 @@ def solve(
     # What is left for the search: the budget less what the caller keeps and one simulation, to
     # judge what the search found.
     usable = budget.usable(run.simulate_seconds).less(run.simulate_seconds)
-    call = _Call(problem, solver, run, clock)
+    call = _Call(problem, solver, run, clock, torch)
     local = budget.share(LOCAL_SEARCH_SHARE)  # of what the warm start left
     out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
     if problem.fused_cheaper:
@@ -569,10 +583,17 @@ def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
     else:
         status = "feasible"
     named = out.best.schedule.renamed("ilp")
+    timeline = replace(out.best, schedule=named)
+    if call.torch and (renumbered := in_torch_order(call.problem, named)) is not named:
+        timeline = simulate(call.problem, renumbered)
+        if not meets(timeline.objective_value(), objective) or timeline.fits != out.best.fits:
+            raise RuntimeError(f"bug: renumbering the microbatches for torch changed the schedule's objective"
+                               f" {objective} to {timeline.objective_value()}")
+        named = renumbered
     warm_name, warm_t = out.warm
     return SolveResult(
         schedule=named,
-        timeline=replace(out.best, schedule=named),
+        timeline=timeline,
         status=status,
         objective=objective,
         bound=bound,
@@ -586,6 +607,18 @@ def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
         registry=[(name, t) for name, t in run.fitting if name not in run.derived or name == warm_name],
         not_evaluated=run.not_evaluated,
     )
+
+
+def _refuse_untorchable_problem(problem: Problem) -> None:
+    """A one-line ScheduleError for a problem whose schedules torch's runtime cannot run (before
+    searching): several pipelines, sequence chunks, or recompute or offload declared."""
+    name = problem.name or "the problem"
+    refuse_pipelines(problem.pipelines, name)
+    refuse_sequence_chunks(problem.seq_chunks, name)
+    if problem.policies:
+        held = " and ".join(dict.fromkeys(ROWS[k].policy for k in problem.policies))
+        raise ScheduleError(f"{name} allows {held}, for which torch's IR has no action: drop that section to solve"
+                            " for torch's runtime, or solve without --torch and run the schedule with schedc's runtime")
 
 
 def per_microbatch(found: SolveResult, problem: Problem) -> SolveResult:

@@ -18,7 +18,7 @@ from schedc.app.plot import draw_gantt, write_trace
 from schedc.check import check as check_program
 from schedc.critical import critical_path
 from schedc.errors import SchedcError, ScheduleError
-from schedc.interop import from_torch_csv, refuse_pipelines, refuse_untorchable, write_torch_csv
+from schedc.interop import from_torch_csv, torch_ready, write_torch_csv
 from schedc.problem import Problem
 from schedc.program import COMM
 from schedc.schedfile import CompiledSchedule, load
@@ -254,15 +254,18 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
                    " sends and receives); torch-comms-csv: torch's compute_comms CSV, with schedc's sends, receives"
                    " and REDUCE_GRAD (load it with _load_csv(path, format=\"compute_comms\")).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write, e.g. FILE.csv.")
-def export(problem: str, memory_limit, objective, name: str | None, fmt: str, output: str) -> None:
+@click.option("--renumber", is_flag=True,
+              help="Renumber the microbatches in the order the last stage runs their forwards, which torch's runtime"
+                   " assumes (the same schedule; `schedc solve --torch` writes it so).")
+def export(problem: str, memory_limit, objective, name: str | None, fmt: str, output: str, renumber: bool) -> None:
     """Write a schedule in another tool's format.
 
     INPUT is a schedule file (from `schedc solve` or `schedc compile`) or a problem file with -s.
+    What torch's runtime assumes is checked first (one line naming what it cannot run).
     """
 
     prob, schedule = schedule_input(problem, name, memory_limit, objective)
-    refuse_untorchable(schedule.ops(), schedule.name)  # before lowering: torch has no recompute/offload action
-    refuse_pipelines(prob.pipelines, schedule.name)
+    schedule = torch_ready(prob, schedule, renumber)  # before lowering: one line naming what torch cannot run
     if fmt == "torch-comms-csv":
         program = CompiledSchedule.build(prob, schedule).program
         write_torch_csv(program, output)

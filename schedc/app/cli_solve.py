@@ -54,7 +54,9 @@ def time_budget(time_limit: float, started: float) -> Budget:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 @click.option("-q", "--quiet", is_flag=True, help="No live progress on stderr.")
 @click.option("--torch", "with_torch", is_flag=True,
-              help="Also start from torch.distributed.pipelining's schedules (slow to build for large p x m).")
+              help="For torch.distributed.pipelining's runtime: also start from torch's schedules (slow to build for"
+                   " large p x m), and number the microbatches in the order the last stage runs their forwards, as"
+                   " torch's runtime assumes (the same schedule).")
 def solve(problem: str, memory_limit, objective, output: str, time_limit: float, gap: float, solver: str,
           threads: int | None, as_json: bool, quiet: bool, with_torch: bool) -> None:
     """Find the fastest zero-bubble schedule for PROBLEM under its memory limit (ILP), with a
@@ -62,6 +64,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
 
     The search starts from the best registry schedule that fits (with --torch, also torch's
     schedules), so the result is never worse; a local search improves it, then the exact search.
+    With --torch, the schedule is written for torch's runtime (`schedc export`, `torch_pipeline`).
     A memory limit no schedule can meet exits with status 2 and the smallest feasible limit.
     """
 
@@ -91,7 +94,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
 
         candidates = [(name, schedule) for name, schedule, _ in torch_schedules(prob) if schedule is not None]
     result = solve_ilp(prob, solver=solver, time_limit=time_budget(time_limit, started), gap=gap, threads=threads,
-                       progress=show_progress, candidates=candidates)
+                       progress=show_progress, candidates=candidates, torch=with_torch)
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
         click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary(),
