@@ -171,7 +171,8 @@ def test_bidirectional_schedules_lower_check_and_stay_above_the_bound(p, m, f, s
         data["data_parallel"] = {"degree": 2, "reduce": reduce}
     problem = Problem.parse(data)
     bound = lower_bound(problem).value
-    for name in ("chimera", "bidir-zb"):
+    # (dualpipe: its pairs without costs.FB, each lasting its two ops, lowered and checked as well)
+    for name in ("chimera", "bidir-zb") + (("dualpipe",) if m >= p else ()):
         schedule = build(name, problem)
         t = simulate(problem, schedule)
         assert t.makespan >= bound - 1e-9
@@ -442,6 +443,11 @@ def test_pairs_are_checked_and_kept_in_the_schedule_file(tmp_path):
     compiled.save(tmp_path / "d.json")
     loaded = schedc.load(tmp_path / "d.json")
     assert loaded.schedule.pairs == compiled.schedule.pairs and loaded.timeline.makespan == compiled.timeline.makespan
+    plain = schedc.compile(_overlapped(None), "dualpipe")  # pairs without costs.FB: kept and timed alike
+    plain.save(tmp_path / "plain.json")
+    again = schedc.load(tmp_path / "plain.json")
+    assert again.schedule.pairs == plain.schedule.pairs == compiled.schedule.pairs
+    assert again.timeline.makespan == plain.timeline.makespan == 85
     ranks = compiled.schedule.ranks
     first = compiled.schedule.pairs[0][0]
     at = ranks[0].index(first)
