@@ -271,15 +271,15 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
     plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
     for name, schedule in built:  # (one that fits with no policy fits as it is: fitting changes nothing)
         if not schedule.copy and kinds and not (name in fits and not schedule.policies()):
-            yield from (s for _, s in fitted_orders(problem, schedule, name))
-    for name, schedule in plain_orders:  # (one that fits as it is needs no policy)
+            yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))  # (NAME or NAME+split)
+    for _, schedule in plain_orders:  # (one that fits as it is needs no policy)
         for kind in kinds:  # the fewest recomputed with one policy (``memtime.fit_recompute``'s, in one pass)
-            fitted = fit_mixed(problem, schedule, f"{name}+fit-{kind.value}", kinds=(kind,))
+            fitted = fit_mixed(problem, schedule, f"{schedule.name}+fit-{kind.value}", kinds=(kind,))
             if fitted is not None:
                 yield fitted
         if Kind.O in problem.policies:  # every activation offloaded: the least held
             try:
-                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload")
+                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{schedule.name}+offload")
             except SchedcError:
                 continue
     if kinds:
