@@ -4,14 +4,17 @@ schedules, and solve against the schedules users run, with data-parallel all-red
     python benchmarks/sync.py [--write] [--parts published,settings,dualpipe,runtime] [--time-limit S]
                               [--jobs N] [--alphas 0,0.25,0.5,1] [--only NAME]
 
-Part 1, published bubbles on uniform costs (no search, exact): Chimera (Li and Hoefler, SC'21),
-D stages and N microbatches in all, F equal to the fused backward: 2N + D - 2 per iteration;
-DualPipe (DeepSeek-V3, its table): each rank idles (p/2 - 1)(F&B + B - 3W), here with the pairs run
-one op after the other (F&B = F + B) on the costs the formula assumes (F = B = 2W), and with
-overlapped pairs (``costs.FB`` = 0.75 (F + B)) measured beside it; BitPipe (Wu et al. 2024, its
-repository's figure): both directions on the V placement, fused backward twice the forward, p
-microbatches in all: 2(p - 2) forward times idle per rank, and its order with more rounds measured.
-Its own section (``--parts published``, seconds).
+Part 1, published bubbles on uniform costs (no search, exact), each with its source and its
+notation: Chimera (Li and Hoefler, SC'21), D stages and N microbatches in all, one fused backward
+(no B/W split) as long as the forward: 2N + D - 2 per iteration; DualPipe (deepseek-ai/DualPipe's
+README table, from the DeepSeek-V3 report): each rank idles (PP/2 - 1)(F&B + B - 3W) with DualPipe's
+B the FULL backward and F&B a forward overlapped with a full backward, which in schedc's notation
+(B the input gradient, ``costs.FB`` a forward overlapped with a B: F&B = FB + W, full backward
+B + W) is (p/2 - 1)(FB + B - W), on F = B = 2, W = 1, without ``costs.FB`` (FB = F + B: the pair's
+two ops one after the other) and with FB = 3; the idle of the ranks with the most pairs is shown;
+BitPipe (Wu et al. 2024, its repository's figure): both directions on the V placement, one fused
+backward twice the forward, p microbatches in all: 2(p - 2) forward times idle per rank, and its
+order with more rounds measured. Its own section (``--parts published``, seconds).
 
 Part 2, the zero-bubble paper's settings (``examples/problems/zb-paper``, the 2p files: the memory
 limit of 2p microbatches' activations, objective makespan here since the step ends with the
@@ -70,6 +73,18 @@ SOLVED = {"one": "p stages", "v": "V, 2p stages", "both": "two directions"}  # t
 
 
 PUBLISHED_NOTE = (
+    "Sources and notation. chimera: Li and Hoefler, SC'21 (Chimera), bubble ratio (D - 2)/(2N + D - 2), i.e."
+    " 2N + D - 2 forward times per iteration, D pipeline stages, N microbatches in all; Chimera does not split"
+    " the backward, so its backward is schedc's fused BW, here as long as the forward (F = BW = 1, the costs"
+    " on which schedc meets the formula). dualpipe: deepseek-ai/DualPipe's README table (the DeepSeek-V3"
+    " report's), bubble (PP/2 - 1)(F&B + B - 3W), PP the ranks, where DualPipe's B is the FULL backward"
+    " (schedc's B + W), W the weight gradient and F&B a forward overlapped with a full backward (schedc's"
+    " FB + W, FB a forward overlapped with an input gradient B, F + B without costs.FB); in schedc's notation"
+    " (p/2 - 1)(FB + B - W), written so in the published column; 'idle' is the largest per-rank idle"
+    " (makespan less the rank's busy time): every rank's without costs.FB, where a pair saves nothing, and"
+    " the ranks' with the most overlapped pairs with FB = 3 (the edge ranks pair less and idle less)."
+    " bitpipe: Wu et al. 2024, its repository's figure (p = 4; no formula is published), one fused backward"
+    " (schedc's BW) twice the forward. "
     "BitPipe (its repository's figures, p = 4): with p microbatches in all (one round) schedc's order is"
     " the figure's, and each rank idles 2(p - 2) forward times for every p here; with more rounds the reference implementation's order idles more"
     " (its repository's figure for p = 4 and 8 microbatches shows 53 where this order takes 54: the"
@@ -85,18 +100,20 @@ def uniform_table() -> str:
             t = simulate(p, build("chimera", p))
             lines.append(f"| chimera | {d} | {n} in all | F = BW = 1 | 2N + D - 2 = {2 * n + d - 2} | {t.makespan:g} |"
                          f" {max(t.peak_activation):g} |")
-    for d in (4, 8, 16):
-        m = 2 * d
-        for fb in (None, 3.0):
-            costs = {"F": 2, "B": 2, "W": 1, **({"FB": fb} if fb else {})}
+    # F = B = 2, W = 1 on p = 4, 8, 16; then DualPipe's figure: 8 ranks, 20 microbatches in two
+    # directions, forward, backward and weight cells of one width (F = B = W = 1).
+    for d, m, (F, B, W), fbs in [(4, 8, (2, 2, 1), (None, 3.0)), (8, 16, (2, 2, 1), (None, 3.0)),
+                                 (16, 32, (2, 2, 1), (None, 3.0)), (8, 10, (1, 1, 1), (None,))]:
+        for fb in fbs:
+            costs = {"F": F, "B": B, "W": W, **({"FB": fb} if fb else {})}
             p = Problem.parse({"ranks": d, "microbatches": m, "costs": costs, "replicas": 2})
             t = simulate(p, build("dualpipe", p))
             idle = max(t.idle())
-            pair = fb or 4
-            published = (d / 2 - 1) * (pair + 2 - 3 * 1)
-            lines.append(f"| dualpipe | {d} | {m} each way | F = B = 2, W = 1, F&B = {pair:g}"
-                         f"{' (overlapped pairs)' if fb else ' (one after the other)'} |"
-                         f" idle (p/2 - 1)(F&B + B - 3W) = {published:g} | idle {idle:g} | {max(t.peak_activation):g} |")
+            pair = fb or F + B  # schedc's FB: a forward and an input gradient B
+            published = (d / 2 - 1) * ((pair + W) + (B + W) - 3 * W)  # DualPipe's F&B and full B
+            lines.append(f"| dualpipe | {d} | {m} each way | F = {F:g}, B = {B:g}, W = {W:g}, FB = {pair:g}"
+                         f"{' (overlapped pairs)' if fb else ' (no costs.FB: one after the other)'} |"
+                         f" idle (p/2 - 1)(FB + B - W) = {published:g} | idle {idle:g} | {max(t.peak_activation):g} |")
     for d in (4, 8, 16):
         for n in (d, 2 * d, 4 * d):
             p = Problem.parse({"ranks": d, "microbatches": n // 2, "chunks": 2, "placement": "v", "replicas": 2,
@@ -148,7 +165,7 @@ def dualpipe_table(time_limit: float) -> str:
         searches = ("cbc", "cpsat")
     except ImportError:
         searches = ("cbc",)
-    lines = ["| p | microbatches each way | F&B | memory limit | dualpipe | bubble | "
+    lines = ["| p | microbatches each way | FB | memory limit | dualpipe | bubble | "
              + " | ".join(f"solve ({name}) | bubble | bound | gap" for name in searches) + " |",
              "|---|---|---|---|---|---|" + "---|---|---|---|" * len(searches)]
     for d in (4, 8):
@@ -310,7 +327,9 @@ def main() -> None:
         if args.write:
             write_section("sync-dualpipe", "## DualPipe's own problem: solve against DualPipe (issue 26)\n\n"
                           f"`python benchmarks/sync.py --write --parts dualpipe --time-limit {args.time_limit:g}`"
-                          f" on {machine()}; makespan in time units, bubble = 1 - busy / (p x makespan).\n\n" + table3)
+                          f" on {machine()}; makespan in time units, bubble = 1 - busy / (p x makespan); FB:"
+                          " costs.FB, a forward overlapped with an input gradient B (DualPipe's F&B, with a full"
+                          " backward, is FB + W; FB = 4 = F + B: the pairs gain nothing).\n\n" + table3)
     if "published" in parts:
         table1 = uniform_table()
         print(table1, flush=True)

@@ -179,7 +179,8 @@ class Costs(_Strict):
     )
     FB: Optional[Number] = Field(
         default=None, description="per rank: a forward and an input gradient (B) of two microbatches run overlapped"
-        " (DualPipe's F&B, torch's OVERLAP_F_B); default the two one after the other, F + B")
+        " (DualPipe's F&B and torch's OVERLAP_F_B pair a forward with a FULL backward: F&B = FB + W);"
+        " default the two one after the other, F + B")
 
     _positive = field_validator("F", "B", "W", "BW", "FB", mode="before")(
         lambda v: v if v is None else _check_numbers(v, positive=True)

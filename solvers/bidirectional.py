@@ -15,14 +15,17 @@ zero-bubble schedules, and a stage keeps at most L - j microbatches between F an
 
 ``dualpipe`` is DualPipe (DeepSeek-V3): microbatches fed from both ends, the steady state a
 forward of one direction beside a full backward of the other, B and W split in the warm-up and
-cool-down. Its per-rank order follows the reference implementation's eight steps. Where the
-problem gives ``costs.FB`` (how long an overlapped pair takes), the steady state's pairs run
-overlapped (``Schedule.pairs``: a pair starts once both its ops may); without it one op after the
-other, as the reference runs them for a module that cannot overlap them. Then each rank idles
-(p/2 - 1)(F + 2B - 3W), the published formula with F&B = F + B, on the costs it assumes
-(F = B = 2W), and holds p + 1 microbatches' activations (tested). With overlapped pairs the
-published formula does not hold as such: a pair waits for the later of its two inputs, which the
-formula's figure does not count (measured, benchmarks/sync.py).
+cool-down. Its per-rank order and its pairs follow the reference implementation's eight steps: a
+pair (``Schedule.pairs``) starts once both its inputs have arrived and sends both outputs at its
+end, as the reference receives both before and sends both after. ``costs.FB`` (a forward
+overlapped with an input gradient B) sets only how long a pair takes (plus the W of its full
+backward); without it a pair lasts its two ops one after the other (``Problem.pair_time``), as the
+reference runs a module that cannot overlap them. DualPipe's README gives each rank's idle as
+(PP/2 - 1)(F&B + B - 3W) with ITS B the full backward and F&B a forward overlapped with a full
+backward; in schedc's notation (B the input gradient: F&B = FB + W, full backward B + W) that is
+(p/2 - 1)(FB + B - W), FB = F + B by default. On costs with F = B >= W the ranks with the most
+pairs idle exactly that (every rank without ``costs.FB``), e.g. 6 per rank on its figure's costs
+(p = 8, F = B = W = 1), and each rank holds p + 1 microbatches' activations (tested).
 
 ``bitpipe`` is BitPipe (Wu et al. 2024): both directions on the V placement (rank r holds stages r
 and 2p - 1 - r of each pipeline, so a microbatch turns on the last rank without a transfer), fused
@@ -145,8 +148,8 @@ def _dualpipe_order(problem: Problem, r: int) -> tuple[list[Op], list[Op]]:
     both, B+W+F of phase 1 (zero bubble), the main loop of forward-and-backward pairs (F of one
     chunk beside a full backward of the other), backwards and pairs, backwards of both (the later
     half split into B and W), W and B of phase 0, and the remaining W. A split B queues its W; a W
-    runs the oldest queued one. Returns the order and the backwards run overlapped with the
-    forward before them (every pair but the middle ranks' first, which the reference runs apart)."""
+    runs the oldest queued one. Returns the order and the backwards paired with the forward
+    before them (every pair but the middle ranks' first, which the reference runs apart)."""
     p, m, depth = problem.ranks, problem.microbatches, problem.pipeline_stages
     half, hr, second = p // 2, min(r, p - 1 - r), int(r >= p // 2)
     stage = {0: r, 1: depth + (p - 1 - r)}  # chunk (0: pipeline 0, 1: pipeline 1) -> its stage on rank r
@@ -174,10 +177,10 @@ def _dualpipe_order(problem: Problem, r: int) -> tuple[list[Op], list[Op]]:
     def weight() -> None:
         ops.append(queued.pop(0))
 
-    def pair(phase0: int, phase1: int, overlapped: bool = True) -> None:
+    def pair(phase0: int, phase1: int, paired: bool = True) -> None:
         forward(phase0)
         backward(phase1, split=False)
-        if overlapped:
+        if paired:
             pairs.append(ops[-1])
 
     for _ in range((half - hr - 1) * 2):  # 1: forwards of phase 0
@@ -190,7 +193,7 @@ def _dualpipe_order(problem: Problem, r: int) -> tuple[list[Op], list[Op]]:
         weight()
         forward(1)
     for i in range(m - p + hr + 1):  # 4: the main loop, two forward-and-backward pairs
-        pair(0, 1, overlapped=not (i == 0 and middle))
+        pair(0, 1, paired=not (i == 0 and middle))
         pair(1, 0)
     for _ in range(half - hr - 1):  # 5: a backward, then a pair
         backward(1, split=False)
@@ -229,9 +232,9 @@ def _dualpipe_fits(problem: Problem) -> str | None:
           " split in the warm-up and cool-down", split_backward=True, requires=_dualpipe_fits, bidirectional=True)
 def dualpipe(problem: Problem) -> Schedule:
     orders, pairs = zip(*(_dualpipe_order(problem, r) for r in range(problem.ranks)))
-    # The pairs run overlapped where the problem says how long that takes (costs.FB); else one op
-    # after the other, as the reference does for a module that cannot overlap them.
-    return Schedule.from_lists("dualpipe", orders, pairs=pairs if problem.overlap_time is not None else ())
+    # Always the reference's pairs, each waiting for both its inputs: costs.FB sets only how long a
+    # pair takes (without it, its two ops one after the other: Problem.pair_time).
+    return Schedule.from_lists("dualpipe", orders, pairs=pairs)
 
 
 def _bitpipe_order(problem: Problem, r: int) -> list[Op]:

@@ -144,7 +144,8 @@ def evaluate(
             out[name] = e = _judge(problem, name, item[1], warm_start, began)
             sim = max(sim, e.simulate_seconds)
             if warm_start:
-                say(f"warm start: {name} " + (f"{problem.objective} {e.timeline.objective_value():.6g}" if e.fits else NO_FIT))
+                say(f"warm start: {e.schedule.name} "
+                    + (f"{problem.objective} {e.timeline.objective_value():.6g}" if e.fits else NO_FIT))
     left_out = [name for name in applies if name not in out]
     if left_out and warm_start:
         say(f"warm start: time limit, not evaluated: {', '.join(left_out)}")
@@ -164,7 +165,7 @@ def _judge(problem: Problem, name: str, schedule: Schedule, warm_start: bool, be
         t = simulate(problem, schedule)
         now = time.perf_counter()
         return Evaluated(name, None, schedule, t, now - began, now - simulating)
-    split = unfuse(schedule)
+    split = split_named(schedule, name)
     fused_too = problem.fused_cheaper and not REGISTRY[name].split_backward
     if not fused_too and _cannot_fit(problem, split):  # spare the simulation
         return Evaluated(name, NO_FIT, split, None, time.perf_counter() - began)
@@ -189,6 +190,23 @@ def unfuse(schedule: Schedule) -> Schedule:
     after = [[a if a is None or a.kind != Kind.BW else Op(Kind.W, a.stage, a.mb) for a in ops] for ops in schedule.after]
     pairs = [[Op(Kind.B, op.stage, op.mb) if op.kind == Kind.BW else op for op in ops] for ops in schedule.pairs]
     return Schedule.from_lists(schedule.name, per_rank, schedule.copy, after, pairs, schedule.rounds)
+
+
+SPLIT = "+split"  # what a schedule's name gains when its fused backwards are split (``split_named``)
+
+
+def split_named(schedule: Schedule, name: str) -> Schedule:
+    """``unfuse(schedule)``, named ``name`` where it had no fused backward to split, else
+    ``name+split``: a different schedule (its W may leave a pair, its B's gradient leave sooner),
+    whose times are not the named schedule's and must not be shown under its name."""
+    split = unfuse(schedule)
+    return split.renamed(name if split.ranks == schedule.ranks else name + SPLIT)
+
+
+def shown_name(name: str, timeline: Timeline) -> str:
+    """How a schedule judged for a warm start under ``name`` is shown: ``name+split`` where
+    ``split_named`` split its fused backwards, else ``name``."""
+    return timeline.schedule.name if timeline.schedule.name == name + SPLIT else name
 
 
 def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:

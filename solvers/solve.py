@@ -44,7 +44,7 @@ from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, with_policies
 from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
-from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, unfuse
+from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
 
 WARM_SHARE = 0.5  # of the budget, at most, for the warm start once a schedule fits (see solve)
@@ -279,15 +279,15 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
     plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
     for name, schedule in built:  # (one that fits with no policy fits as it is: fitting changes nothing)
         if not schedule.copy and kinds and not (name in fits and not schedule.policies()):
-            yield from (s for _, s in fitted_orders(problem, schedule, name))
-    for name, schedule in plain_orders:  # (one that fits as it is needs no policy)
+            yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))  # (NAME or NAME+split)
+    for _, schedule in plain_orders:  # (one that fits as it is needs no policy)
         for kind in kinds:  # the fewest recomputed with one policy (``memtime.fit_recompute``'s, in one pass)
-            fitted = fit_mixed(problem, schedule, f"{name}+fit-{kind.value}", kinds=(kind,))
+            fitted = fit_mixed(problem, schedule, f"{schedule.name}+fit-{kind.value}", kinds=(kind,))
             if fitted is not None:
                 yield fitted
         if Kind.O in problem.policies:  # every activation offloaded: the least held
             try:
-                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{name}+offload")
+                yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{schedule.name}+offload")
             except SchedcError:
                 continue
     if kinds:
@@ -355,11 +355,11 @@ def _judge_candidates(
     fitting = []
     for name, schedule in candidates:
         try:
-            t = simulate(problem, unfuse(schedule))
+            t = simulate(problem, split_named(schedule, name))
         except SchedcError as e:  # incomplete or deadlocking: not a candidate
             say(f"warm start: {name} is not a schedule of this problem ({e})")
             continue
-        say(f"warm start: {name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else "does not fit"))
+        say(f"warm start: {t.schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else "does not fit"))
         if t.fits:
             fitting.append((name, t))
     return fitting
@@ -598,13 +598,13 @@ def _result(call: _Call, out: _Outcome, own: Bound) -> SolveResult:
         objective=objective,
         bound=bound,
         bound_reason=reason,
-        warm_start=warm_name,
+        warm_start=shown_name(warm_name, warm_t),
         warm_objective=warm_t.objective_value(),
         solver=solver,
         seconds=call.clock.seconds(),
         binaries=out.found.binaries,
         history=out.found.history,
-        registry=[(name, t) for name, t in run.fitting if name not in run.derived or name == warm_name],
+        registry=[(shown_name(name, t), t) for name, t in run.fitting if name not in run.derived or name == warm_name],
         not_evaluated=run.not_evaluated,
     )
 

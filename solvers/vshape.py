@@ -289,7 +289,8 @@ def dualpipev(problem: Problem) -> Schedule:
     Its eight steps per rank as in the published code; an overlapped pair "F&B" becomes the
     forward and then the full backward (B and at once its W). Needs m >= 2p.
     Meets exactly (integer costs, no latency): peak activation 2p + 1 chunk activations on
-    every rank, the published PP + 1. The published bubble (PP/2 - 1)(F&B + B - 3W) assumes
+    every rank, the published PP + 1. The published bubble (PP/2 - 1)(F&B + B - 3W) (DualPipe's
+    README: its B the full backward, F&B a forward overlapped with one) assumes
     the pair overlapped and a fused full backward; run in sequence with B and W split it does
     not carry over. Here the bubble (span and makespan alike) is (p - 1)(F + B - W) in per-chunk
     costs when W <= B <= F <= B + W, so p - 1 passes when they all cost the same, below the

@@ -171,7 +171,8 @@ def test_bidirectional_schedules_lower_check_and_stay_above_the_bound(p, m, f, s
         data["data_parallel"] = {"degree": 2, "reduce": reduce}
     problem = Problem.parse(data)
     bound = lower_bound(problem).value
-    for name in ("chimera", "bidir-zb"):
+    # (dualpipe: its pairs without costs.FB, each lasting its two ops, lowered and checked as well)
+    for name in ("chimera", "bidir-zb") + (("dualpipe",) if m >= p else ()):
         schedule = build(name, problem)
         t = simulate(problem, schedule)
         assert t.makespan >= bound - 1e-9
@@ -220,19 +221,46 @@ def test_the_models_with_replica_sums_equal_the_exhaustive_search(problem):
 @pytest.mark.parametrize("d", [2, 4, 6, 8, 10])
 @pytest.mark.parametrize("extra", [0, 1, "d"])
 def test_dualpipe_meets_its_published_bubble_and_memory(d, extra):
-    """DualPipe (DeepSeek-V3, its table of bubbles): p ranks, m >= p microbatches per direction,
-    each rank idles (p/2 - 1)(F&B + B - 3W), here with F&B = F + B (no overlap gain modelled), on
-    the costs that formula assumes (F = B = 2W), against ZB-1P's (p - 1)(F + B - 2W); and holds
-    p + 1 microbatches' activations at most."""
+    """DualPipe (DeepSeek-V3, its README's table): p ranks, m >= p microbatches per direction, each
+    rank idles (p/2 - 1)(F&B + B - 3W), where DualPipe's B is the FULL backward and F&B a forward
+    overlapped with a full backward. In schedc's notation (B the input gradient, FB a forward
+    overlapped with a B: F&B = FB + W, full backward B + W) that is (p/2 - 1)(FB + B - W), FB = F + B
+    by default (no overlap gain). On costs with F = B >= W, with and without costs.FB: the ranks
+    with the most overlapped pairs idle exactly that (every rank without costs.FB, where a pair
+    saves nothing), and every rank holds p + 1 microbatches' activations at most."""
     m = d + (d if extra == "d" else extra)
-    for F, B, W in ((2, 2, 1), (1, 1, 0.5)):
-        p = Problem.parse({"ranks": d, "microbatches": m, "costs": {"F": F, "B": B, "W": W}, "replicas": 2})
+    for F, B, W, FB in ((2, 2, 1, None), (1, 1, 0.5, None), (1, 1, 1, None), (3, 3, 1, None),
+                        (2, 2, 1, 3), (1, 1, 1, 1.5), (3, 3, 2, 4)):
+        costs = {"F": F, "B": B, "W": W, **({"FB": FB} if FB is not None else {})}
+        p = Problem.parse({"ranks": d, "microbatches": m, "costs": costs, "replicas": 2})
         t = simulate(p, build("dualpipe", p))
-        work = 2 * m * (F + B + W)
-        assert t.makespan - work == pytest.approx((d / 2 - 1) * (F + B + B - 3 * W))
+        published = (d / 2 - 1) * ((F + B if FB is None else FB) + B - W)
+        assert max(t.idle()) == pytest.approx(published), (F, B, W, FB)
+        if FB is None:  # no pair saves time: every rank busy 2m(F + B + W), idle the same
+            assert t.makespan - 2 * m * (F + B + W) == pytest.approx(published)
+            assert t.idle() == pytest.approx([published] * d)
         assert max(t.peak_activation) == d + 1
     assert "needs an even number of ranks" in REGISTRY["dualpipe"].why_not(_bidir(p=3, placement=[0, 1, 2, 1, 2, 0]))
     assert "at least as many microbatches per direction" in REGISTRY["dualpipe"].why_not(_bidir(p=4, m=3))
+
+
+@pytest.mark.parametrize("m", [8, 9, 16])
+def test_dualpipe_idles_as_its_figure_on_its_figures_costs(m):
+    """DualPipe's figure (8 ranks; forward, backward and weight cells of one width: in schedc's
+    notation F = B = W = 1, no costs.FB): each pair of a forward and a full backward waits for
+    both inputs, as the reference's, so each rank idles (8/2 - 1)(F + B + B - W) = 6, not the 3
+    of the same orders without pairs (a baseline flattered by half)."""
+    p = Problem.parse({"ranks": 8, "microbatches": m, "costs": {"F": 1, "B": 1, "W": 1}, "replicas": 2})
+    schedule = build("dualpipe", p)
+    t = simulate(p, schedule)
+    assert t.idle() == pytest.approx([6] * 8)
+    # The reference's pairs: two per main-loop round (step 4; the middle ranks run their first apart)
+    # and one per step 5.
+    hr = [min(r, 7 - r) for r in range(8)]
+    assert [len(x) for x in schedule.pairs] == [2 * (m - 8 + h + 1) - (r in (3, 4)) + (4 - h - 1)
+                                                for r, h in enumerate(hr)]
+    unpaired = simulate(p, schedc.Schedule.from_lists("unpaired", schedule.ranks))
+    assert max(unpaired.idle()) == pytest.approx(3)
 
 
 # BitPipe's published figure (its repository's BitPipe-v.svg): 4 ranks, microbatches 1 and 2 down,
@@ -337,8 +365,15 @@ def test_an_overlapped_pair_starts_when_both_may_and_ends_together():
     saved = {r: sum(p.cost[Kind.F][f.stage] + p.cost[b.kind][b.stage] - p.pair_time(f.stage, b.kind, b.stage)
                     for f, b in schedule.paired().items() if f in schedule.ranks[r]) for r in work}
     assert t.busy == pytest.approx([work[r] - saved[r] for r in work])  # each pair counted once
-    # Without costs.FB the pairs are not overlapped (as the reference runs a module that cannot).
-    assert not build("dualpipe", _overlapped(None)).pairs
+    # Without costs.FB the same pairs, each waiting for both inputs and lasting its two ops (the
+    # reference with a module that cannot overlap them: both received first, both sent after).
+    plain = _overlapped(None)
+    unoverlapped = build("dualpipe", plain)
+    assert unoverlapped.pairs == schedule.pairs and unoverlapped.ranks == schedule.ranks
+    times = simulate(plain, unoverlapped).op_times()
+    for forward, backward in unoverlapped.paired().items():
+        (_, fs, fe), (_, bs, be) = times[forward], times[backward]
+        assert fs == bs and fe == be == pytest.approx(fs + plain.cost[Kind.F][forward.stage] + plain.cost[backward.kind][backward.stage])
     faster = [simulate(q, build("dualpipe", q)).makespan for q in (_overlapped(4), _overlapped(3), _overlapped(2))]
     assert faster == sorted(faster, reverse=True) and faster[0] > faster[-1]
 
@@ -408,6 +443,11 @@ def test_pairs_are_checked_and_kept_in_the_schedule_file(tmp_path):
     compiled.save(tmp_path / "d.json")
     loaded = schedc.load(tmp_path / "d.json")
     assert loaded.schedule.pairs == compiled.schedule.pairs and loaded.timeline.makespan == compiled.timeline.makespan
+    plain = schedc.compile(_overlapped(None), "dualpipe")  # pairs without costs.FB: kept and timed alike
+    plain.save(tmp_path / "plain.json")
+    again = schedc.load(tmp_path / "plain.json")
+    assert again.schedule.pairs == plain.schedule.pairs == compiled.schedule.pairs
+    assert again.timeline.makespan == plain.timeline.makespan == 85
     ranks = compiled.schedule.ranks
     first = compiled.schedule.pairs[0][0]
     at = ranks[0].index(first)
@@ -430,3 +470,38 @@ def test_list_scheduled_directions_pair_a_forward_and_a_backward_ready_together(
         assert any(t.schedule.pairs) and not any(build(name, plain).pairs)
         assert t.makespan < simulate(plain, build(name, plain)).makespan
         check(paired, lower(paired, t.schedule, t), t.schedule)
+
+
+def _table_rows(output: str) -> dict[str, str]:
+    """A comparison table's rows (``compare``, ``solve``): schedule name -> its makespan cell."""
+    return {cells[0]: cells[1] for cells in (line.split() for line in output.splitlines())
+            if len(cells) > 2 and cells[1].replace(".", "", 1).isdigit()}
+
+
+def test_solve_names_each_warm_start_row_for_what_it_is(tmp_path):
+    """solve's table shows the warm starts it judged with their fused backwards split (DualPipe's
+    pairs hold full backwards BW; 1F1B fuses every one) as NAME+split, with the split schedule's
+    makespan, and no row under the registry name with a figure that ``compare`` contradicts: on
+    DualPipe's own problem (p = 4), compare's dualpipe is 73 and the split one 72."""
+    from click.testing import CliRunner
+
+    from schedc.app.cli import main
+
+    problem = tmp_path / "dualpipe.json"
+    problem.write_text(dualpipe_own(4).model_dump_json())
+    runner = CliRunner()
+    compared = runner.invoke(main, ["compare", str(problem), "--schedules", "dualpipe,chimera"])
+    assert compared.exit_code == 0, compared.output
+    assert _table_rows(compared.output)["dualpipe"] == "73"
+    solved = runner.invoke(main, ["solve", str(problem), "-o", str(tmp_path / "s.json"), "--time-limit", "2", "-q"])
+    assert solved.exit_code == 0, solved.output
+    rows = _table_rows(solved.output)
+    assert rows["dualpipe+split"] == "72" and "dualpipe" not in rows and "chimera+split" in rows
+    assert "bidir-zb" in rows  # (split already: its name unchanged)
+    assert "started from dualpipe+split (72)" in solved.output
+    one = tmp_path / "one.json"
+    one.write_text(Problem.parse({"ranks": 4, "microbatches": 8, "costs": {"F": 1, "B": 1, "W": 1}}).model_dump_json())
+    solved = runner.invoke(main, ["solve", str(one), "-o", str(tmp_path / "o.json"), "--time-limit", "2", "-q"])
+    rows = _table_rows(solved.output)
+    compared = _table_rows(runner.invoke(main, ["compare", str(one), "--schedules", "1f1b"]).output)
+    assert compared["1f1b"] == "33" and rows["1f1b+split"] == "30" and "1f1b" not in rows  # (B's gradient leaves before W)

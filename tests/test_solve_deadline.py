@@ -71,7 +71,9 @@ def test_the_deadline_stops_registry_evaluation_but_a_fitting_schedule_is_return
     events = []
     result = solve(problem, time_limit=1e-6, progress=events.append)
     assert result.timeline.fits
-    assert result.warm_start == first_fit and result.not_evaluated == run.not_evaluated
+    # (shown as what it is: with its fused backwards split, NAME+split)
+    assert result.warm_start == registry.shown_name(first_fit, run.fitting[0][1])
+    assert result.not_evaluated == run.not_evaluated
     assert result.status in ("time limit", "optimal")
     assert result.objective <= result.warm_objective + 1e-9
     assert result.summary()["not_evaluated"] == run.not_evaluated
@@ -150,8 +152,8 @@ def test_solve_cli_reports_the_warm_start_as_it_goes(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
     assert lines[0].startswith("solving tight with cbc (time limit 20 s)")
-    assert "warm start: evaluating" in lines[1] and "warm start: 1f1b makespan" in result.stderr
-    assert "gpipe does not fit the memory limit" in result.stderr
+    assert "warm start: evaluating" in lines[1] and "warm start: 1f1b+split makespan" in result.stderr
+    assert "gpipe+split does not fit the memory limit" in result.stderr
     assert "not evaluated" not in result.output  # 20 s is plenty here
 
 

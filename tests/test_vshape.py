@@ -134,7 +134,8 @@ W_B_F_IN_ORDER = [(1, 1, 1), (3, 3, 3), (2, 1, 1), (3, 2, 1), (4, 2, 2), (5, 3, 
 @pytest.mark.parametrize("k, extra", [(2, 0), (3, 1)], ids=["2p", "3p+1"])
 @pytest.mark.parametrize("costs", W_B_F_IN_ORDER)
 def test_dualpipev_bubble_with_pairs_in_sequence(p, k, extra, costs):
-    """Not the published (PP/2 - 1)(F&B + B - 3W), which assumes overlapped pairs and a fused
+    """Not the published (PP/2 - 1)(F&B + B - 3W) (DualPipe's README: its B the full backward, F&B a
+    forward overlapped with one), which assumes overlapped pairs and a fused
     full backward: run in sequence with B and W split, exactly this when W <= B <= F <= B + W."""
     f, b, w = costs
     m = k * p + extra
