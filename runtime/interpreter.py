@@ -16,8 +16,9 @@ Each rank walks its instruction list in order:
   has completed (checked after every instruction); ``STEP`` waits for those still in flight.
 - ``LOCAL``: hands the tensor to the other stage on this rank.
 - ``R`` (full recompute): the F of a recomputed (stage, microbatch) ran without autograd and kept
-  only the stage input and the RNG state; R runs the stage again with autograd from that input,
-  the RNG replayed (the same dropout masks), and B backpropagates through R's graph (split B/W as
+  only the stage input, the RNG state and the first values of the buffers it changed; R runs the
+  stage again with autograd from that input, the RNG replayed (the same dropout masks) and those
+  buffers restored (its own updates dropped), and B backpropagates through R's graph (split B/W as
   usual). ``S`` (selective): the F ran the stage's marked parts without keeping their activations;
   S recomputes those parts' graphs. ``O`` / ``L`` (offload / reload): the F handed what autograd
   saves to a box; O moves it to host memory, L brings it back, and the B waits for its L. See

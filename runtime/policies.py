@@ -8,8 +8,13 @@ the CUDA device's before the first run; ``replaying_rng`` runs a block with that
 the streams afterwards (``torch.random.fork_rng``).
 
 Full recompute (R): the F runs without autograd (``torch.no_grad``) and keeps only the stage's
-input and the RNG state; R runs the stage again with autograd from that input (the interpreter
-holds both; nothing here).
+input, the RNG state and the first values of the buffers it changes (``FirstBuffers``); R runs the
+stage again with autograd from that input (the interpreter holds them).
+
+Buffers: a forward that changes a buffer (BatchNorm's running statistics in training) is run twice
+by a recompute. ``FirstBuffers`` keeps, at the first run, the values of the buffers it changes as
+that run found them; the recomputation runs on those values (the same output) and its own updates
+go to them and are dropped, so every buffer changes once per forward, as in ordinary training.
 
 Selective recompute (S): a model marks the parts of a stage to drop with the class attribute
 ``schedc_selective = True`` on a module (the example GPT marks its attention core,
@@ -22,9 +27,16 @@ node (``_Dropped``) that computes its output without autograd and keeps only its
 state (a ``Region``). The S instruction calls ``Region.recompute`` on each: the part runs again with
 autograd from the kept inputs, the RNG replayed, and its graph waits for the B. So the
 recomputation runs at S, where the schedule puts it, not lazily inside B; a region whose S did not
-run (never in a checked program) is recomputed in its B (``Region.lazy`` counts that). The
-weight gradients of parameters inside a marked part, if any, are computed in B (the B/W split of
-``wgrad`` does not see into the region's own graph); the GPT's attention core has none.
+run (never in a checked program) is recomputed in its B (``Region.lazy`` counts that).
+
+Parameters inside a marked part (its own, a layer it calls twice or shares with the rest of the
+stage; frozen ones get none) are inputs of its ``_Dropped`` node, whose backward returns their
+gradients from the recomputed graph: its output wants a gradient where they do, even where the
+part reads the caller's batch. With a split backward, the part's split linear layers defer their
+weight gradients to the W of the B that runs the node (``wgrad.gradients_within``); its other
+parameters get theirs in B, as elsewhere. What cannot be recomputed exactly is refused in one line
+naming the part's class (``SchedcError``): a part that returns anything but one tensor, or whose
+forward changes a buffer that its earlier forwards left alone (its first value is gone).
 
 Offload (O, L): during the F of an offloaded (stage, microbatch), ``torch.autograd.graph.
 saved_tensors_hooks`` hands every tensor autograd saves to an ``Offloaded`` box (the handle

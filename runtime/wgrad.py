@@ -21,7 +21,11 @@ autograd graph from its outputs and tags each ``SplitLinear`` node with the key'
 untagged node (ordinary training, ``backward_full``) computes its weight gradient on the spot.
 There is no global or thread-local state: the tag lives on the graph of one microbatch, so
 stores do not interfere, and it is still seen when CUDA runs backward in autograd's own device
-threads (where a thread-local or a context variable set by the caller would not be).
+threads (where a thread-local or a context variable set by the caller would not be). A graph that
+an autograd Function builds and runs inside its own backward (a selective recompute's region,
+``schedc.runtime.policies``) is not below the outputs when B walks them: such a Function says so
+(``wgrad_inside = True``), B tags its node too, and its backward passes the tag on to its own
+graph (``gradients_within``).
 
 Stages under ``torch.compile``: a compiled region is one autograd node, whose backward (traced
 when the region is compiled, before any tag exists) would compute the weight gradients in B. So a
