@@ -70,6 +70,7 @@ from torch import nn
 
 from schedc.errors import SchedcError
 from schedc.runtime.device import indexed
+from schedc.runtime.dtensor import local
 from schedc.runtime.wgrad import gradients_within
 
 RngState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU generator state, CUDA device's or None)
@@ -193,7 +194,7 @@ class Region:
         saved: set[int] = set()
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            saved.add(t.untyped_storage().data_ptr())
+            saved.add(local(t).untyped_storage().data_ptr())  # a DTensor's storage is its shard's
             return t
 
         with torch.enable_grad(), replaying_rng(self.rng, self.device), self.buffers.as_found(), \
