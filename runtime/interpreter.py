@@ -158,7 +158,7 @@ class _StepState:
     outbox: dict = field(default_factory=dict)  # Message -> computed, to be sent or handed off
     inbox: dict = field(default_factory=dict)  # Message -> (work or None, tensor)
     losses: dict = field(default_factory=dict)  # the step's microbatch index -> its loss (last stages)
-    dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state, FirstBuffers): F ran without autograd, R due
+    dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state, FirstBuffers): F ran no_grad, R due
     regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
     boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
     reduces: list = field(default_factory=list)  # (stage, posted or None: at STEP, params, group, divisor, where, what)

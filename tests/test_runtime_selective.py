@@ -39,7 +39,8 @@ class Residual(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.norm, self.up, self.down, self.drop = nn.LayerNorm(D), nn.Linear(D, 2 * D), nn.Linear(2 * D, D), nn.Dropout(0.1)
+        self.norm, self.up, self.down = nn.LayerNorm(D), nn.Linear(D, 2 * D), nn.Linear(2 * D, D)
+        self.drop = nn.Dropout(0.1)
 
     def forward(self, x):
         return x + self.drop(self.down(nn.functional.gelu(self.up(self.norm(x)))))
