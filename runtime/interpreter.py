@@ -16,8 +16,9 @@ Each rank walks its instruction list in order:
   has completed (checked after every instruction); ``STEP`` waits for those still in flight.
 - ``LOCAL``: hands the tensor to the other stage on this rank.
 - ``R`` (full recompute): the F of a recomputed (stage, microbatch) ran without autograd and kept
-  only the stage input and the RNG state; R runs the stage again with autograd from that input,
-  the RNG replayed (the same dropout masks), and B backpropagates through R's graph (split B/W as
+  only the stage input, the RNG state and the first values of the buffers it changed; R runs the
+  stage again with autograd from that input, the RNG replayed (the same dropout masks) and those
+  buffers restored (its own updates dropped), and B backpropagates through R's graph (split B/W as
   usual). ``S`` (selective): the F ran the stage's marked parts without keeping their activations;
   S recomputes those parts' graphs. ``O`` / ``L`` (offload / reload): the F handed what autograd
   saves to a box; O moves it to host memory, L brings it back, and the B waits for its L. See
@@ -126,8 +127,8 @@ from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Tr
 from schedc.runtime.device import indexed
 from schedc.runtime.dtensor import is_dtensor, local, refused_output, waited
 from schedc.runtime.memory import MemoryMeter
-from schedc.runtime.policies import (Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng,
-                                     without_storage)
+from schedc.runtime.policies import (FirstBuffers, Offloaded, Region, capture_rng, dropping, enable_selective,
+                                     replaying_rng, without_storage)
 from schedc.runtime.seqchunk import ChunkedStage, chunk_refusal, split_sequence
 from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
@@ -157,7 +158,7 @@ class _StepState:
     outbox: dict = field(default_factory=dict)  # Message -> computed, to be sent or handed off
     inbox: dict = field(default_factory=dict)  # Message -> (work or None, tensor)
     losses: dict = field(default_factory=dict)  # the step's microbatch index -> its loss (last stages)
-    dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state): F ran without autograd, R due
+    dropped: dict = field(default_factory=dict)  # (stage, mb) -> (input, RNG state, FirstBuffers): F ran no_grad, R due
     regions: dict = field(default_factory=dict)  # (stage, mb) -> [Region]: selective parts, S due
     boxes: dict = field(default_factory=dict)  # (stage, mb) -> (Offloaded, the stage input leaf or None)
     reduces: list = field(default_factory=list)  # (stage, posted or None: at STEP, params, group, divisor, where, what)
@@ -515,11 +516,15 @@ class PipelineRuntime:
             self._forward_chunk(state, s, mb, x)
             return
         policy = self.policy.get((s, mb))
-        if policy is Kind.R:  # keep only the input and the random state; R runs it again with autograd
+        if policy is Kind.R:  # keep only the input, the random state and the buffers it changes; R runs it again
             rng = capture_rng(self.device)
+            found = FirstBuffers(self.stages[s], f"full recompute (R) of stage {s}")
             with torch.no_grad():
-                self._output(state, s, mb, self._call_stage(s, x, mb))
-            state.dropped[(s, mb)] = (x, rng)
+                with found.first_run():
+                    y = self._call_stage(s, x, mb)
+                self._output(state, s, mb, y)
+                del y
+            state.dropped[(s, mb)] = (x, rng, found)
             return
         if not first and x.is_floating_point():
             x = x.detach().requires_grad_(True)
@@ -585,12 +590,13 @@ class PipelineRuntime:
         """R: the forward again, with autograd, from the kept input and with the first run's random
         numbers; what it saves is held for the B (and, split, the W) as an ordinary F's is."""
         s, mb = instr.stage, instr.mb
-        x, rng = state.dropped.pop((s, mb))
+        x, rng, found = state.dropped.pop((s, mb))
         first = self._first(s)
         if not first and x.is_floating_point():
             x = x.detach().requires_grad_(True)
         with replaying_rng(rng, self.device):
-            y = self._call_stage(s, x, mb)
+            with found.as_found():
+                y = self._call_stage(s, x, mb)
             out = self.loss_fn(y, self._target(state, s, mb)) / self.batches if self._last(s) else y
         del y
         state.saved[(s, mb)] = (None if first else x, _without_data(out))

@@ -8,8 +8,13 @@ the CUDA device's before the first run; ``replaying_rng`` runs a block with that
 the streams afterwards (``torch.random.fork_rng``).
 
 Full recompute (R): the F runs without autograd (``torch.no_grad``) and keeps only the stage's
-input and the RNG state; R runs the stage again with autograd from that input (the interpreter
-holds both; nothing here).
+input, the RNG state and the first values of the buffers it changes (``FirstBuffers``); R runs the
+stage again with autograd from that input (the interpreter holds them).
+
+Buffers: a forward that changes a buffer (BatchNorm's running statistics in training) is run twice
+by a recompute. ``FirstBuffers`` keeps, at the first run, the values of the buffers it changes as
+that run found them; the recomputation runs on those values (the same output) and its own updates
+go to them and are dropped, so every buffer changes once per forward, as in ordinary training.
 
 Selective recompute (S): a model marks the parts of a stage to drop with the class attribute
 ``schedc_selective = True`` on a module (the example GPT marks its attention core,
@@ -22,9 +27,16 @@ node (``_Dropped``) that computes its output without autograd and keeps only its
 state (a ``Region``). The S instruction calls ``Region.recompute`` on each: the part runs again with
 autograd from the kept inputs, the RNG replayed, and its graph waits for the B. So the
 recomputation runs at S, where the schedule puts it, not lazily inside B; a region whose S did not
-run (never in a checked program) is recomputed in its B (``Region.lazy`` counts that). The
-weight gradients of parameters inside a marked part, if any, are computed in B (the B/W split of
-``wgrad`` does not see into the region's own graph); the GPT's attention core has none.
+run (never in a checked program) is recomputed in its B (``Region.lazy`` counts that).
+
+Parameters inside a marked part (its own, a layer it calls twice or shares with the rest of the
+stage; frozen ones get none) are inputs of its ``_Dropped`` node, whose backward returns their
+gradients from the recomputed graph: its output wants a gradient where they do, even where the
+part reads the caller's batch. With a split backward, the part's split linear layers defer their
+weight gradients to the W of the B that runs the node (``wgrad.gradients_within``); its other
+parameters get theirs in B, as elsewhere. What cannot be recomputed exactly is refused in one line
+naming the part's class (``SchedcError``): a part that returns anything but one tensor, or whose
+forward changes a buffer that its earlier forwards left alone (its first value is gone).
 
 Offload (O, L): during the F of an offloaded (stage, microbatch), ``torch.autograd.graph.
 saved_tensors_hooks`` hands every tensor autograd saves to an ``Offloaded`` box (the handle
@@ -56,7 +68,10 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from schedc.errors import SchedcError
 from schedc.runtime.device import indexed
+from schedc.runtime.dtensor import local
+from schedc.runtime.wgrad import gradients_within
 
 RngState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU generator state, CUDA device's or None)
 
@@ -82,18 +97,96 @@ def replaying_rng(state: RngState, device: torch.device) -> Iterator[None]:
 # ---- selective recompute ----
 
 
-class Region:
-    """One call of a marked module during a selective forward: its inputs and RNG state, kept
-    until S recomputes its graph, which B then uses once."""
+BufferSlot = tuple[nn.Module, str]  # a buffer by its owner and name (a forward may replace it)
 
-    def __init__(self, run, inputs: tuple[torch.Tensor, ...], rng: RngState, device: torch.device):
-        self.run, self.inputs, self.rng, self.device = run, inputs, rng, device
+
+def _class_name(module: nn.Module) -> str:
+    """The user's name of ``module``'s class (not its selective subclass's)."""
+    cls = type(module)
+    return (cls.__bases__[0] if getattr(cls, "_schedc_switched", False) else cls).__name__
+
+
+class FirstBuffers:
+    """The buffers of ``module`` that one forward changes (BatchNorm's running statistics), as
+    that forward found them: a recomputation runs from them (``as_found``) and its own changes are
+    dropped, so the buffers change once per forward, as in ordinary training, and the recomputation
+    sees what the first run saw. ``what``: the recomputation, for the one-line error.
+
+    Which buffers a module's forward changes is learnt at its first forward in each train/eval
+    mode (every buffer is copied before that one; a change is seen by the version counter, by
+    identity where the forward replaces the buffer, or by value, since some kernels update a buffer
+    without counting it); later forwards copy only those, and one that changes another buffer is
+    refused (its value before that forward is gone)."""
+
+    def __init__(self, module: nn.Module, what: str):
+        self.module, self.what = module, what
+        self.values: dict[BufferSlot, torch.Tensor] = {}  # what the first run changed, as it found it
+
+    @contextlib.contextmanager
+    def first_run(self) -> Iterator[None]:
+        """Around the forward whose buffers a recomputation will start from."""
+        slots = [(m, name) for m in self.module.modules() for name, b in m._buffers.items() if b is not None]
+        learnt = self.module.__dict__.setdefault("_schedc_changes", {})  # per train/eval mode of its modules
+        mode = tuple(m.training for m in self.module.modules())
+        known: set[BufferSlot] | None = learnt.get(mode)
+        before = {slot: (slot[0]._buffers[slot[1]], slot[0]._buffers[slot[1]]._version) for slot in slots}
+        copies = {slot: buf.clone() for slot, (buf, _) in before.items() if known is None or slot in known}
+        yield
+        changed = {slot for slot, (buf, version) in before.items()
+                   if slot[0]._buffers.get(slot[1]) is not buf or buf._version != version
+                   or (slot in copies and not torch.equal(copies[slot], buf))}
+        if known is None:
+            learnt[mode] = changed
+        elif not changed <= known:
+            module, name = next(iter(changed - known))
+            raise SchedcError(
+                f"{self.what}: its forward changed the buffer {name!r} of {_class_name(module)}, which its earlier"
+                " forwards left alone, so its value before this forward is gone and the recomputation cannot be"
+                " exact: make the forward change the same buffers on every call, or do not recompute it")
+        self.values = {slot: copies[slot] for slot in changed}
+
+    @contextlib.contextmanager
+    def as_found(self) -> Iterator[None]:
+        """The buffers the first run changed as it found them, while the block runs (once);
+        afterwards the current ones again (what the block did to the copies is dropped)."""
+        current = {(m, name): m._buffers[name] for m, name in self.values}
+        try:
+            for (m, name), value in self.values.items():
+                m._buffers[name] = value
+            yield
+        finally:
+            for (m, name), value in current.items():
+                m._buffers[name] = value
+            self.values = {}
+
+
+class Region:
+    """One call of a marked module during a selective forward: its inputs, parameters, RNG state
+    and the first values of the buffers it changes, kept until S recomputes its graph, which B
+    then uses once."""
+
+    def __init__(self, part: nn.Module, run, rng: RngState, device: torch.device):
+        self.part, self.run, self.rng, self.device = part, run, rng, device
+        self.inputs: tuple[torch.Tensor, ...] | None = ()
         self.wants: tuple[bool, ...] = ()  # per input, whether it wants a gradient
+        self.params: tuple[torch.Tensor, ...] = ()  # the part's parameters that want a gradient
+        self.buffers = FirstBuffers(part, f"selective recompute of {_class_name(part)}")
         self.graph: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
         self.lazy = False  # recomputed inside B, because no S ran before it
 
+    def first_run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The part's forward at F (autograd is off), its changed buffers' first values kept."""
+        with self.buffers.first_run():
+            out = self.run(*inputs)
+        if not isinstance(out, torch.Tensor):
+            raise SchedcError(f"selective recompute of {_class_name(self.part)}: its forward returns"
+                              f" {type(out).__name__}, and a part marked schedc_selective must return one tensor:"
+                              " mark a module that does, or unmark it")
+        return out
+
     def recompute(self) -> None:
-        """The part again, with autograd, from its kept inputs and with its first run's random numbers."""
+        """The part again, with autograd, from its kept inputs and with its first run's random
+        numbers and buffers."""
         if self.inputs is None:
             raise RuntimeError("a selective region recomputed twice, or after its backward")
         leaves = tuple(t.detach().requires_grad_(w) if t.is_floating_point() else t.detach()
@@ -101,10 +194,10 @@ class Region:
         saved: set[int] = set()
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            saved.add(t.untyped_storage().data_ptr())
+            saved.add(local(t).untyped_storage().data_ptr())  # a DTensor's storage is its shard's
             return t
 
-        with torch.enable_grad(), replaying_rng(self.rng, self.device), \
+        with torch.enable_grad(), replaying_rng(self.rng, self.device), self.buffers.as_found(), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.run(*leaves)
         # The backward needs of the leaves only their identity (to be given gradients) and of the
@@ -117,17 +210,32 @@ class Region:
                 t.data = torch.empty(1, dtype=t.dtype, device=t.device).expand(t.shape)
         self.graph, self.inputs = (out, leaves), None
 
+    def kept(self) -> list[torch.Tensor]:
+        """What the region holds from its F to its S: the inputs and the first values of the
+        buffers its part changes (the parameters live anyway)."""
+        return [*(self.inputs or ()), *self.buffers.values.values()]
+
 
 class _Dropped(torch.autograd.Function):
     """A marked module as one autograd node: its forward keeps no activation of its own (the
-    ``Region`` keeps its inputs), its backward goes through the graph S recomputed."""
+    ``Region`` keeps its inputs), its backward goes through the graph S recomputed.
+
+    The part's parameters that want a gradient are inputs of the node too, so that its output
+    wants a gradient when they do (a part that reads the caller's batch) and autograd calls the
+    backward, which returns theirs. In a split backward, the part's split linear layers defer
+    their weight gradients to the W of the B that runs it (``wgrad_inside``: the B tags this node
+    with its queue and ``gradients_within`` passes the tag on to the recomputed graph)."""
+
+    wgrad_inside = True
 
     @staticmethod
-    def forward(ctx, region: Region, *inputs: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, region: Region, n: int, *tensors: torch.Tensor) -> torch.Tensor:
         ctx.region = region
+        inputs = tensors[:n]
         region.inputs = tuple(t.detach() for t in inputs)
         region.wants = tuple(t.requires_grad for t in inputs)
-        return region.run(*inputs)  # autograd is off inside a Function's forward
+        region.params = tensors[n:]
+        return region.first_run(*inputs)  # autograd is off inside a Function's forward
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -138,8 +246,9 @@ class _Dropped(torch.autograd.Function):
         out, leaves = region.graph
         region.graph = None
         wanted = [t for t in leaves if t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True) if wanted else ())
-        return (None, *(next(grads) if t.requires_grad else None for t in leaves))
+        grads = iter(gradients_within(ctx, out, grad, (*wanted, *region.params)))
+        return (None, None, *(next(grads) if t.requires_grad else None for t in leaves),
+                *(next(grads) for _ in region.params))
 
 
 def _selective_forward(self, *args, **kwargs):
@@ -149,9 +258,10 @@ def _selective_forward(self, *args, **kwargs):
             or not all(isinstance(a, torch.Tensor) for a in args)):
         return base.forward(self, *args, **kwargs)
     device = args[0].device if args else torch.device("cpu")
-    region = Region(lambda *xs: base.forward(self, *xs), (), capture_rng(device), device)
+    region = Region(self, lambda *xs: base.forward(self, *xs), capture_rng(device), device)
     regions.append(region)
-    return _Dropped.apply(region, *args)
+    params = {id(q): q for q in self.parameters() if q.requires_grad}  # a Parameter used twice: once
+    return _Dropped.apply(region, len(args), *args, *params.values())
 
 
 _SWITCHED: dict[type, type] = {}  # a marked class -> its selective subclass

@@ -514,7 +514,7 @@ class _StageRunner:
             for h in hooks:
                 h.remove()
         for region in regions:  # a dropped part keeps its inputs (outside autograd's saved tensors)
-            for t in region.inputs or ():
+            for t in region.kept():
                 saved.add(t)
         return float(saved.nbytes), float(sum(kept))
 

@@ -21,7 +21,11 @@ autograd graph from its outputs and tags each ``SplitLinear`` node with the key'
 untagged node (ordinary training, ``backward_full``) computes its weight gradient on the spot.
 There is no global or thread-local state: the tag lives on the graph of one microbatch, so
 stores do not interfere, and it is still seen when CUDA runs backward in autograd's own device
-threads (where a thread-local or a context variable set by the caller would not be).
+threads (where a thread-local or a context variable set by the caller would not be). A graph that
+an autograd Function builds and runs inside its own backward (a selective recompute's region,
+``schedc.runtime.policies``) is not below the outputs when B walks them: such a Function says so
+(``wgrad_inside = True``), B tags its node too, and its backward passes the tag on to its own
+graph (``gradients_within``).
 
 Stages under ``torch.compile``: a compiled region is one autograd node, whose backward (traced
 when the region is compiled, before any tag exists) would compute the weight gradients in B. So a
@@ -42,7 +46,7 @@ gradient), which W frees.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -211,25 +215,62 @@ def _as_tuple(t: Tensors | None) -> tuple[Tensor, ...] | None:
     return None if t is None else (t,) if isinstance(t, Tensor) else tuple(t)
 
 
-def _tag_linears(outputs: tuple[Tensor, ...], queue: list[WeightGrad] | None) -> list[Tensor]:
-    """Set ``wgrad_queue`` on every split linear node of the graph below ``outputs``.
-
-    Returns the parameters of those layers: autograd must be asked for them, or it would skip
-    a layer whose input needs no gradient (the first layer of the first stage), and its W with it.
-    """
+def _graph(outputs: Sequence[Tensor]) -> Iterator:
+    """Every autograd node of the graph below ``outputs``, each once."""
     seen: set[object] = set()
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    params: list[Tensor] = []
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
-        if getattr(node, "_forward_cls", None) is _LinearFn:
+        yield node
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+
+
+def _tag_linears(outputs: Sequence[Tensor], queue: list[WeightGrad] | None) -> list[Tensor]:
+    """Set ``wgrad_queue`` on every split linear node of the graph below ``outputs``, and on every
+    node of an autograd Function that runs a graph of its own in its backward and says so with the
+    class attribute ``wgrad_inside = True`` (a selective recompute's region: it passes the tag on
+    to its own graph, ``gradients_within``).
+
+    Returns the parameters of the linear layers: autograd must be asked for them, or it would skip
+    a layer whose input needs no gradient (the first layer of the first stage), and its W with it.
+    """
+    params: list[Tensor] = []
+    for node in _graph(outputs):
+        cls = getattr(node, "_forward_cls", None)
+        if cls is _LinearFn:
             node.wgrad_queue = queue
             params.extend(p for p in node.params if p is not None)
-        stack.extend(n for n, _ in node.next_functions if n is not None)
+        elif getattr(cls, "wgrad_inside", False):
+            node.wgrad_queue = queue
     return params
+
+
+def gradients_within(ctx: FunctionCtx, output: Tensor, grad_output: Tensor,
+                     wrt: Sequence[Tensor]) -> tuple[Tensor | None, ...]:
+    """For the backward of an autograd Function with ``wgrad_inside = True`` (see ``_tag_linears``)
+    whose ``output`` is a graph of its own: the gradients of ``wrt`` (None where none), with the
+    split linear layers of that graph deferred to the W of the B that runs this backward (the queue
+    ``ctx`` was tagged with; none in a fused backward or in ordinary training: computed here).
+    Every other leaf of that graph that wants a gradient (a tensor the Function's inner code reached
+    without taking it as an input) gets it in its ``.grad`` here, as autograd would give it."""
+    queue: list[WeightGrad] | None = getattr(ctx, "wgrad_queue", None)
+    found = _tag_linears((output,), queue)
+    asked = {id(t) for t in wrt}
+    others = {id(t): t for t in found if t.requires_grad}
+    for node in _graph((output,)):
+        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf that wants a gradient
+        if leaf is not None:
+            others.setdefault(id(leaf), leaf)
+    others = [t for i, t in others.items() if i not in asked]
+    if not wrt and not others:
+        return ()
+    grads = torch.autograd.grad(output, (*wrt, *others), grad_output, allow_unused=True)
+    for t, g in zip(others, grads[len(wrt):]):
+        _accumulate(t, g)
+    return grads[:len(wrt)]
 
 
 def _backward(

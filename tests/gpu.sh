@@ -11,7 +11,8 @@
 #   schedules (chimera, bidir-zb, dualpipe, bitpipe) and a pipeline x tensor-parallel mesh training
 #   exactly like one process, 2 and 4 gloo ranks over CUDA tensors on the one GPU; 2bw's weight
 #   versions (fused and split backward) against the delayed-update rule, and seq1f1b / seq1f1b-zb
-#   over sequence chunks against unchunked training, 2 gloo ranks on the GPU;
+#   over sequence chunks against unchunked training, 2 gloo ranks on the GPU; marked parts with
+#   parameters and buffers recomputed selectively against ordinary autograd, in one process;
 # - `schedc profile --device cuda --policies` on the example GPT: the problem it writes, with the
 #   recompute and offload sections measured on the GPU, lands in OUT_DIR.
 set -u
@@ -23,5 +24,6 @@ status=0
 "$PY" -m pytest -q -p no:cacheprovider -rA -s -k cuda tests/test_memory_measure.py tests/test_runtime_recompute.py \
     tests/test_runtime_bidirectional.py tests/test_runtime_tp.py tests/test_runtime_async.py \
     tests/test_runtime_seq.py || status=1
+"$PY" -m pytest -q -p no:cacheprovider -rA -s -k cuda tests/test_runtime_selective.py || status=1
 "$PY" -m schedc.app.cli profile examples/train_gpt.py:gpt -p 2 -m 4 --device cuda --policies -o "$out/gpt-cuda.yaml" || status=1
 exit $status

@@ -5,7 +5,9 @@ takes its pipeline and data-parallel groups from that mesh (``runtime_groups``).
 On CPU with gloo (torch's tensor parallelism runs there): a pp 2 x tp 2 mesh (4 ranks) trains a
 two-stage MLP exactly like one process training the unparallelised model (<= 1e-5), with a fused
 backward (1f1b), a split one (zb-h1: each W computes every linear weight gradient of the rank's
-shard, each B none) and full recompute (zb-h1 with R); a pp 2 x dp 2 x tp 2 mesh (8 ranks) trains
+shard, each B none), full recompute (zb-h1 with R) and selective recompute of each stage's MLP,
+marked schedc_selective (zb-h1 with S: the same split, its linear layers inside the recomputed
+part); a pp 2 x dp 2 x tp 2 mesh (8 ranks) trains
 exactly like one process on the global batch (the data-parallel all-reduce sums each rank's shard).
 Stage 0's output, which torch's RowwiseParallel returns as an AsyncCollectiveTensor, is kept from F
 to B without its values, as any stage output.
@@ -40,10 +42,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="torch sees no CUDA device (the GPU case runs 4 gloo ranks on one)"))]
 
 
+class MLP(nn.Sequential):
+    """An MLP block, marked for selective recompute (the runtime drops it only under S)."""
+
+    schedc_selective = True
+
+
 def blocks() -> list[nn.Module]:
     """The model: two stages, each an MLP block; the same weights on every rank (seeded)."""
     torch.manual_seed(0)
-    return [nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, D)) for _ in range(2)]
+    return [MLP(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, D)) for _ in range(2)]
 
 
 def mse(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -174,8 +182,8 @@ def problem(degree: int = 1) -> Problem:
 
 
 def with_policy(prob: Problem, order: str, kind: str, name: str) -> CompiledSchedule:
-    """``order`` with ``kind`` (R: full recompute, O: offload) on every (stage, microbatch)."""
-    sections = prob.with_changes(recompute=dict(keep=1), offload=dict(time=0.5))
+    """``order`` with ``kind`` (R: full recompute, S: selective, O: offload) on every (stage, microbatch)."""
+    sections = prob.with_changes(recompute=dict(keep=1, selective=dict(time=0.5, keep=2)), offload=dict(time=0.5))
     schedule = with_policies(solvers.build(order, prob), {(s, i): kind for s in range(2) for i in range(M)})
     return CompiledSchedule.build(sections, schedule.renamed(name))
 
@@ -242,12 +250,13 @@ def refusals(rank: int, world: int, offload_path: str, path: str) -> dict:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_pipeline_by_tensor_parallel_mesh_trains_exactly_like_one_process(device, tmp_path):
-    """pp 2 x tp 2: 1f1b, zb-h1 and zb-h1 with full recompute give one process's weights; the
+    """pp 2 x tp 2: 1f1b, zb-h1 and zb-h1 with full or selective recompute give one process's weights; the
     pipeline group of each rank is its line along "pp" (group rank = pipeline coordinate); under
     zb-h1 every W, and no B, gives the rank's linear weight shards their gradients."""
     prob = problem()
     compiled = {name: schedc.compile(prob, name) for name in ("1f1b", "zb-h1")}
     compiled["zb-h1+R"] = with_policy(prob, "zb-h1", "R", "zb-h1+R")
+    compiled["zb-h1+S"] = with_policy(prob, "zb-h1", "S", "zb-h1+S")
     paths = {}
     for name, c in compiled.items():
         paths[name] = str(tmp_path / f"{name}.json")
