@@ -12,6 +12,7 @@ from torch import nn
 
 import schedc
 from schedc import Problem
+from schedc.kinds import Kind
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.profile import make_problem, profile_stages
@@ -144,7 +145,14 @@ def test_profile_writes_the_chunks_and_the_measured_peak_matches_the_prediction(
     prob = make_problem(prof, ranks=2, microbatches=4, name="gpt")
     seq = prob.sequence_chunks
     assert seq.count == k and all(len(getattr(seq, f)) == k for f in ("F", "B", "W", "memory"))
-    assert seq.memory[0] < seq.memory[1] and 0.9 < sum(seq.memory) < 1.5, seq.memory
+    assert seq.memory[0] < seq.memory[1] and all(sum(getattr(seq, f)) == pytest.approx(1) for f in ("F", "B", "W", "memory"))
+    # the chunked sequence's measures are the costs' and memory's: over the stages and chunk
+    # positions, the problem's per-unit costs and activations add up to the measured ones
+    for kind, measured in (("F", prof.chunk_F), ("B", prof.chunk_B), ("W", prof.chunk_W)):
+        total = sum(prob.op_cost(Kind(kind), s, c) for s in range(2) for c in range(k))
+        assert total == pytest.approx(sum(map(sum, measured)), rel=1e-6), kind
+    held = sum(prob.op_delta(Kind.F, s, c) for s in range(2) for c in range(k))
+    assert held == pytest.approx(sum(map(sum, prof.chunk_activation)), rel=1e-6)
     assert make_problem(prof, ranks=2, microbatches=4, sequence_chunks=False).sequence_chunks is None
     compiled = schedc.compile(prob, "seq1f1b")
     path = tmp_path / "s.json"
