@@ -38,6 +38,17 @@ makes autograd save, as the profiler measures a stage's activation on CPU (``mem
 
 Exactness needs dropout 0 (or eval mode): with dropout the chunks draw other random numbers than
 the unchunked run, which is still a valid training run but not the same one.
+
+Checked, not assumed: ``chunk_mismatch`` runs a stage module on one whole sequence and chunk by
+chunk (a fresh ``ChunkedStage``), in eval mode (no dropout; batch norm is refused by type, since
+its training statistics would be the chunk's) without autograd and from the same random state,
+and compares the outputs; where they differ it names the first module (in the order their calls
+end) whose output differs. ``chunk_failure`` names the module in which a chunk's forward raised
+(e.g. a position table of the whole sequence's length added to a chunk). The runtime calls both
+on each stage's first sequence of the first step (``PipelineRuntime``), so a convolution over the
+sequence, a learnable position table or any hand-written mixing is refused in one line instead of
+training to other weights. What it cannot see: state a module carries between calls by itself
+(its forward may agree while its gradient is cut).
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from torch import Tensor, nn
 
 from schedc.runtime.gpt import AttentionCore, Embedding
 from schedc.runtime.memory import SavedBytes
+from schedc.runtime.policies import capture_rng, replaying_rng
 from schedc.runtime.wgrad import WeightGradStore
 
 
@@ -65,17 +77,19 @@ def split_sequence(x: Tensor, chunks: int) -> list[Tensor]:
 
 
 # torch modules that mix positions along the sequence themselves, which ChunkedStage cannot hook:
-# chunk by chunk they would see only the chunk (attention) or restart their state (recurrence)
+# chunk by chunk they would see only the chunk (attention) or restart their state (recurrence), or
+# normalise over the chunk (batch norm in training, which chunk_mismatch's eval-mode run cannot see)
 _MIXING = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder,
-           nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.RNNBase)
+           nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.RNNBase, nn.modules.batchnorm._BatchNorm)
 
 
 def chunk_refusal(module: nn.Module) -> str | None:
     """Why ``ChunkedStage`` cannot run ``module`` chunk by chunk (one line), or None. It chunks
     what is position-wise (embeddings of tokens, Linear, LayerNorm, ...) plus ``gpt.Embedding``'s
     positions and ``gpt.AttentionCore``'s causal attention; a module of torch's that mixes the
-    sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers, RNNs) is refused,
-    since it would silently attend within the chunk only. Other sequence-mixing code it cannot see."""
+    sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers, RNNs, batch
+    norm) is refused, since it would silently attend within the chunk only. Other sequence mixing
+    (a convolution, hand-written code) is found by running it: ``chunk_mismatch``."""
     for name, m in module.named_modules():
         if isinstance(m, _MIXING):
             return (f"has {type(m).__name__} {name!r}, which mixes the sequence in a way sequence chunks cannot"
@@ -254,3 +268,141 @@ def chunk_activation_bytes(module: nn.Module, xs: Sequence[Tensor], targets: Seq
     finally:
         stage.release("measure")
     return out
+
+
+# ---- checking a stage: chunk by chunk against the whole sequence ----
+
+# How far a chunked output may lie from the whole sequence's, relative to the largest value of the
+# latter: far above the rounding of another summation order (or TF32), far below what a chunk
+# boundary changes (a convolution tap, a position's offset: of the order of the values themselves).
+TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 3e-2}
+TOLERANCE_DEFAULT = 1e-3
+
+_ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runtime.gpt's Embedding (positions) and"
+           " AttentionCore (causal attention): use a schedule without sequence chunks, or those modules")
+
+
+def chunk_mismatch(module: nn.Module, x: Tensor, chunks: int) -> str | None:
+    """None if ``module`` run chunk by chunk (a fresh ``ChunkedStage``) gives its output on the
+    whole sequence ``x`` (batch, sequence, ...), within ``TOLERANCE`` of the output's largest value;
+    else why not, one line starting with what differs, naming the first module (in the order
+    their calls end, so the innermost) whose output differs. Run in eval mode, without autograd,
+    each pass from the same random state; the module's modes and the random state are left as
+    they were. Costs one forward of the sequence and one of its chunks (twice each if they differ)."""
+    whole, parts = _both_passes(module, x, chunks)
+    gap = _gap(whole, parts)
+    if gap is None:
+        return None
+    whole_calls, chunk_calls = _both_passes(module, x, chunks, record=True)
+    where = "first"
+    for name in whole_calls:  # in the order the calls ended on the whole sequence
+        runs = [calls.get(name, []) for calls in chunk_calls]
+        if any(len(r) != len(whole_calls[name]) for r in runs):
+            continue  # called another number of times per chunk: nothing to pair up
+        if any(_gap(w, [r[i] for r in runs]) is not None for i, w in enumerate(whole_calls[name])):
+            where = f"first at its module {_named(module, name)}"
+            break
+    return (f"'s forward over {chunks} sequence chunks differs from its forward on the whole sequence ({gap}),"
+            f" {where}: it mixes positions along the sequence in a way the chunks cannot follow; {_ADVICE}")
+
+
+def chunk_failure(module: nn.Module, error: BaseException, tokens: int, chunks: int) -> str:
+    """What to say (one line) when ``module``'s forward on a sequence chunk of ``tokens`` tokens
+    raised ``error``: the innermost of its modules on the traceback, torch's message (first 200
+    characters, on one line)."""
+    names = {id(m): n for n, m in module.named_modules()}
+    found = None
+    tb = error.__traceback__
+    while tb is not None:  # the innermost frame of one of the stage's modules
+        me = tb.tb_frame.f_locals.get("self")
+        if isinstance(me, nn.Module) and id(me) in names:
+            found = names[id(me)]
+        tb = tb.tb_next
+    where = f" in its module {_named(module, found)}" if found is not None else ""
+    said = " ".join(str(error).split())
+    said = said if len(said) <= 200 else said[:199] + "…"
+    return (f" raised {type(error).__name__} on a sequence chunk ({tokens} tokens, one of {chunks}){where}: {said};"
+            f" a module that needs the whole sequence cannot run on chunks: {_ADVICE}")
+
+
+def _named(root: nn.Module, name: str) -> str:
+    """A module of ``root`` as a message names it: 'name' (Class), or the stage's own forward."""
+    if not name:
+        return f"itself ({type(root).__name__}'s own forward)"
+    return f"{name!r} ({type(root.get_submodule(name)).__name__})"
+
+
+def _both_passes(module: nn.Module, x: Tensor, chunks: int, record: bool = False):
+    """``module`` on the whole ``x``, then chunk by chunk: the outputs (the whole's, the chunks'),
+    or with ``record`` every module's outputs by name ({name: [output per call]} for the whole
+    sequence, in the order the calls ended, and one such dict per chunk)."""
+    calls: list[dict[str, list]] = []
+
+    def keep(name):
+        def hook(mod, args, out):
+            calls[-1].setdefault(name, []).append(out)
+        return hook
+
+    modes = [(m, m.training) for m in module.modules()]
+    handles = [m.register_forward_hook(keep(n)) for n, m in module.named_modules()] if record else []
+    rng = capture_rng(x.device)
+    stage = ChunkedStage(module, chunks)
+    try:
+        module.eval()
+        with torch.no_grad():
+            calls.append({})
+            with replaying_rng(rng, x.device):
+                whole = module(x)
+            parts = []
+            for c, piece in enumerate(split_sequence(x, chunks)):
+                calls.append({})
+                with replaying_rng(rng, x.device):
+                    parts.append(stage.forward(piece, "check", c))
+    finally:
+        stage.release("check")
+        for h in handles:
+            h.remove()
+        for m, mode in modes:
+            m.training = mode
+    return (calls[0], calls[1:]) if record else (whole, parts)
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    """The tensors of a module's output (a tensor, or a tuple or list of them, nested)."""
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _gap(whole: Any, parts: list[Any]) -> str | None:
+    """None if the chunks' outputs ``parts`` put together are ``whole`` (within ``TOLERANCE``): joined
+    along the one dimension where their shapes differ from the whole's, or each equal to it where
+    none does; else what differs, a few words."""
+    wholes, pieces = _tensors(whole), [_tensors(p) for p in parts]
+    if any(len(p) != len(wholes) for p in pieces):
+        return "another number of tensors per chunk"
+    for i, w in enumerate(wholes):
+        ps = [p[i] for p in pieces]
+        shapes = {tuple(p.shape) for p in ps}
+        if shapes == {tuple(w.shape)}:
+            joined = None
+        else:
+            dims = {d for p in ps if p.dim() == w.dim() for d in range(w.dim()) if p.shape[d] != w.shape[d]}
+            if len(shapes) > 1 or any(p.dim() != w.dim() for p in ps) or len(dims) != 1 or \
+                    sum(p.shape[min(dims)] for p in ps) != w.shape[min(dims)]:
+                return f"shape {tuple(ps[0].shape)} per chunk against {tuple(w.shape)} for the whole sequence"
+            joined = torch.cat(ps, dim=min(dims))
+        for got in ps if joined is None else [joined]:
+            if not w.is_floating_point():
+                if not torch.equal(got, w):
+                    return "other values"
+                continue
+            diff = (got.float() - w.float()).abs().nan_to_num(nan=float("inf"))
+            diff = diff.masked_fill(got.isnan() & w.isnan(), 0)
+            top = w.float().abs().nan_to_num(nan=0, posinf=0, neginf=0).max().item() if w.numel() else 0.0
+            worst = diff.max().item() if diff.numel() else 0.0
+            if worst > TOLERANCE.get(w.dtype, TOLERANCE_DEFAULT) * max(top, 1e-12):
+                return f"largest difference {worst:.3g} where the output's values reach {top:.3g}"
+    return None

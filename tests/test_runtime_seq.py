@@ -2,7 +2,8 @@
 backward) and seq1f1b-zb (B and W split) with each microbatch's sequence cut into k chunks, and
 train the example GPT exactly like one process on whole sequences (loss and every parameter, two
 optimizer steps). A sequence length that k does not divide, and a stage whose sequence mixing the
-chunks cannot follow, are refused in one line."""
+chunks cannot follow (torch's attention by type; a convolution over the sequence or a position
+table of the whole sequence found on the first step), are refused in one line."""
 
 from __future__ import annotations
 
@@ -125,6 +126,87 @@ def test_sequence_not_divisible_and_unchunkable_stage_are_refused(tmp_path):
         assert "a sequence of 16 tokens does not cut into 3 equal chunks" in message
     assert first[0].startswith("inputs:") and second[0].startswith("targets:")
     assert "\n" not in second[1] and "cuts each sequence into 3 chunks: stage 1 has MultiheadAttention" in second[1]
+
+
+# ---- sequence mixing the chunks cannot follow: found on the first step, refused on every rank ----
+
+class Conv(nn.Module):
+    """A convolution over the sequence (kernel 3) with a residual, on (batch, sequence, features):
+    ``causal``, position i sees i - 2 .. i (padded before), else i - 1 .. i + 1."""
+
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.conv = nn.Conv1d(32, 32, 3, padding=2 if causal else 1)
+
+    def forward(self, x):
+        y = self.conv(x.transpose(1, 2))
+        return x + (y[..., :-2] if self.causal else y).transpose(1, 2)
+
+
+class Positions(nn.Module):
+    """A learnable position table of the whole sequence's length, added to its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(0.1 * torch.randn(SEQ, 32))
+
+    def forward(self, x):
+        return x + self.table
+
+
+def unchunkable(case: str) -> list[nn.Sequential]:
+    """Two stages of a small token model (embedding, MLP, head: no attention) with, on the stage
+    ``case`` names, a convolution over the sequence or a learnable position table."""
+    torch.manual_seed(3)
+    what, stage = case.rsplit("@", 1)
+    part = {"conv": lambda: Conv(causal=False), "causal conv": lambda: Conv(causal=True), "positions": Positions}[what]
+    first = [nn.Embedding(64, 32), nn.Linear(32, 32), nn.GELU()]
+    last = [nn.LayerNorm(32), nn.Linear(32, 64)]
+    if stage == "0":
+        first.append(part())
+    else:
+        last.insert(0, part())
+    return [nn.Sequential(*first), nn.Sequential(*last)]
+
+
+def refused_step(rank, world, path, case):
+    """One step of ``unchunkable(case)``: this rank's error (one line expected) and whether its
+    weights are still the initial ones."""
+    compiled = schedc.load(path)
+    mine = unchunkable(case)[rank]
+    before = {key: t.clone() for key, t in mine.state_dict().items()}
+    rt = PipelineRuntime(compiled, {rank: mine}, lm_loss, optimizer=torch.optim.SGD(mine.parameters(), lr=0.1),
+                         timeout=60)
+    x, y = batches()[0]
+    try:
+        rt.step(x if rank == 0 else None, y if rank == 1 else None)
+    except PipelineError as e:
+        return str(e), all(torch.equal(t, before[key]) for key, t in mine.state_dict().items())
+    return None, False
+
+
+@pytest.mark.parametrize("case, name, said", [
+    ("conv@1", "seq1f1b", "stage 1's forward over 2 sequence chunks differs from its forward on the whole sequence"),
+    ("causal conv@0", "seq1f1b-zb", "stage 0's forward over 2 sequence chunks differs from its forward on the whole"),
+    ("positions@0", "seq1f1b", "stage 0 raised RuntimeError on a sequence chunk (8 tokens, one of 2)"),
+    ("positions@1", "seq1f1b-zb", "stage 1 raised RuntimeError on a sequence chunk (8 tokens, one of 2)"),
+])
+def test_sequence_mixing_the_chunks_cannot_follow_is_refused_on_every_rank(tmp_path, case, name, said):
+    """A convolution over the sequence (non-causal or causal) gives other outputs chunk by chunk:
+    refused at the first sequence's last chunk, naming the stage and the convolution. A learnable
+    position table of the whole sequence's length fails on a chunk: refused naming the module
+    (stage 0: in the shape exchange, stage 1: at its first chunk). On both ranks, in one line,
+    before any weight changed."""
+    path = tmp_path / "s.json"
+    schedc.compile(problem(2, 2), name).save(path)
+    results = run_local(refused_step, 2, str(path), case, timeout=120)
+    module = "'3.conv' (Conv1d)" if case.startswith("causal") else "'0.conv' (Conv1d)" if "conv" in case else \
+        ("'3' (Positions)" if case.endswith("0") else "'0' (Positions)")
+    for rank, (message, unchanged) in enumerate(results):
+        assert message is not None and "\n" not in message, (rank, message)
+        assert said in message and f"its module {module}" in message, (rank, message)
+        assert unchanged, rank
 
 
 # ---- memory: measured against the simulator's prediction from a profile of the chunks ----
