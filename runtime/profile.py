@@ -111,7 +111,7 @@ from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
 from schedc.runtime.memory import MemoryMeter, SavedBytes
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
-from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
+from schedc.runtime.seqchunk import ChunkedStage, ChunkError, chunk_activation_bytes, chunk_mismatch, split_sequence
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -192,7 +192,8 @@ def profile_stages(
 
     ``sequence_chunks`` k > 1: also each chunk position's F, B, W and activation with the
     microbatch's sequence (dim 1) cut into k chunks (``StageProfile.chunk_*``), from which
-    ``make_problem`` writes the problem's ``sequence_chunks`` section."""
+    ``make_problem`` writes the problem's ``sequence_chunks`` section; a stage whose chunks do not
+    give its output on the whole sequence is refused in one line (``seqchunk.chunk_mismatch``)."""
     _check_tensor_parallel(stages, group, load)
     if sequence_chunks > 1 and group is not None:
         raise ValueError("sequence_chunks cannot be profiled on tensor-parallel stages yet (the runtime does not run"
@@ -220,6 +221,13 @@ def profile_stages(
         module = _split_copy(original, device)
         run = _StageRunner(module, x, y if last else None, loss_fn, group)
         following = run.output(s)  # the next stage's input (first: a DTensor output is refused before any timing)
+        if sequence_chunks > 1:  # chunk by chunk as on the whole sequence, or refused before any timing
+            try:
+                why = chunk_mismatch(module, x, sequence_chunks)
+            except ChunkError as e:
+                why = str(e)
+            if why:
+                raise ValueError(f"stage {s}{why}")
         with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
                           for _ in range(load)]):
             times = dict(zip(TIMED, run.times(warmup, repeats)))

@@ -45,7 +45,8 @@ its training statistics would be the chunk's) without autograd and from the same
 and compares the outputs; where they differ it names the first module (in the order their calls
 end) whose output differs. ``chunk_failure`` names the module in which a chunk's forward raised
 (e.g. a position table of the whole sequence's length added to a chunk). The runtime calls both
-on each stage's first sequence of the first step (``PipelineRuntime``), so a convolution over the
+on each stage's first sequence of the first step (``PipelineRuntime``) and the profiler on each
+stage's microbatch (``profile_stages(..., sequence_chunks=k)``), so a convolution over the
 sequence, a learnable position table or any hand-written mixing is refused in one line instead of
 training to other weights. What it cannot see: state a module carries between calls by itself
 (its forward may agree while its gradient is cut).
@@ -282,13 +283,18 @@ _ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runt
            " AttentionCore (causal attention): use a schedule without sequence chunks, or those modules")
 
 
+class ChunkError(RuntimeError):
+    """A stage's forward raised on a sequence chunk; the message is ``chunk_failure``'s one line."""
+
+
 def chunk_mismatch(module: nn.Module, x: Tensor, chunks: int) -> str | None:
     """None if ``module`` run chunk by chunk (a fresh ``ChunkedStage``) gives its output on the
     whole sequence ``x`` (batch, sequence, ...), within ``TOLERANCE`` of the output's largest value;
     else why not, one line starting with what differs, naming the first module (in the order
     their calls end, so the innermost) whose output differs. Run in eval mode, without autograd,
     each pass from the same random state; the module's modes and the random state are left as
-    they were. Costs one forward of the sequence and one of its chunks (twice each if they differ)."""
+    they were. Costs one forward of the sequence and one of its chunks (twice each if they differ).
+    A chunk's forward that raises raises ``ChunkError`` (``chunk_failure``'s line)."""
     whole, parts = _both_passes(module, x, chunks)
     gap = _gap(whole, parts)
     if gap is None:
@@ -356,8 +362,11 @@ def _both_passes(module: nn.Module, x: Tensor, chunks: int, record: bool = False
             parts = []
             for c, piece in enumerate(split_sequence(x, chunks)):
                 calls.append({})
-                with replaying_rng(rng, x.device):
-                    parts.append(stage.forward(piece, "check", c))
+                try:
+                    with replaying_rng(rng, x.device):
+                        parts.append(stage.forward(piece, "check", c))
+                except Exception as e:
+                    raise ChunkError(chunk_failure(module, e, piece.shape[1], chunks)) from e
     finally:
         stage.release("check")
         for h in handles:

@@ -209,6 +209,20 @@ def test_sequence_mixing_the_chunks_cannot_follow_is_refused_on_every_rank(tmp_p
         assert unchanged, rank
 
 
+@pytest.mark.parametrize("case, said", [
+    ("conv@1", "stage 1's forward over 2 sequence chunks differs from its forward on the whole sequence"),
+    ("positions@0", "stage 0 raised RuntimeError on a sequence chunk (8 tokens, one of 2) in its module '3' (Positions)"),
+])
+def test_the_profiler_refuses_them_too(case, said):
+    """``profile_stages(..., sequence_chunks=k)`` checks each stage before timing its chunks."""
+    x, y = batches()[0]
+    with pytest.raises(ValueError) as e:
+        profile_stages(unchunkable(case), x[:MB_SIZE], y[:MB_SIZE], lm_loss, warmup=0, repeats=1, sequence_chunks=2)
+    assert said in str(e.value) and "\n" not in str(e.value)
+    assert "conv" not in case or "first at its module '0.conv' (Conv1d)" in str(e.value)
+    profile_stages(model(2), x[:MB_SIZE], y[:MB_SIZE], lm_loss, warmup=0, repeats=1, sequence_chunks=2)  # the GPT passes
+
+
 # ---- memory: measured against the simulator's prediction from a profile of the chunks ----
 
 def test_profile_writes_the_chunks_and_the_measured_peak_matches_the_prediction(tmp_path):
