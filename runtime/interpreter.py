@@ -87,7 +87,8 @@ stage's chunked forward is compared with its forward on that whole sequence (its
 until then; ``seqchunk.chunk_mismatch``: eval mode, no autograd, the random state untouched), refused
 naming the first module whose output differs (a convolution over the sequence, hand-written
 mixing). The refusing rank raises ``PipelineError`` before any optimizer step; the others stop
-with it as with any failure.
+with it as with any failure. The check's time and transient memory fall in the first step's F of
+that chunk (``trace``, ``measure_memory``: judge a later step).
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
@@ -572,7 +573,7 @@ class PipelineRuntime:
             return self.chunked[s].forward(x, seq, c, target)
         try:
             out = self.chunked[s].forward(x, seq, c, target)
-        except PipelineError:
+        except (PipelineError, torch.OutOfMemoryError):  # not the chunk's doing
             raise
         except Exception as e:
             raise PipelineError(f"stage {s}" + chunk_failure(self.stages[s], e, x.shape[1], self.k)) from None
@@ -1099,7 +1100,7 @@ class PipelineRuntime:
                 try:
                     with torch.no_grad():
                         y = self._call_stage(s, x)
-                except PipelineError:
+                except (PipelineError, torch.OutOfMemoryError):
                     raise
                 except Exception as e:  # on a sequence chunk: the first forward it runs (seqchunk.chunk_failure)
                     if not self.chunked:

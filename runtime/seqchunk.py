@@ -365,6 +365,8 @@ def _both_passes(module: nn.Module, x: Tensor, chunks: int, record: bool = False
                 try:
                     with replaying_rng(rng, x.device):
                         parts.append(stage.forward(piece, "check", c))
+                except torch.OutOfMemoryError:
+                    raise
                 except Exception as e:
                     raise ChunkError(chunk_failure(module, e, piece.shape[1], chunks)) from e
     finally:
