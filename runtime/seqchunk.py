@@ -15,6 +15,11 @@ the end. The chunk's own keys and values are kept twice: as computed (inside the
 graph) and as a fresh leaf sharing their storage, which the later chunks see. Both hooks live only
 for the call; the module is not changed.
 
+A causal convolution (``gpt.CausalConv``) is carried the same way: each chunk keeps the last
+kernel - 1 positions of its input (with the context in front, so a chunk shorter than that passes
+older positions on) as computed and as a leaf, and the next chunk's convolution gets that leaf as
+its ``context``.
+
 Backward of chunk c, in reverse chunk order: by then every later chunk's backward has run and
 accumulated, into the ``.grad`` of chunk c's key and value leaves, what their attention sent back.
 So chunk c's backward is one autograd pass from several roots: its output with ``grad_y``, and
@@ -62,7 +67,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from schedc.runtime.gpt import AttentionCore, Embedding
+from schedc.runtime.gpt import AttentionCore, CausalConv, Embedding
 from schedc.runtime.memory import SavedBytes
 from schedc.runtime.policies import capture_rng, replaying_rng
 from schedc.runtime.wgrad import WeightGradStore
@@ -87,38 +92,43 @@ _MIXING = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.Tran
 def chunk_refusal(module: nn.Module) -> str | None:
     """Why ``ChunkedStage`` cannot run ``module`` chunk by chunk (one line), or None. It chunks
     what is position-wise (embeddings of tokens, Linear, LayerNorm, ...) plus ``gpt.Embedding``'s
-    positions and ``gpt.AttentionCore``'s causal attention; a module of torch's that mixes the
-    sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers, RNNs, batch
-    norm) is refused, since it would silently attend within the chunk only. Other sequence mixing
-    (a convolution, hand-written code) is found by running it: ``chunk_mismatch``."""
+    positions, ``gpt.AttentionCore``'s causal attention and ``gpt.CausalConv``; a module of torch's
+    that mixes the sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers,
+    RNNs, batch norm) is refused, since it would silently attend within the chunk only. Other
+    sequence mixing (torch's convolutions, hand-written code) is found by running it:
+    ``chunk_mismatch``."""
     for name, m in module.named_modules():
         if isinstance(m, _MIXING):
             return (f"has {type(m).__name__} {name!r}, which mixes the sequence in a way sequence chunks cannot"
-                    " run yet (only schedc.runtime.gpt.AttentionCore's causal attention is chunked): use a schedule"
-                    " without sequence chunks, or AttentionCore")
+                    " run yet (of what mixes it, only schedc.runtime.gpt's AttentionCore and CausalConv are"
+                    " chunked): use a schedule without sequence chunks, or those modules")
     return None
 
 
 @dataclass
 class KV:
-    """One attention call's keys and values for one chunk: as computed (in the chunk's graph) and
-    as the later chunks see them (detached leaves; their ``.grad`` collects what they send back)."""
+    """What one hooked call of one chunk carries to the later chunks: an attention call's keys and
+    values, a causal convolution's last kernel - 1 input positions. As computed (in the chunk's
+    graph) and as the later chunks see them (detached leaves; their ``.grad`` collects what they
+    send back)."""
 
-    k: Tensor
-    v: Tensor
-    k_leaf: Tensor
-    v_leaf: Tensor
+    computed: tuple[Tensor, ...]
+    leaves: tuple[Tensor, ...]
+
+    @classmethod
+    def of(cls, *computed: Tensor) -> "KV":
+        return cls(computed, tuple(t.detach().requires_grad_(True) for t in computed))
 
     def roots(self) -> list[tuple[Tensor, Tensor]]:
         """(tensor, gradient) roots that the chunk's backward adds: where a later chunk sent one."""
-        return [(t, leaf.grad) for t, leaf in ((self.k, self.k_leaf), (self.v, self.v_leaf)) if leaf.grad is not None]
+        return [(t, leaf.grad) for t, leaf in zip(self.computed, self.leaves) if leaf.grad is not None]
 
 
 @dataclass
 class _Chunk:
     x: Tensor | None  # the stage input leaf (None: integer tokens, or one that needs no gradient)
     out: Tensor  # the output, or the loss on a stage with a loss_fn
-    kv: list[KV]  # one per attention call, in call order (empty for the last chunk: nobody reads it)
+    kv: list[KV]  # one per hooked call (attention, causal convolution), in call order (none for the last chunk)
 
 
 @dataclass
@@ -182,16 +192,28 @@ class ChunkedStage:
 
         calls = 0
 
-        def attend(module, args):
+        def call() -> int:
             nonlocal calls
+            calls += 1
+            return calls - 1  # which hooked call of this forward it is: the same in every chunk
+
+        def attend(module, args):
             q, k, v = args
-            i, calls = calls, calls + 1  # which attention call of this forward it is
+            i = call()
             if keep:
-                kv.append(KV(k, v, k.detach().requires_grad_(True), v.detach().requires_grad_(True)))
+                kv.append(KV.of(k, v))
             if earlier:
-                k = torch.cat([*(e[i].k_leaf for e in earlier), k], dim=-2)
-                v = torch.cat([*(e[i].v_leaf for e in earlier), v], dim=-2)
+                k = torch.cat([*(e[i].leaves[0] for e in earlier), k], dim=-2)
+                v = torch.cat([*(e[i].leaves[1] for e in earlier), v], dim=-2)
             return q, k, v
+
+        def convolve(module, args, kwargs):  # the chunk before's last positions (they hold older ones if it is short)
+            x = args[0]
+            i = call()
+            context = earlier[-1][i].leaves[0] if earlier else None
+            if keep:
+                kv.append(KV.of(module.window(x, context)[:, x.shape[1]:]))  # the last kernel - 1 positions
+            return args, {**kwargs, "context": context}
 
         handles = []
         try:
@@ -200,6 +222,8 @@ class ChunkedStage:
                     handles.append(m.register_forward_pre_hook(positions, with_kwargs=True))
                 elif isinstance(m, AttentionCore):
                     handles.append(m.register_forward_pre_hook(attend))
+                elif isinstance(m, CausalConv):
+                    handles.append(m.register_forward_pre_hook(convolve, with_kwargs=True))
             yield
         finally:
             for h in handles:
@@ -236,7 +260,7 @@ class ChunkedStage:
         outputs, grads = [out, *(t for t, _ in roots)], [grad, *(g for _, g in roots)]
         if grad is None and out.numel() != 1:
             raise ValueError(f"backward of chunk {chunk} of microbatch {mb!r} needs the gradient of its output")
-        leaves = [leaf for e in state.chunks[:-1] for kv in e.kv for leaf in (kv.k_leaf, kv.v_leaf)]
+        leaves = [leaf for e in state.chunks[:-1] for kv in e.kv for leaf in kv.leaves]
         inputs = [c.x, *leaves] if c.x is not None else leaves
         if split:
             self.store.backward_input((self.name, mb, chunk), outputs, grads, inputs, self.params)
@@ -279,8 +303,8 @@ def chunk_activation_bytes(module: nn.Module, xs: Sequence[Tensor], targets: Seq
 TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 3e-2}
 TOLERANCE_DEFAULT = 1e-3
 
-_ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runtime.gpt's Embedding (positions) and"
-           " AttentionCore (causal attention): use a schedule without sequence chunks, or those modules")
+_ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runtime.gpt's Embedding (positions),"
+           " AttentionCore (causal attention) and CausalConv: use a schedule without sequence chunks, or those modules")
 
 
 class ChunkError(RuntimeError):

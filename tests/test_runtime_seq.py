@@ -18,6 +18,7 @@ from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.profile import make_problem, profile_stages
 from tests import test_runtime
+from tests.test_seqchunk import conv_blocks
 from tests.ranks import run_local
 
 STEPS, M, MB_SIZE, SEQ = 2, 3, 2, 16
@@ -37,14 +38,23 @@ def batches():
     return token_batches(STEPS, M * MB_SIZE, seq_len=SEQ, seed=2)
 
 
-def train(rank, world, paths, device="cpu"):
-    """Each schedule in turn: a fresh model on ``device``, STEPS steps of SGD with momentum; this
-    rank's losses (None where it holds no last stage) and its stages' weights (on the host)."""
+def conv_model(n_stages: int) -> list[nn.Sequential]:
+    """Token embedding, three causal convolution blocks (``gpt.CausalConv``), head: no attention."""
+    return stages(conv_blocks(), n_stages)
+
+
+MODELS = {"gpt": model, "conv": conv_model}
+
+
+def train(rank, world, paths, device="cpu", make="gpt"):
+    """Each schedule in turn: a fresh model (``MODELS[make]``) on ``device``, STEPS steps of SGD
+    with momentum; this rank's losses (None where it holds no last stage) and its stages' weights
+    (on the host)."""
     out = {}
     for path in paths:
         compiled = schedc.load(path)
         prob = compiled.problem
-        mine = {s: mod.to(device) for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+        mine = {s: mod.to(device) for s, mod in enumerate(MODELS[make](prob.n_stages)) if s in prob.rank_stages[rank]}
         opt = torch.optim.SGD([q for mod in mine.values() for q in mod.parameters()], lr=0.1, momentum=0.9)
         rt = PipelineRuntime(compiled, mine, lm_loss, optimizer=opt, timeout=120)
         first, last = 0 in mine, prob.n_stages - 1 in mine
@@ -81,6 +91,25 @@ def test_sequence_chunks_train_exactly_like_one_process(p, k, device, tmp_path):
     for name in NAMES:
         losses = ranks[-1][name]["losses"]
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-5, msg=name)
+        weights = {key: t for r in ranks for key, t in r[name]["weights"].items()}
+        assert weights.keys() == ref_weights.keys()
+        for key, t in ref_weights.items():
+            torch.testing.assert_close(weights[key], t, rtol=1e-5, atol=1e-5, msg=f"{name}: {key}")
+
+
+def test_a_causal_convolution_trains_exactly_like_one_process(tmp_path):
+    """``gpt.CausalConv`` blocks (kernels 6, 3, 6: a chunk of 4 tokens is shorter than a kernel of
+    6's context) on 2 gloo ranks, k = 4, both schedules: the first step's check passes, and losses
+    and every weight equal one process on whole sequences."""
+    paths = []
+    for name in NAMES:
+        schedc.compile(problem(2, 4), name).save(tmp_path / f"{name}.json")
+        paths.append(str(tmp_path / f"{name}.json"))
+    ranks = run_local(train, 2, paths, "cpu", "conv", timeout=600)
+    ref_losses, ref_weights = test_runtime.reference(2, M, M * MB_SIZE, make=conv_model, data=batches())
+    for name in NAMES:
+        torch.testing.assert_close(torch.tensor(ranks[-1][name]["losses"]), torch.tensor(ref_losses), rtol=1e-5,
+                                   atol=1e-5, msg=name)
         weights = {key: t for r in ranks for key, t in r[name]["weights"].items()}
         assert weights.keys() == ref_weights.keys()
         for key, t in ref_weights.items():

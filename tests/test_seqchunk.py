@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from schedc.runtime import seqchunk
-from schedc.runtime.gpt import AttentionCore, Embedding, cut, gpt_blocks, lm_loss, token_batches
+from schedc.runtime.gpt import AttentionCore, CausalConv, Embedding, Head, cut, gpt_blocks, lm_loss, token_batches
 from schedc.runtime.memory import SavedBytes
 from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
 from schedc.runtime.wgrad import enable_split
@@ -150,6 +150,56 @@ def test_chunk_activation_bytes_as_the_profiler_measures():
     head = nn.Sequential(blocks[3])
     assert chunk_activation_bytes(head, split_sequence(x, 4)) == [saved_bytes(head, x) // 4] * 4
     assert saved_bytes(head, x) % 4 == 0
+
+
+# ---- a causal convolution carried from chunk to chunk ----
+
+class ConvBlock(nn.Module):
+    """Pre-norm residual block around ``gpt.CausalConv`` (kernel ``kernel``, ``groups``): no attention."""
+
+    def __init__(self, kernel: int, groups: int = 1):
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.conv = CausalConv(D, kernel, groups)
+        self.out = nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + self.out(torch.nn.functional.gelu(self.conv(self.ln(x))))
+
+
+def conv_blocks(seed: int = 4) -> list[nn.Module]:
+    """Token embedding (no positions), three convolution blocks (kernels 6, 3 depthwise, 6: a chunk
+    of 4 tokens is shorter than the 5 positions a kernel of 6 needs before it), the GPT's head."""
+    torch.manual_seed(seed)
+    return [nn.Embedding(64, D), ConvBlock(6), ConvBlock(3, groups=D), ConvBlock(6), Head(D, 64)]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_causal_convolution_is_carried_exactly(k, split):
+    """``gpt.CausalConv`` over chunks: the last kernel - 1 positions of each chunk are the next one's
+    context (through a chunk shorter than that, older ones too), and their gradient comes back:
+    the loss and every gradient equal training on whole sequences; each stage passes the check."""
+    blocks, batches = conv_blocks(), token_batches(2, batch=3, seq_len=SEQ)
+    loss, grads = reference(blocks, batches)
+    got_loss, got = chunked(blocks, [3, 2], batches, k, split)
+    close(got_loss, loss)
+    for name in grads:
+        close(got[name], grads[name])
+    first, rest = cut(blocks, [3, 2])
+    x = batches[0][0]
+    assert seqchunk.chunk_mismatch(first, x, k) is None and seqchunk.chunk_mismatch(rest, first(x).detach(), k) is None
+
+
+def test_without_the_carried_context_the_convolution_differs(monkeypatch):
+    """The check and the equality above are sensitive: without its context each chunk starts from
+    zeros, and the check names the convolution inside the first block (the innermost that differs)."""
+    first = cut(conv_blocks(), [3, 2])[0]
+    x = token_batches(1, batch=3, seq_len=SEQ)[0][0]
+    original = CausalConv.forward
+    monkeypatch.setattr(CausalConv, "forward", lambda self, x, context=None: original(self, x))
+    why = seqchunk.chunk_mismatch(first, x, 2)
+    assert why is not None and "first at its module '1.conv.conv' (Conv1d)" in why
 
 
 # ---- chunk_mismatch: a stage's chunked forward against its forward on the whole sequence ----
