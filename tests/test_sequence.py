@@ -106,6 +106,21 @@ def test_bad_sequence_chunks_are_refused_in_one_line():
     assert found.status == "optimal" and found.bound <= found.objective
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.01, 10), min_size=1, max_size=6), st.floats(0.5, 2), st.sampled_from(["F", "B", "W", "memory"]))
+def test_shares_are_taken_exactly_when_they_sum_to_1(weights, scale, kind):
+    """A kind's shares split the sequence's cost or activation: refused in one line unless they sum
+    to 1 (within 0.01), whatever their number and spread."""
+    shares = [w / sum(weights) * scale for w in weights]
+    chunks = {"count": len(shares), kind: shares}
+    if abs(sum(shares) - 1) <= 0.01:
+        assert problem(k=len(shares), sequence_chunks=chunks).sequence_chunks.shares(kind) == tuple(shares)
+    else:
+        with pytest.raises(ProblemError, match=f"{kind} shares sum to .*, not 1") as e:
+            problem(k=len(shares), sequence_chunks=chunks)
+        assert "\n" not in str(e.value)
+
+
 def test_the_file_keeps_the_chunks(tmp_path):
     prob = problem(p=2, m=2, k=3)
     schedc.compile(prob, "seq1f1b-zb").save(tmp_path / "a.json")
