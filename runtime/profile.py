@@ -774,7 +774,8 @@ def make_problem(
         memory["limit"] = memory_limit
     return Problem.parse(
         dict(name=name, **mesh,
-             costs=_chunked_costs(profile, scale), comm=comm, memory=memory,
+             costs=_chunked_costs(profile, scale) if chunked else {k.value: getattr(profile, k.value) for k in TIMED},
+             comm=comm, memory=memory,
              objective=objective, stage_blocks=stage_blocks,
              **({"data_parallel": data_parallel} if data_parallel else {}),
              **({"tied": tied} if tied else {}),
