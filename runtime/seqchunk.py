@@ -298,10 +298,19 @@ def chunk_activation_bytes(module: nn.Module, xs: Sequence[Tensor], targets: Seq
 # ---- checking a stage: chunk by chunk against the whole sequence ----
 
 # How far a chunked output may lie from the whole sequence's, relative to the largest value of the
-# latter: far above the rounding of another summation order (or TF32), far below what a chunk
-# boundary changes (a convolution tap, a position's offset: of the order of the values themselves).
+# latter: far above the rounding of another summation order, far below what a chunk boundary
+# changes (a convolution tap, a position's offset: of the order of the values themselves).
 TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 3e-2}
 TOLERANCE_DEFAULT = 1e-3
+TOLERANCE_TF32 = 1e-2  # float32 on CUDA where TF32 may round matmul or convolution inputs to 10 bits
+
+
+def tolerance(t: Tensor) -> float:
+    """``TOLERANCE`` for the values of ``t`` (its dtype, and TF32 for float32 on CUDA where allowed)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+    if t.dtype == torch.float32 and t.is_cuda and tf32:
+        return TOLERANCE_TF32
+    return TOLERANCE.get(t.dtype, TOLERANCE_DEFAULT)
 
 _ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runtime.gpt's Embedding (positions),"
            " AttentionCore (causal attention) and CausalConv: use a schedule without sequence chunks, or those modules")
@@ -313,7 +322,7 @@ class ChunkError(RuntimeError):
 
 def chunk_mismatch(module: nn.Module, x: Tensor, chunks: int) -> str | None:
     """None if ``module`` run chunk by chunk (a fresh ``ChunkedStage``) gives its output on the
-    whole sequence ``x`` (batch, sequence, ...), within ``TOLERANCE`` of the output's largest value;
+    whole sequence ``x`` (batch, sequence, ...), within ``tolerance`` of the output's largest value;
     else why not, one line starting with what differs, naming the first module (in the order
     their calls end, so the innermost) whose output differs. Run in eval mode, without autograd,
     each pass from the same random state; the module's modes and the random state are left as
@@ -412,7 +421,7 @@ def _tensors(out: Any) -> list[Tensor]:
 
 
 def _gap(whole: Any, parts: list[Any]) -> str | None:
-    """None if the chunks' outputs ``parts`` put together are ``whole`` (within ``TOLERANCE``): joined
+    """None if the chunks' outputs ``parts`` put together are ``whole`` (within ``tolerance``): joined
     along the one dimension where their shapes differ from the whole's, or each equal to it where
     none does; else what differs, a few words."""
     wholes, pieces = _tensors(whole), [_tensors(p) for p in parts]
@@ -438,6 +447,6 @@ def _gap(whole: Any, parts: list[Any]) -> str | None:
             diff = diff.masked_fill(got.isnan() & w.isnan(), 0)
             top = w.float().abs().nan_to_num(nan=0, posinf=0, neginf=0).max().item() if w.numel() else 0.0
             worst = diff.max().item() if diff.numel() else 0.0
-            if worst > TOLERANCE.get(w.dtype, TOLERANCE_DEFAULT) * max(top, 1e-12):
+            if worst > tolerance(w) * max(top, 1e-12):
                 return f"largest difference {worst:.3g} where the output's values reach {top:.3g}"
     return None
