@@ -5,6 +5,9 @@ and examples/train_gpt.py: token + position embedding first, transformer blocks,
 attention weights (inside ``AttentionCore``, the part a selective recompute drops) and on each
 residual branch.
 
+``CausalConv`` (not in ``gpt_blocks``): a causal convolution over the sequence that sequence
+chunks carry from chunk to chunk, as they do ``Embedding``'s positions and ``AttentionCore``.
+
 ``cut(blocks, sizes)`` groups the list into contiguous ``nn.Sequential`` stages (``sizes`` from
 ``schedc.partition``); ``stages(blocks, n)`` is the uniform cut.
 """
@@ -58,6 +61,27 @@ class AttentionCore(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         later = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)  # causal, aligned at the end
         return F.scaled_dot_product_attention(q, k, v, attn_mask=later, dropout_p=p)
+
+
+class CausalConv(nn.Module):
+    """A causal convolution over the sequence on (batch, sequence, features): position i sees
+    positions i - kernel + 1 .. i (zeros before the sequence's start), as the short convolutions of
+    state-space and Hyena-style blocks. ``context``: the kernel - 1 positions before ``x`` (a later
+    chunk of the sequence, ``schedc.runtime.seqchunk``, which carries them from the chunk before)."""
+
+    def __init__(self, features: int, kernel: int, groups: int = 1):
+        super().__init__()
+        self.kernel = kernel
+        self.conv = nn.Conv1d(features, features, kernel, groups=groups)
+
+    def window(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` with the kernel - 1 positions before it in front (``context``, else zeros)."""
+        if context is None:
+            context = x.new_zeros(x.shape[0], self.kernel - 1, x.shape[2])
+        return torch.cat([context, x], dim=1)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return self.conv(self.window(x, context).transpose(1, 2)).transpose(1, 2)
 
 
 class Block(nn.Module):

@@ -80,7 +80,16 @@ autograd node as above. The last stage's chunk loss is recorded per unit and its
 over microbatches, so the gradients are unchunked training's. Refused in one line at construction:
 asynchronous programs, recompute or offload (R, S, O), data parallelism, replicas and tied weights
 (the core refuses them first), tensor-parallel stages, a stage module holding sequence mixing that
-``ChunkedStage`` cannot follow (``seqchunk.chunk_refusal``).
+``ChunkedStage`` cannot follow (``seqchunk.chunk_refusal``: torch's attention, RNNs, batch norm).
+Checked on the first step, per stage: a chunk's forward that raises until the stage is checked
+(in the shape exchange or a step) is refused naming the module (``seqchunk.chunk_failure``: e.g. a
+position table of the whole sequence's length), and at its first sequence's last chunk the
+stage's chunked forward is compared with its forward on that whole sequence (its inputs kept
+until then; ``seqchunk.chunk_mismatch``: eval mode, no autograd, the random state untouched), refused
+naming the first module whose output differs (a convolution over the sequence, hand-written
+mixing). The refusing rank raises ``PipelineError`` before any optimizer step; the others stop
+with it as with any failure. The check's time and transient memory fall in the first step's F of
+that chunk (``trace``, ``measure_memory``: judge a later step).
 
 Saved activations are dropped at B (autograd frees its graph) and W (the queued weight-gradient
 inputs), so memory follows the schedule: each opcode runs in a method of its own, so no local
@@ -129,7 +138,8 @@ from schedc.runtime.dtensor import is_dtensor, local, refused_output, waited
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.policies import (FirstBuffers, Offloaded, Region, capture_rng, dropping, enable_selective,
                                      replaying_rng, without_storage)
-from schedc.runtime.seqchunk import ChunkedStage, chunk_refusal, split_sequence
+from schedc.runtime.seqchunk import (ChunkedStage, ChunkError, chunk_failure, chunk_mismatch, chunk_refusal,
+                                     split_sequence)
 from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
 
@@ -306,6 +316,8 @@ class PipelineRuntime:
                 raise PipelineError(f"the schedule {head.schedule!r} cuts each sequence into {self.k} chunks: {why}")
             self.chunked = {s: ChunkedStage(mod, self.k, loss_fn if self._last(s) else None, self.store, s)
                             for s, mod in self.stages.items()}
+        # stage -> its first sequence's chunk inputs so far, until its chunked forward is checked
+        self._unchecked: dict[int, list[torch.Tensor]] = {s: [] for s in self.chunked}
         if head.pipelines > 1:  # each copy's sum (RS) takes its stage's parameters: one Parameter in two would count twice
             holder: dict[int, int] = {}
             for s, params in self.params.items():
@@ -546,14 +558,41 @@ class PipelineRuntime:
         """F of chunk ``mb % k`` of sequence ``mb // k`` (``ChunkedStage``): attention over the
         sequence's earlier chunks' keys and values on this stage. The last stage's loss is the
         chunk's; its backward is scaled by 1/(k m) (the mean over the chunks and the sequences)."""
-        chunked = self.chunked[s]
         if self._last(s):
-            loss = chunked.forward(x, mb // self.k, mb % self.k, self._target(state, s, mb))
+            loss = self._run_chunk(s, x, mb, self._target(state, s, mb))
             state.losses[self._batch_index(s, mb)] = loss.detach()
             return
-        y = _plain_output(s, chunked.forward(x, mb // self.k, mb % self.k))
+        y = _plain_output(s, self._run_chunk(s, x, mb))
         state.outbox[Message("act", mb, s, s + 1)] = y.detach()
         _without_data(y)  # the chunk's record keeps only the output's autograd node until its backward
+
+    def _run_chunk(self, s: int, x, mb: int, target=None):
+        """Stage ``s``'s ``ChunkedStage.forward`` of unit ``mb``. Until the stage is checked (its
+        first sequence's chunks of the first step), a forward that raises is refused in one line
+        naming the module (``seqchunk.chunk_failure``), and after the sequence's last chunk the
+        stage's chunked forward is compared with its forward on the whole sequence
+        (``seqchunk.chunk_mismatch``): refused in one line naming the module where they differ."""
+        seq, c = divmod(mb, self.k)
+        inputs = self._unchecked.get(s)
+        if inputs is None:
+            return self.chunked[s].forward(x, seq, c, target)
+        try:
+            out = self.chunked[s].forward(x, seq, c, target)
+        except (PipelineError, torch.OutOfMemoryError):  # not the chunk's doing
+            raise
+        except Exception as e:
+            raise PipelineError(f"stage {s}" + chunk_failure(self.stages[s], e, x.shape[1], self.k)) from None
+        if seq == 0:
+            inputs.append(x)
+        if seq == 0 and c == self.k - 1:
+            del self._unchecked[s]
+            try:
+                why = chunk_mismatch(self.stages[s], torch.cat(inputs, dim=1), self.k)
+            except ChunkError as e:  # raised in eval mode only (e.g. a branch that dropout's off-switch takes)
+                why = str(e)
+            if why:
+                raise PipelineError(f"stage {s}{why}")
+        return out
 
     def _first(self, s: int) -> bool:
         """Whether stage ``s`` is the first of its pipeline (it reads the user's inputs)."""
@@ -1064,9 +1103,17 @@ class PipelineRuntime:
                 module = self.stages[s]
                 mode = module.training
                 module.eval()
-                with torch.no_grad():
-                    y = self._call_stage(s, x)
-                module.train(mode)
+                try:
+                    with torch.no_grad():
+                        y = self._call_stage(s, x)
+                except (PipelineError, torch.OutOfMemoryError):
+                    raise
+                except Exception as e:  # on a sequence chunk: the first forward it runs (seqchunk.chunk_failure)
+                    if not self.chunked:
+                        raise
+                    raise PipelineError(f"stage {s}" + chunk_failure(module, e, x.shape[1], self.k)) from None
+                finally:
+                    module.train(mode)
                 if not isinstance(y, torch.Tensor):
                     raise PipelineError(f"stage {s} returned {type(y).__name__}; a stage must return one tensor")
                 self._meta[s] = (y.shape, y.dtype)

@@ -111,7 +111,7 @@ from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
 from schedc.runtime.memory import MemoryMeter, SavedBytes
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
-from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
+from schedc.runtime.seqchunk import ChunkedStage, ChunkError, chunk_activation_bytes, chunk_mismatch, split_sequence
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -192,7 +192,8 @@ def profile_stages(
 
     ``sequence_chunks`` k > 1: also each chunk position's F, B, W and activation with the
     microbatch's sequence (dim 1) cut into k chunks (``StageProfile.chunk_*``), from which
-    ``make_problem`` writes the problem's ``sequence_chunks`` section."""
+    ``make_problem`` writes the problem's ``sequence_chunks`` section; a stage whose chunks do not
+    give its output on the whole sequence is refused in one line (``seqchunk.chunk_mismatch``)."""
     _check_tensor_parallel(stages, group, load)
     if sequence_chunks > 1 and group is not None:
         raise ValueError("sequence_chunks cannot be profiled on tensor-parallel stages yet (the runtime does not run"
@@ -220,6 +221,13 @@ def profile_stages(
         module = _split_copy(original, device)
         run = _StageRunner(module, x, y if last else None, loss_fn, group)
         following = run.output(s)  # the next stage's input (first: a DTensor output is refused before any timing)
+        if sequence_chunks > 1:  # chunk by chunk as on the whole sequence, or refused before any timing
+            try:
+                why = chunk_mismatch(module, x, sequence_chunks)
+            except ChunkError as e:
+                why = str(e)
+            if why:
+                raise ValueError(f"stage {s}{why}")
         with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
                           for _ in range(load)]):
             times = dict(zip(TIMED, run.times(warmup, repeats)))
@@ -742,53 +750,86 @@ def make_problem(
     profiled stages are then each pipeline's, and a rank's static memory counts both its copies.
     ``tied``: the problem's ``tied`` section (groups, sync per stage), as is.
     ``sequence_chunks``: from a profile of sequence chunks (``profile_stages(..., sequence_chunks=k)``),
-    the problem's ``sequence_chunks`` section (``chunk_shares``); False: the unchunked problem."""
+    the problem's ``sequence_chunks`` section (``chunk_shares``), each stage's costs and memory
+    deltas those of the chunked sequence (``chunked_scale``); False: the unchunked problem."""
     check_supported(EVERY_PROBLEM, "a profiled problem", TIMED)
     n = len(profile.F)
     if ranks * chunks != n:
         raise ValueError(f"the profile has {n} stages but ranks x chunks is {ranks} x {chunks}")
-    act = profile.activation
-    b_delta = [-(a - k) for a, k in zip(act, profile.kept_for_w)]
-    w_delta = [-k for k in profile.kept_for_w]
+    chunked = sequence_chunks and profile.sequence_chunks > 1
+    scale = chunked_scale(profile) if chunked else {"F": 1.0, "B": 1.0, "W": 1.0, "memory": 1.0}
+    act = [a * scale["memory"] for a in profile.activation]  # chunked: the chunked sequence's
+    b_delta = [-(a - k * scale["memory"]) for a, k in zip(act, profile.kept_for_w)]
+    w_delta = [-k * scale["memory"] for k in profile.kept_for_w]
     mesh = dict(ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                 **({"replicas": replicas} if replicas else {}))
     base = Problem.parse(dict(**mesh, costs=dict(F=1, B=1, W=1)))
     static = [sum(profile.static[s % n] for s in stages) for stages in base.rank_stages]
     memory: dict[str, Any] = dict(F=act, B=b_delta, W=w_delta, static=static)
     if profile.working:
-        memory["working"] = working_memory(profile, chunked=sequence_chunks and profile.sequence_chunks > 1)
+        memory["working"] = working_memory(profile, chunked=chunked)
     if profile.grads:  # one copy of the trainable weights: what an asynchronous schedule's second version adds
         memory["weights"] = list(profile.grads)
     if memory_limit is not None:
         memory["limit"] = memory_limit
     return Problem.parse(
         dict(name=name, **mesh,
-             costs={kind.value: getattr(profile, kind.value) for kind in TIMED}, comm=comm, memory=memory,
+             costs=_chunked_costs(profile, scale) if chunked else {k.value: getattr(profile, k.value) for k in TIMED},
+             comm=comm, memory=memory,
              objective=objective, stage_blocks=stage_blocks,
              **({"data_parallel": data_parallel} if data_parallel else {}),
              **({"tied": tied} if tied else {}),
              **(policy_sections(profile) if policies else {}),
-             **({"sequence_chunks": chunk_shares(profile)} if sequence_chunks and profile.sequence_chunks > 1 else {})),
+             **({"sequence_chunks": chunk_shares(profile)} if chunked else {})),
         source=name,
     )
 
 
 def chunk_shares(profile: StageProfile) -> dict[str, Any]:
     """The problem's ``sequence_chunks`` section from a profile of sequence chunks: per chunk
-    position, its share of the unchunked stage's F, B, W and activation. The problem has one share
-    per chunk position for every stage, so each is the pipeline's: the sum over the stages of the
-    chunk's cost (or memory) over the sum of the unchunked stages' (a stage whose cost is mostly
-    position-wise would alone give nearer 1/k to every chunk, one with much attention more to the
-    later chunks)."""
+    position, its part of the chunked sequence's F, B, W and activation (shares summing to 1). The
+    problem has one share per chunk position for every stage, so each is the pipeline's: the sum
+    over the stages of the chunk's cost (or memory) over the sum over the stages and chunks (a
+    stage whose cost is mostly position-wise would alone give nearer 1/k to every chunk, one with
+    much attention more to the later chunks). What chunking adds (smaller pieces run less
+    efficiently) is ``chunked_scale``'s, put into the costs and memory by ``make_problem``."""
     k = profile.sequence_chunks
     out: dict[str, Any] = {"count": k}
-    for field_, per_chunk, whole in (("F", profile.chunk_F, profile.F), ("B", profile.chunk_B, profile.B),
-                                     ("W", profile.chunk_W, profile.W),
-                                     ("memory", profile.chunk_activation, profile.activation)):
-        total = sum(whole)
-        shares = [sum(stage[c] for stage in per_chunk) / total if total > 0 else 1.0 / k for c in range(k)]
-        out[field_] = [max(share, 1e-6) for share in shares]  # shares are positive
+    for field_, per_chunk, _ in _chunk_fields(profile):
+        sums = [sum(stage[c] for stage in per_chunk) for c in range(k)]
+        shares = [x / sum(sums) if sum(sums) > 0 else 1.0 / k for x in sums]
+        shares = [max(share, 1e-6) for share in shares]  # shares are positive
+        out[field_] = [share / sum(shares) for share in shares]
     return out
+
+
+def chunked_scale(profile: StageProfile) -> dict[str, float]:
+    """Per field (F, B, W, memory), the chunked sequence's measure over the unchunked one, summed
+    over the stages (1 where nothing was measured): by how much ``make_problem`` scales each stage's
+    cost or activation in a problem with sequence chunks (1.1-3.7 for tests.test_memory_measure's
+    GPT in 2 stages, k = 2 and 4, on a 2-core CPU)."""
+    out = {}
+    for field_, per_chunk, whole in _chunk_fields(profile):
+        chunked, total = sum(map(sum, per_chunk)), sum(whole)
+        out[field_] = chunked / total if chunked > 0 and total > 0 else 1.0
+    return out
+
+
+def _chunked_costs(profile: StageProfile, scale: dict[str, float]) -> dict[str, list[float]]:
+    """The problem's ``costs`` from ``profile``, F, B and W scaled by ``scale`` (``chunked_scale``);
+    BW by what makes each chunk's BW cost what it was before scaling (the problem takes a chunk's
+    BW share as its B and W shares weighted by the stage's B and W)."""
+    costs = {kind.value: [t * scale[kind.value] for t in getattr(profile, kind.value)] for kind in TIMED
+             if kind is not Kind.BW}
+    costs["BW"] = [bw * ((scale["B"] * b + scale["W"] * w) / (b + w) if b + w > 0 else 1.0)
+                   for bw, b, w in zip(profile.BW, profile.B, profile.W)]
+    return costs
+
+
+def _chunk_fields(profile: StageProfile):
+    """(field, per stage its per-chunk measures, per stage its unchunked measure) of a chunk profile."""
+    return (("F", profile.chunk_F, profile.F), ("B", profile.chunk_B, profile.B), ("W", profile.chunk_W, profile.W),
+            ("memory", profile.chunk_activation, profile.activation))
 
 
 def policy_sections(profile: StageProfile) -> dict[str, Any]:

@@ -15,6 +15,11 @@ the end. The chunk's own keys and values are kept twice: as computed (inside the
 graph) and as a fresh leaf sharing their storage, which the later chunks see. Both hooks live only
 for the call; the module is not changed.
 
+A causal convolution (``gpt.CausalConv``) is carried the same way: each chunk keeps the last
+kernel - 1 positions of its input (with the context in front, so a chunk shorter than that passes
+older positions on) as computed and as a leaf, and the next chunk's convolution gets that leaf as
+its ``context``.
+
 Backward of chunk c, in reverse chunk order: by then every later chunk's backward has run and
 accumulated, into the ``.grad`` of chunk c's key and value leaves, what their attention sent back.
 So chunk c's backward is one autograd pass from several roots: its output with ``grad_y``, and
@@ -38,6 +43,18 @@ makes autograd save, as the profiler measures a stage's activation on CPU (``mem
 
 Exactness needs dropout 0 (or eval mode): with dropout the chunks draw other random numbers than
 the unchunked run, which is still a valid training run but not the same one.
+
+Checked, not assumed: ``chunk_mismatch`` runs a stage module on one whole sequence and chunk by
+chunk (a fresh ``ChunkedStage``), in eval mode (no dropout; batch norm is refused by type, since
+its training statistics would be the chunk's) without autograd and from the same random state,
+and compares the outputs; where they differ it names the first module (in the order their calls
+end) whose output differs. ``chunk_failure`` names the module in which a chunk's forward raised
+(e.g. a position table of the whole sequence's length added to a chunk). The runtime calls both
+on each stage's first sequence of the first step (``PipelineRuntime``) and the profiler on each
+stage's microbatch (``profile_stages(..., sequence_chunks=k)``), so a convolution over the
+sequence, a learnable position table or any hand-written mixing is refused in one line instead of
+training to other weights. What it cannot see: state a module carries between calls by itself
+(its forward may agree while its gradient is cut).
 """
 
 from __future__ import annotations
@@ -50,8 +67,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from schedc.runtime.gpt import AttentionCore, Embedding
+from schedc.runtime.gpt import AttentionCore, CausalConv, Embedding
 from schedc.runtime.memory import SavedBytes
+from schedc.runtime.policies import capture_rng, replaying_rng
 from schedc.runtime.wgrad import WeightGradStore
 
 
@@ -65,45 +83,52 @@ def split_sequence(x: Tensor, chunks: int) -> list[Tensor]:
 
 
 # torch modules that mix positions along the sequence themselves, which ChunkedStage cannot hook:
-# chunk by chunk they would see only the chunk (attention) or restart their state (recurrence)
+# chunk by chunk they would see only the chunk (attention) or restart their state (recurrence), or
+# normalise over the chunk (batch norm in training, which chunk_mismatch's eval-mode run cannot see)
 _MIXING = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder,
-           nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.RNNBase)
+           nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.RNNBase, nn.modules.batchnorm._BatchNorm)
 
 
 def chunk_refusal(module: nn.Module) -> str | None:
     """Why ``ChunkedStage`` cannot run ``module`` chunk by chunk (one line), or None. It chunks
     what is position-wise (embeddings of tokens, Linear, LayerNorm, ...) plus ``gpt.Embedding``'s
-    positions and ``gpt.AttentionCore``'s causal attention; a module of torch's that mixes the
-    sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers, RNNs) is refused,
-    since it would silently attend within the chunk only. Other sequence-mixing code it cannot see."""
+    positions, ``gpt.AttentionCore``'s causal attention and ``gpt.CausalConv``; a module of torch's
+    that mixes the sequence otherwise (``nn.MultiheadAttention``, the ``nn.Transformer*`` layers,
+    RNNs, batch norm) is refused, since it would silently attend within the chunk only. Other
+    sequence mixing (torch's convolutions, hand-written code) is found by running it:
+    ``chunk_mismatch``."""
     for name, m in module.named_modules():
         if isinstance(m, _MIXING):
             return (f"has {type(m).__name__} {name!r}, which mixes the sequence in a way sequence chunks cannot"
-                    " run yet (only schedc.runtime.gpt.AttentionCore's causal attention is chunked): use a schedule"
-                    " without sequence chunks, or AttentionCore")
+                    " run yet (of what mixes it, only schedc.runtime.gpt's AttentionCore and CausalConv are"
+                    " chunked): use a schedule without sequence chunks, or those modules")
     return None
 
 
 @dataclass
 class KV:
-    """One attention call's keys and values for one chunk: as computed (in the chunk's graph) and
-    as the later chunks see them (detached leaves; their ``.grad`` collects what they send back)."""
+    """What one hooked call of one chunk carries to the later chunks: an attention call's keys and
+    values, a causal convolution's last kernel - 1 input positions. As computed (in the chunk's
+    graph) and as the later chunks see them (detached leaves; their ``.grad`` collects what they
+    send back)."""
 
-    k: Tensor
-    v: Tensor
-    k_leaf: Tensor
-    v_leaf: Tensor
+    computed: tuple[Tensor, ...]
+    leaves: tuple[Tensor, ...]
+
+    @classmethod
+    def of(cls, *computed: Tensor) -> "KV":
+        return cls(computed, tuple(t.detach().requires_grad_(True) for t in computed))
 
     def roots(self) -> list[tuple[Tensor, Tensor]]:
         """(tensor, gradient) roots that the chunk's backward adds: where a later chunk sent one."""
-        return [(t, leaf.grad) for t, leaf in ((self.k, self.k_leaf), (self.v, self.v_leaf)) if leaf.grad is not None]
+        return [(t, leaf.grad) for t, leaf in zip(self.computed, self.leaves) if leaf.grad is not None]
 
 
 @dataclass
 class _Chunk:
     x: Tensor | None  # the stage input leaf (None: integer tokens, or one that needs no gradient)
     out: Tensor  # the output, or the loss on a stage with a loss_fn
-    kv: list[KV]  # one per attention call, in call order (empty for the last chunk: nobody reads it)
+    kv: list[KV]  # one per hooked call (attention, causal convolution), in call order (none for the last chunk)
 
 
 @dataclass
@@ -167,16 +192,28 @@ class ChunkedStage:
 
         calls = 0
 
-        def attend(module, args):
+        def call() -> int:
             nonlocal calls
+            calls += 1
+            return calls - 1  # which hooked call of this forward it is: the same in every chunk
+
+        def attend(module, args):
             q, k, v = args
-            i, calls = calls, calls + 1  # which attention call of this forward it is
+            i = call()
             if keep:
-                kv.append(KV(k, v, k.detach().requires_grad_(True), v.detach().requires_grad_(True)))
+                kv.append(KV.of(k, v))
             if earlier:
-                k = torch.cat([*(e[i].k_leaf for e in earlier), k], dim=-2)
-                v = torch.cat([*(e[i].v_leaf for e in earlier), v], dim=-2)
+                k = torch.cat([*(e[i].leaves[0] for e in earlier), k], dim=-2)
+                v = torch.cat([*(e[i].leaves[1] for e in earlier), v], dim=-2)
             return q, k, v
+
+        def convolve(module, args, kwargs):  # the chunk before's last positions (they hold older ones if it is short)
+            x = args[0]
+            i = call()
+            context = earlier[-1][i].leaves[0] if earlier else None
+            if keep:
+                kv.append(KV.of(module.window(x, context)[:, x.shape[1]:]))  # the last kernel - 1 positions
+            return args, {**kwargs, "context": context}
 
         handles = []
         try:
@@ -185,6 +222,8 @@ class ChunkedStage:
                     handles.append(m.register_forward_pre_hook(positions, with_kwargs=True))
                 elif isinstance(m, AttentionCore):
                     handles.append(m.register_forward_pre_hook(attend))
+                elif isinstance(m, CausalConv):
+                    handles.append(m.register_forward_pre_hook(convolve, with_kwargs=True))
             yield
         finally:
             for h in handles:
@@ -221,7 +260,7 @@ class ChunkedStage:
         outputs, grads = [out, *(t for t, _ in roots)], [grad, *(g for _, g in roots)]
         if grad is None and out.numel() != 1:
             raise ValueError(f"backward of chunk {chunk} of microbatch {mb!r} needs the gradient of its output")
-        leaves = [leaf for e in state.chunks[:-1] for kv in e.kv for leaf in (kv.k_leaf, kv.v_leaf)]
+        leaves = [leaf for e in state.chunks[:-1] for kv in e.kv for leaf in kv.leaves]
         inputs = [c.x, *leaves] if c.x is not None else leaves
         if split:
             self.store.backward_input((self.name, mb, chunk), outputs, grads, inputs, self.params)
@@ -254,3 +293,160 @@ def chunk_activation_bytes(module: nn.Module, xs: Sequence[Tensor], targets: Seq
     finally:
         stage.release("measure")
     return out
+
+
+# ---- checking a stage: chunk by chunk against the whole sequence ----
+
+# How far a chunked output may lie from the whole sequence's, relative to the largest value of the
+# latter: far above the rounding of another summation order, far below what a chunk boundary
+# changes (a convolution tap, a position's offset: of the order of the values themselves).
+TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 3e-2}
+TOLERANCE_DEFAULT = 1e-3
+TOLERANCE_TF32 = 1e-2  # float32 on CUDA where TF32 may round matmul or convolution inputs to 10 bits
+
+
+def tolerance(t: Tensor) -> float:
+    """``TOLERANCE`` for the values of ``t`` (its dtype, and TF32 for float32 on CUDA where allowed)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+    if t.dtype == torch.float32 and t.is_cuda and tf32:
+        return TOLERANCE_TF32
+    return TOLERANCE.get(t.dtype, TOLERANCE_DEFAULT)
+
+_ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runtime.gpt's Embedding (positions),"
+           " AttentionCore (causal attention) and CausalConv: use a schedule without sequence chunks, or those modules")
+
+
+class ChunkError(RuntimeError):
+    """A stage's forward raised on a sequence chunk; the message is ``chunk_failure``'s one line."""
+
+
+def chunk_mismatch(module: nn.Module, x: Tensor, chunks: int) -> str | None:
+    """None if ``module`` run chunk by chunk (a fresh ``ChunkedStage``) gives its output on the
+    whole sequence ``x`` (batch, sequence, ...), within ``tolerance`` of the output's largest value;
+    else why not, one line starting with what differs, naming the first module (in the order
+    their calls end, so the innermost) whose output differs. Run in eval mode, without autograd,
+    each pass from the same random state; the module's modes and the random state are left as
+    they were. Costs one forward of the sequence and one of its chunks (twice each if they differ).
+    A chunk's forward that raises raises ``ChunkError`` (``chunk_failure``'s line)."""
+    whole, parts = _both_passes(module, x, chunks)
+    gap = _gap(whole, parts)
+    if gap is None:
+        return None
+    whole_calls, chunk_calls = _both_passes(module, x, chunks, record=True)
+    where = "first"
+    for name in whole_calls:  # in the order the calls ended on the whole sequence
+        runs = [calls.get(name, []) for calls in chunk_calls]
+        if any(len(r) != len(whole_calls[name]) for r in runs):
+            continue  # called another number of times per chunk: nothing to pair up
+        if any(_gap(w, [r[i] for r in runs]) is not None for i, w in enumerate(whole_calls[name])):
+            where = f"first at its module {_named(module, name)}"
+            break
+    return (f"'s forward over {chunks} sequence chunks differs from its forward on the whole sequence ({gap}),"
+            f" {where}: it mixes positions along the sequence in a way the chunks cannot follow; {_ADVICE}")
+
+
+def chunk_failure(module: nn.Module, error: BaseException, tokens: int, chunks: int) -> str:
+    """What to say (one line) when ``module``'s forward on a sequence chunk of ``tokens`` tokens
+    raised ``error``: the innermost of its modules on the traceback, torch's message (first 200
+    characters, on one line)."""
+    names = {id(m): n for n, m in module.named_modules()}
+    found = None
+    tb = error.__traceback__
+    while tb is not None:  # the innermost frame of one of the stage's modules
+        me = tb.tb_frame.f_locals.get("self")
+        if isinstance(me, nn.Module) and id(me) in names:
+            found = names[id(me)]
+        tb = tb.tb_next
+    where = f" in its module {_named(module, found)}" if found is not None else ""
+    said = " ".join(str(error).split())
+    said = said if len(said) <= 200 else said[:199] + "…"
+    return (f" raised {type(error).__name__} on a sequence chunk ({tokens} tokens, one of {chunks}){where}: {said};"
+            f" a module that needs the whole sequence cannot run on chunks: {_ADVICE}")
+
+
+def _named(root: nn.Module, name: str) -> str:
+    """A module of ``root`` as a message names it: 'name' (Class), or the stage's own forward."""
+    if not name:
+        return f"itself ({type(root).__name__}'s own forward)"
+    return f"{name!r} ({type(root.get_submodule(name)).__name__})"
+
+
+def _both_passes(module: nn.Module, x: Tensor, chunks: int, record: bool = False):
+    """``module`` on the whole ``x``, then chunk by chunk: the outputs (the whole's, the chunks'),
+    or with ``record`` every module's outputs by name ({name: [output per call]} for the whole
+    sequence, in the order the calls ended, and one such dict per chunk)."""
+    calls: list[dict[str, list]] = []
+
+    def keep(name):
+        def hook(mod, args, out):
+            calls[-1].setdefault(name, []).append(out)
+        return hook
+
+    modes = [(m, m.training) for m in module.modules()]
+    handles = [m.register_forward_hook(keep(n)) for n, m in module.named_modules()] if record else []
+    rng = capture_rng(x.device)
+    stage = ChunkedStage(module, chunks)
+    try:
+        module.eval()
+        with torch.no_grad():
+            calls.append({})
+            with replaying_rng(rng, x.device):
+                whole = module(x)
+            parts = []
+            for c, piece in enumerate(split_sequence(x, chunks)):
+                calls.append({})
+                try:
+                    with replaying_rng(rng, x.device):
+                        parts.append(stage.forward(piece, "check", c))
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as e:
+                    raise ChunkError(chunk_failure(module, e, piece.shape[1], chunks)) from e
+    finally:
+        stage.release("check")
+        for h in handles:
+            h.remove()
+        for m, mode in modes:
+            m.training = mode
+    return (calls[0], calls[1:]) if record else (whole, parts)
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    """The tensors of a module's output (a tensor, or a tuple or list of them, nested)."""
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _gap(whole: Any, parts: list[Any]) -> str | None:
+    """None if the chunks' outputs ``parts`` put together are ``whole`` (within ``tolerance``): joined
+    along the one dimension where their shapes differ from the whole's, or each equal to it where
+    none does; else what differs, a few words."""
+    wholes, pieces = _tensors(whole), [_tensors(p) for p in parts]
+    if any(len(p) != len(wholes) for p in pieces):
+        return "another number of tensors per chunk"
+    for i, w in enumerate(wholes):
+        ps = [p[i] for p in pieces]
+        shapes = {tuple(p.shape) for p in ps}
+        if shapes == {tuple(w.shape)}:
+            joined = None
+        else:
+            dims = {d for p in ps if p.dim() == w.dim() for d in range(w.dim()) if p.shape[d] != w.shape[d]}
+            if len(shapes) > 1 or any(p.dim() != w.dim() for p in ps) or len(dims) != 1 or \
+                    sum(p.shape[min(dims)] for p in ps) != w.shape[min(dims)]:
+                return f"shape {tuple(ps[0].shape)} per chunk against {tuple(w.shape)} for the whole sequence"
+            joined = torch.cat(ps, dim=min(dims))
+        for got in ps if joined is None else [joined]:
+            if not w.is_floating_point():
+                if not torch.equal(got, w):
+                    return "other values"
+                continue
+            diff = (got.float() - w.float()).abs().nan_to_num(nan=float("inf"))
+            diff = diff.masked_fill(got.isnan() & w.isnan(), 0)
+            top = w.float().abs().nan_to_num(nan=0, posinf=0, neginf=0).max().item() if w.numel() else 0.0
+            worst = diff.max().item() if diff.numel() else 0.0
+            if worst > tolerance(w) * max(top, 1e-12):
+                return f"largest difference {worst:.3g} where the output's values reach {top:.3g}"
+    return None

@@ -294,6 +294,9 @@ class Replicas(_Strict):
     _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
 
 
+SHARE_SUM_TOLERANCE = 0.01  # how far a kind's sequence-chunk shares may sum from 1 (rounding in a file)
+
+
 class SequenceChunks(_Strict):
     """Sequence-level pipelining (Seq1F1B): each microbatch's sequence cut into ``count`` chunks
     that flow through the pipeline one after another. On each stage a chunk's forward needs the
@@ -302,8 +305,10 @@ class SequenceChunks(_Strict):
     it, which gives it the gradient of its keys and values). ``F``, ``B``, ``W``: per chunk
     position, its share of the whole sequence's cost of that kind (causal attention: a later chunk
     attends to more keys and costs more); ``memory``: its share of the stage's activation. Each
-    defaults to 1/count per chunk; shares need not sum to 1 (smaller pieces may run less
-    efficiently)."""
+    defaults to 1/count per chunk; the shares of a kind sum to 1 (within ``SHARE_SUM_TOLERANCE``,
+    for rounded files): they split the stage's cost, and what chunking adds (smaller pieces may run
+    less efficiently) belongs in the costs themselves (``runtime.profile.make_problem`` writes the
+    chunked sequence's)."""
 
     _source = "sequence_chunks"
 
@@ -322,6 +327,10 @@ class SequenceChunks(_Strict):
             shares = getattr(self, field)
             if shares is not None and len(shares) != self.count:
                 raise ValueError(f"{field} has {len(shares)} shares but there are {self.count} chunks: one per chunk")
+            if shares is not None and abs(sum(shares) - 1) > SHARE_SUM_TOLERANCE:
+                raise ValueError(f"{field} shares sum to {sum(shares):g}, not 1: each is its chunk's part of the"
+                                 f" whole sequence's {'activation' if field == 'memory' else field}, so they must"
+                                 " add up to it (put what chunking adds into the costs or memory themselves)")
         return self
 
     def shares(self, field: str) -> tuple[float, ...]:
@@ -884,7 +893,7 @@ class Problem(_Strict):
 
         With sequence chunks (no policies there), what is proven per stage: a sequence's backward
         of its last chunk waits for the forwards of all its chunks there, so the stage then holds
-        every chunk's share of its activation (the shares need not sum to 1).
+        every chunk's share of its activation (the shares sum to 1, within rounding).
         """
         f, b, w = self.mem_deltas
         if self.sequence_chunks is not None:

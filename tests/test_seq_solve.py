@@ -28,7 +28,10 @@ TOL = 1e-6
 
 def chunked(rng: random.Random, p: int, m: int, k: int, objective: str = "makespan", limit: float | None = None,
             fused: bool = False, comm: float | None = None) -> Problem:
-    share = lambda: [rng.choice([0.1, 0.3, 0.5, 0.9]) for _ in range(k)]  # noqa: E731
+    def share() -> list[float]:  # random weights of the chunk positions, as shares (summing to 1)
+        weights = [rng.choice([0.1, 0.3, 0.5, 0.9]) for _ in range(k)]
+        return [x / sum(weights) for x in weights]
+
     costs = {"F": rng.choice([1, 2, 3]), "B": rng.choice([1, 2, 3]), "W": rng.choice([0.5, 1, 2])}
     if fused:
         costs["BW"] = 0.8 * (costs["B"] + costs["W"])
@@ -131,8 +134,8 @@ def test_span_solve_bound_lies_below_the_oracle():
 # Stage 0 interleaving two sequences' chunks, F(seq 0 chunk 0), F(seq 1 chunk 0), F(seq 0 chunk 1),
 # F(seq 1 chunk 1), is strictly better here (span 9.1 against 9.4 with each sequence's forwards
 # together): F(0, last chunk of i) before F(0, first chunk of i+1) is no valid symmetry edge.
-INTERLEAVED = {"ranks": 2, "microbatches": 2, "comm": 0, "costs": {"F": 3, "B": 1, "W": 2}, "memory": {"F": 1},
-               "sequence_chunks": {"count": 2, "F": [0.1, 0.3], "B": [0.9, 0.3], "W": [0.5, 0.5],
+INTERLEAVED = {"ranks": 2, "microbatches": 2, "comm": 0, "costs": {"F": 1.2, "B": 1.2, "W": 2}, "memory": {"F": 1},
+               "sequence_chunks": {"count": 2, "F": [0.25, 0.75], "B": [0.75, 0.25], "W": [0.5, 0.5],
                                    "memory": [0.9, 0.1]}, "objective": "span"}
 
 
@@ -176,11 +179,11 @@ def test_a_limit_below_a_whole_sequence_is_allowed_where_the_chunks_hold_less():
     """min_memory with sequence chunks: every chunk's share of the stage's activation (a sequence's
     last chunk's backward waits for all its forwards), not one whole microbatch's."""
     data = {"ranks": 2, "microbatches": 1, "costs": {"F": 1, "B": 1, "W": 1},
-            "sequence_chunks": {"count": 2, "memory": [0.3, 0.4]}}
-    prob = Problem.parse({**data, "memory": {"F": 1, "limit": 0.7}})
+            "sequence_chunks": {"count": 2, "memory": [0.3 / 0.7, 0.4 / 0.7]}}
+    prob = Problem.parse({**data, "memory": {"F": 0.7, "limit": 0.7}})
     assert prob.min_memory(0) == pytest.approx(0.7)
     with pytest.raises(Exception, match="below the 0.7"):
-        Problem.parse({**data, "memory": {"F": 1, "limit": 0.6}})
+        Problem.parse({**data, "memory": {"F": 0.7, "limit": 0.6}})
     found = solve(prob, time_limit=20)
     assert found.timeline.fits and max(found.timeline.peak_memory) <= 0.7 + TOL
 

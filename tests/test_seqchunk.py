@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from schedc.runtime import seqchunk
-from schedc.runtime.gpt import AttentionCore, Embedding, cut, gpt_blocks, lm_loss, token_batches
+from schedc.runtime.gpt import AttentionCore, CausalConv, Embedding, Head, cut, gpt_blocks, lm_loss, token_batches
 from schedc.runtime.memory import SavedBytes
 from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, split_sequence
 from schedc.runtime.wgrad import enable_split
@@ -150,3 +150,150 @@ def test_chunk_activation_bytes_as_the_profiler_measures():
     head = nn.Sequential(blocks[3])
     assert chunk_activation_bytes(head, split_sequence(x, 4)) == [saved_bytes(head, x) // 4] * 4
     assert saved_bytes(head, x) % 4 == 0
+
+
+# ---- a causal convolution carried from chunk to chunk ----
+
+class ConvBlock(nn.Module):
+    """Pre-norm residual block around ``gpt.CausalConv`` (kernel ``kernel``, ``groups``): no attention."""
+
+    def __init__(self, kernel: int, groups: int = 1):
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.conv = CausalConv(D, kernel, groups)
+        self.out = nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + self.out(torch.nn.functional.gelu(self.conv(self.ln(x))))
+
+
+def conv_blocks(seed: int = 4) -> list[nn.Module]:
+    """Token embedding (no positions), three convolution blocks (kernels 6, 3 depthwise, 6: a chunk
+    of 4 tokens is shorter than the 5 positions a kernel of 6 needs before it), the GPT's head."""
+    torch.manual_seed(seed)
+    return [nn.Embedding(64, D), ConvBlock(6), ConvBlock(3, groups=D), ConvBlock(6), Head(D, 64)]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_causal_convolution_is_carried_exactly(k, split):
+    """``gpt.CausalConv`` over chunks: the last kernel - 1 positions of each chunk are the next one's
+    context (through a chunk shorter than that, older ones too), and their gradient comes back:
+    the loss and every gradient equal training on whole sequences; each stage passes the check."""
+    blocks, batches = conv_blocks(), token_batches(2, batch=3, seq_len=SEQ)
+    loss, grads = reference(blocks, batches)
+    got_loss, got = chunked(blocks, [3, 2], batches, k, split)
+    close(got_loss, loss)
+    for name in grads:
+        close(got[name], grads[name])
+    first, rest = cut(blocks, [3, 2])
+    x = batches[0][0]
+    assert seqchunk.chunk_mismatch(first, x, k) is None and seqchunk.chunk_mismatch(rest, first(x).detach(), k) is None
+
+
+def test_without_the_carried_context_the_convolution_differs(monkeypatch):
+    """The check and the equality above are sensitive: without its context each chunk starts from
+    zeros, and the check names the convolution inside the first block (the innermost that differs)."""
+    first = cut(conv_blocks(), [3, 2])[0]
+    x = token_batches(1, batch=3, seq_len=SEQ)[0][0]
+    original = CausalConv.forward
+    monkeypatch.setattr(CausalConv, "forward", lambda self, x, context=None: original(self, x))
+    why = seqchunk.chunk_mismatch(first, x, 2)
+    assert why is not None and "first at its module '1.conv.conv' (Conv1d)" in why
+
+
+# ---- chunk_mismatch: a stage's chunked forward against its forward on the whole sequence ----
+
+class Shared(nn.Module):
+    """Position-wise, unlike the example GPT: one Linear used twice and a scale buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.register_buffer("scale", torch.full((D,), 0.5))
+
+    def forward(self, x):
+        return self.lin(torch.tanh(self.lin(x))) * self.scale
+
+
+class RunningMean(nn.Module):
+    """Hand-written mixing: the mean of the positions so far (a cumulative sum), weighted by a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.linspace(0.5, 1.5, D))
+
+    def forward(self, x):
+        steps = torch.arange(1, x.shape[1] + 1, dtype=x.dtype).view(1, -1, 1)
+        return x + x.cumsum(1) / steps * self.weight
+
+
+class Transpose(nn.Module):
+    """(batch, sequence, features) to (batch, features, sequence) and back."""
+
+    def forward(self, x):
+        return x.transpose(1, 2)
+
+
+class Inline(nn.Module):
+    """Mixing in the stage module's own forward: each position plus the one before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y + torch.nn.functional.pad(y, (0, 0, 1, 0))[:, :-1]
+
+
+def test_what_the_chunks_follow_passes_the_check_and_leaves_modes_and_random_state_alone():
+    """The example GPT (with dropout, in training mode: the check runs without it) and a
+    position-wise stage with a weight used twice and a buffer agree chunk by chunk; the check
+    leaves every module's mode and the random state as they were."""
+    blocks = gpt_blocks(d_model=D, seq_len=SEQ, n_layers=2, dropout=0.2)
+    first, rest = nn.Sequential(*blocks[:2]), nn.Sequential(*blocks[2:])
+    rest[0].drop1.eval()  # a mode of its own, kept
+    x = token_batches(1, batch=3, seq_len=SEQ)[0][0]
+    h = first(x).detach()
+    shared = nn.Sequential(Shared(), nn.LayerNorm(D))
+    state = torch.get_rng_state()
+    for k in (2, 4):
+        assert seqchunk.chunk_mismatch(first, x, k) is None
+        assert seqchunk.chunk_mismatch(rest, h, k) is None
+        assert seqchunk.chunk_mismatch(shared, h, k) is None
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first.training and rest.training and not rest[0].drop1.training and rest[0].drop2.training
+
+
+@pytest.mark.parametrize("stage, module", [
+    (lambda: nn.Sequential(nn.Linear(D, D), RunningMean(), nn.LayerNorm(D)), "'1' (RunningMean)"),
+    (lambda: nn.Sequential(nn.Linear(D, D), nn.Sequential(Transpose(), nn.Conv1d(D, D, 3, padding=1), Transpose())),
+     "'1.1' (Conv1d)"),
+    (Inline, "itself (Inline's own forward)"),
+])
+def test_mixing_is_found_at_the_first_module_whose_output_differs(stage, module):
+    """Hand-written mixing with a buffer, a Conv1d over the sequence (between two transposes, whose
+    outputs join along the sequence's dimension 2), the stage's own forward: each named, in one
+    line, with how far the outputs lie apart."""
+    torch.manual_seed(0)
+    why = seqchunk.chunk_mismatch(stage(), torch.randn(2, SEQ, D), 2)
+    assert why is not None and "\n" not in why
+    assert why.startswith("'s forward over 2 sequence chunks differs from its forward on the whole sequence")
+    assert f"first at its module {module}:" in why
+
+
+def test_a_failure_on_a_chunk_names_the_innermost_module_and_batch_norm_is_refused_by_type():
+    table = nn.Parameter(torch.randn(SEQ, D))
+
+    class Table(nn.Module):
+        def forward(self, x):
+            return x + table
+
+    stage = nn.Sequential(nn.Linear(D, D), nn.Sequential(Table()))
+    with pytest.raises(RuntimeError) as e:
+        ChunkedStage(stage, 2).forward(torch.randn(2, SEQ // 2, D), 0, 0)
+    said = seqchunk.chunk_failure(stage, e.value, SEQ // 2, 2)
+    assert said.startswith(" raised RuntimeError on a sequence chunk (8 tokens, one of 2) in its module '1.0' (Table):")
+    assert "\n" not in said
+    assert "has BatchNorm1d '1'" in seqchunk.chunk_refusal(nn.Sequential(nn.Linear(D, D), nn.BatchNorm1d(SEQ)))

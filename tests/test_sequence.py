@@ -40,7 +40,8 @@ def test_the_chunk_rule_forwards_in_order_backwards_in_reverse():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 5), st.integers(1, 6), st.integers(1, 5), st.sampled_from([0.0, 0.3]), st.data())
 def test_seq1f1b_respects_the_chunk_rule_and_holds_p_minus_s_minus_1_plus_k_chunks(p, m, k, comm, data):
-    shares = data.draw(st.lists(st.sampled_from([0.1, 0.25, 0.4]), min_size=k, max_size=k))
+    weights = data.draw(st.lists(st.sampled_from([0.1, 0.25, 0.4]), min_size=k, max_size=k))
+    shares = [x / sum(weights) for x in weights]  # each chunk position's part of the sequence
     prob = Problem.parse({"ranks": p, "microbatches": m, "comm": comm, "costs": {"F": 2, "B": 2, "W": 1},
                           "sequence_chunks": {"count": k, "F": shares, "B": shares[::-1]}, "memory": {"F": 1}})
     for name in ("seq1f1b", "seq1f1b-zb"):
@@ -92,6 +93,8 @@ def test_an_order_that_breaks_the_chunk_rule_is_refused():
 def test_bad_sequence_chunks_are_refused_in_one_line():
     for chunks, message in (({"count": 2, "F": [0.5]}, "F has 1 shares but there are 2 chunks"),
                             ({"count": 2, "memory": [0.5, 0]}, "memory"),
+                            ({"count": 2, "F": [0.001, 0.001]}, "F shares sum to 0.002, not 1"),
+                            ({"count": 2, "memory": [5, 5]}, "memory shares sum to 10, not 1"),
                             (0, "greater than or equal to 1")):
         with pytest.raises(ProblemError, match=message):
             problem(sequence_chunks=chunks)
@@ -101,6 +104,21 @@ def test_bad_sequence_chunks_are_refused_in_one_line():
     assert solvers.get("1f1b").why_not(problem(k=1)) is None
     found = solve(problem(p=2, m=2, k=2), time_limit=20)  # searched now (tests/test_seq_solve.py)
     assert found.status == "optimal" and found.bound <= found.objective
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.01, 10), min_size=1, max_size=6), st.floats(0.5, 2), st.sampled_from(["F", "B", "W", "memory"]))
+def test_shares_are_taken_exactly_when_they_sum_to_1(weights, scale, kind):
+    """A kind's shares split the sequence's cost or activation: refused in one line unless they sum
+    to 1 (within 0.01), whatever their number and spread."""
+    shares = [w / sum(weights) * scale for w in weights]
+    chunks = {"count": len(shares), kind: shares}
+    if abs(sum(shares) - 1) <= 0.01:
+        assert problem(k=len(shares), sequence_chunks=chunks).sequence_chunks.shares(kind) == tuple(shares)
+    else:
+        with pytest.raises(ProblemError, match=f"{kind} shares sum to .*, not 1") as e:
+            problem(k=len(shares), sequence_chunks=chunks)
+        assert "\n" not in str(e.value)
 
 
 def test_the_file_keeps_the_chunks(tmp_path):
