@@ -140,11 +140,14 @@ _RUNTIMES = itertools.count()  # constructions per process: the same sequence on
 
 class PipelineError(SchedcError):
     """The pipeline stopped: a rank failed, died, or did not answer within the timeout.
-    ``culprit`` is the rank that failed first, as far as this rank can tell."""
+    ``culprit`` is the rank that failed first, as far as this rank can tell, as a rank of this
+    rank's pipeline (None where it is none of them, e.g. in another replica of a data-parallel
+    mesh); ``culprit_global`` is its global rank (the default process group's)."""
 
-    def __init__(self, message: str, culprit: int | None = None, why: str | None = None):
+    def __init__(self, message: str, culprit: int | None = None, why: str | None = None,
+                 culprit_global: int | None = None):
         super().__init__(message)
-        self.culprit, self.why = culprit, why
+        self.culprit, self.why, self.culprit_global = culprit, why, culprit_global
 
 
 @dataclass
@@ -219,6 +222,9 @@ class PipelineRuntime:
         self.compiled, self.header = compiled, head
         self.group = group
         self.rank = dist.get_rank(group)
+        # the global rank of each pipeline rank: errors name a rank by both where they differ or
+        # where the world holds more than this pipeline (a mesh)
+        self._globals = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         world = dist.get_world_size(group)
         if world != head.n_ranks:
             raise PipelineError(
@@ -457,8 +463,8 @@ class PipelineRuntime:
         PipelineError of a transfer that could not tell who failed (``why`` but no ``culprit``)
         blames no one; any other PipelineError is this rank's own."""
         if isinstance(e, PipelineError):
-            own = e.culprit is None and e.why is None
-            self._report(self.rank if own else e.culprit, e.why or str(e))
+            own = e.culprit is None and e.why is None and e.culprit_global is None
+            self._report(self.rank if own else e.culprit, e.why or str(e), None if own else e.culprit_global)
         else:
             self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
@@ -905,14 +911,17 @@ class PipelineRuntime:
     # ---- waiting, and naming who failed ----
 
     def _stopped(self, where: tuple, peer: int, target: str, posting: bool, cause: str | None,
-                 collective: int | None = None) -> PipelineError:
+                 collective: int | None = None, among=None) -> PipelineError:
         """The error of a transport call that failed (``cause``: what failed, from the transport)
         or stopped because another rank reported a failure (``cause`` None). It names this rank,
         the instruction ``where`` = (index, instruction, step), what this rank was posting to or
         waiting for (``target``: rank ``peer``, or the ``collective``-th collective, ``peer`` -1)
         and the rank that failed first as far as the store tells, else the peer; for a collective,
-        the rank that never joined it (``_join``), else, over two ranks, the other one."""
+        the rank that never joined it (``_join``), else, over two ranks, the other one (``among``:
+        the process group of a collective outside the pipeline's numbering, a stage's replicas).
+        In a mesh the culprit is named by its global rank too (``_name``)."""
         k, instr, step = where
+        failed = cause is not None
         if cause is None:
             cause = "(this rank stopped waiting when it read that)"
         elif posting:
@@ -925,16 +934,38 @@ class PipelineRuntime:
             found = self._first_failure(peer)  # a rank that failed elsewhere may have reported meanwhile
         if found is None and peer < 0 and collective is not None:
             if len(absent) == 1:
-                found = absent[0], f"never joined {target} (died?) [{cause}]"
+                found = self._blame(absent[0], f"never joined {target} (died?) [{cause}]")
             elif absent:
                 cause = f"{cause}; ranks {absent} never joined it"
             elif self.header.n_ranks == 2:  # the collective's only other rank failed in it
                 peer = 1 - self.rank
-        culprit, why = found or (peer if peer >= 0 else None, cause)
+        if found is None and among is not None and failed:  # the collective's only other rank failed in it
+            others = [g for g in dist.get_process_group_ranks(among) if g != self._globals[self.rank]]
+            if len(others) == 1:
+                g = others[0]
+                found = self._blame(self._globals.index(g), cause) if g in self._globals else (None, g, cause, None)
+        culprit, culprit_global, why, there = found or (self._blame(peer, cause) if peer >= 0 else (None, None, cause, None))
         at = f"the shape exchange before step {step} ({instr})" if k < 0 else f"instruction {k} ({instr}) of step {step}"
-        who = f"rank {culprit} {why}" if culprit is not None else f"a rank {why}"
         doing = "posting to" if posting else "waiting for"
-        return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}: {who}", culprit, why)
+        return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}:"
+                             f" {self._name(culprit, culprit_global, there)} {why}", culprit, why, culprit_global)
+
+    def _blame(self, rank: int, why: str) -> tuple[int, int, str, None]:
+        """A rank of this pipeline blamed, as ``_stopped`` takes it: (pipeline rank, its global
+        rank, why, None); ``_elsewhere`` puts a rank of another pipeline's position there last."""
+        return rank, self._globals[rank], why, None
+
+    def _name(self, rank: int | None, global_rank: int | None, of: int | None = None) -> str:
+        """A rank as errors name it: "rank r" where the pipeline is the whole world with its
+        numbering; in a mesh "rank r (global rank g)"; a rank of another pipeline (``rank`` None)
+        "global rank g" (with ``of``, its rank there: "(rank 0 of another replica's pipeline)");
+        "a rank" where none is known."""
+        if rank is not None:
+            whole = len(self._globals) == dist.get_world_size() and self._globals[rank] == rank
+            return f"rank {rank}" if whole else f"rank {rank} (global rank {self._globals[rank]})"
+        if global_rank is None:
+            return "a rank"
+        return f"global rank {global_rank}" + ("" if of is None else f" (rank {of} of another replica's pipeline)")
 
     def _join(self, n: int) -> None:
         """Record in the store that this rank is posting its ``n``-th collective (1, 2, ...), so
@@ -974,45 +1005,57 @@ class PipelineRuntime:
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             return False
 
-    def _first_failure(self, peer: int) -> tuple[int, str] | None:
+    def _first_failure(self, peer: int) -> tuple[int | None, int | None, str, int | None] | None:
         """The report of a rank that failed by itself (blamed no other), else ``peer``'s if it
-        names a rank, else any report naming a rank, else None."""
+        names a rank, else any report naming a rank, else what the other replicas' ranks reported
+        (``_elsewhere``), else None; as (pipeline rank or None, global rank, why, its rank in its
+        own pipeline where that is another)."""
         reports = {r: self._read_report(r) for r in range(self.header.n_ranks) if r != self.rank}
         own = [rep for r, rep in reports.items() if rep is not None and rep[0] == r]
         naming = [rep for rep in reports.values() if rep is not None and rep[0] is not None]
         if own:
-            return own[0]
+            return self._blame(*own[0])
         if reports.get(peer) is not None and reports[peer][0] is not None:
-            return reports[peer]
-        return naming[0] if naming else self._elsewhere()
+            return self._blame(*reports[peer])
+        return self._blame(*naming[0]) if naming else self._elsewhere()
 
-    def _elsewhere(self) -> tuple[None, str] | None:
-        """With data parallelism, the report of a rank of another replica that failed by itself:
-        (None, "(global rank g, another replica's pipeline rank r) why"), else None."""
+    def _elsewhere(self) -> tuple[int | None, int, str, int | None] | None:
+        """With data parallelism, what the ranks of the other replicas reported: a rank that failed
+        by itself, else the rank a report blames (one of them died: its partners name it), as
+        (None, its global rank, why, its rank in its pipeline if known) or, where it is a rank of
+        this pipeline, ``_blame``'s; else None."""
         if self._store is None or self.dp_group is None:
             return None
         me = dist.get_rank()
+        reports = {}
         for g in range(dist.get_world_size()):
             key = f"{self._mesh}/global{g}"
             try:
-                if g == me or not self._store.check([key]):
-                    continue
-                report = json.loads(self._store.get(key))
+                if g != me and self._store.check([key]):
+                    reports[g] = json.loads(self._store.get(key))
             except Exception:  # noqa: BLE001 - no store, no names
                 return None
-            if report.get("own"):
-                return None, f"(global rank {g}, rank {report['rank']} of another replica's pipeline) {report['why']}"
+        own = [(g, report["rank"], report["why"]) for g, report in reports.items() if report.get("own")]
+        blamed = sorted(((report["culprit"], report.get("culprit_rank"), report["why"]) for report in reports.values()
+                         if report.get("culprit") is not None), key=lambda b: b[1] is None)  # its position known first
+        for g, rank, why in own + blamed:
+            if g in self._globals:
+                return self._blame(self._globals.index(g), why)
+            return None, g, why, rank
         return None
 
-    def _report(self, culprit: int | None, why: str) -> None:
-        """Tell the other ranks, through the store, which rank failed first and how."""
+    def _report(self, culprit: int | None, why: str, culprit_global: int | None = None) -> None:
+        """Tell the other ranks, through the store, which rank failed first (``culprit``, a rank
+        of this pipeline, or ``culprit_global``, one of another pipeline) and how."""
         if self._store is None:
             return
         try:
             self._store.set(f"{self._key}/rank{self.rank}", json.dumps({"culprit": culprit, "why": why}))
             if self.dp_group is not None:
+                g = self._globals[culprit] if culprit is not None else culprit_global
                 self._store.set(f"{self._mesh}/global{dist.get_rank()}",
-                                json.dumps({"own": culprit == self.rank, "rank": self.rank, "why": why}))
+                                json.dumps({"own": culprit == self.rank, "rank": self.rank, "why": why, "culprit": g,
+                                            "culprit_rank": culprit}))
             self._store.add(f"{self._mesh}/failed", 1)
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             pass
@@ -1128,6 +1171,7 @@ class _Attributed:
         self.transport, self.stopped, self.join = transport, stopped, join
         self.collectives = 0  # posted so far: the same sequence on every rank
         self._numbers: dict[int, int] = {}  # id(pending collective) -> its number
+        self._among: dict[int, Any] = {}  # id(pending all_reduce_among) -> its process group
 
     def send(self, tensor: torch.Tensor, peer: int, where: tuple) -> None:
         self._call(lambda: self.transport.send(tensor, peer, where), where, peer)
@@ -1136,8 +1180,8 @@ class _Attributed:
         return self._call(lambda: self.transport.recv(buffer, peer, where), where, peer)
 
     def wait(self, pending: Pending, where: tuple) -> None:
-        n = self._numbers.pop(id(pending), None)
-        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, False, n)
+        n, among = self._numbers.pop(id(pending), None), self._among.pop(id(pending), None)
+        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, False, n, among)
 
     def flush(self, where: tuple) -> None:
         self._call(self.transport.flush, where, -1, "its sends", posting=False)
@@ -1152,8 +1196,10 @@ class _Attributed:
         """A sum all-reduce over a group other than the pipeline's (a stage's data-parallel
         replicas): not numbered among the pipeline's collectives (``_join`` names the pipeline's
         ranks that never joined one of those)."""
-        pending = self._call(lambda: self.transport.all_reduce(tensor, group, where), where, -1, what, True)
+        pending = self._call(lambda: self.transport.all_reduce(tensor, group, where), where, -1, what, True,
+                             among=group)
         pending.what = what
+        self._among[id(pending)] = group
         return pending
 
     def _collective(self, post: Callable[[], Pending], where: tuple, what: str) -> Pending:
@@ -1169,7 +1215,7 @@ class _Attributed:
         self.transport.release()
 
     def _call(self, call: Callable[[], Any], where: tuple, peer: int, what: str = "", posting: bool = True,
-              collective: int | None = None):
+              collective: int | None = None, among=None):
         try:
             return call()
         except Stopped as e:
@@ -1181,7 +1227,7 @@ class _Attributed:
         if not (isinstance(tag, tuple) and len(tag) == 3):
             tag = where  # a transport that tags its errors otherwise
         target = f"rank {peer}" if peer >= 0 else what or "the collective"
-        raise self.stopped(tag, peer, target, posting, cause, collective) from None
+        raise self.stopped(tag, peer, target, posting, cause, collective, among) from None
 
 
 def _plain_output(s: int, y):
