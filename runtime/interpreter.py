@@ -101,7 +101,11 @@ connection closed, the deadline passed, even a transport's own bug) raises ``Pip
 naming this rank, the instruction, the peer it was posting to or waiting for, and the rank that
 failed first, as far as the store tells (else that peer) with the cause. Waiting ranks also poll
 the store (``schedc.runtime.comm``), so they stop within a fraction of a second of any rank's
-report, also when the failed rank stays alive. A runtime whose step failed is not used again.
+report, also when the failed rank stays alive. In a mesh the rank that failed is named by its
+global rank on every rank. A runtime whose step failed is not used again, nor is its process
+group: a transfer of the failed step may still be posted there, and gloo aborts the process when
+it meets a new one, so ``step()`` on it is refused, and so is a new runtime on a group where a
+failed step had posted (``_usable``, ``_failed_on``: this rank's, or as the store counts it).
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ import itertools
 import json
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +141,12 @@ _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.in
            torch.bool]
 _META_LEN = 12  # dtype, ndim, up to 10 dims
 _RUNTIMES = itertools.count()  # constructions per process: the same sequence on every rank
+# Process groups a runtime's step failed on after posting a transfer (this rank's step, or a rank's
+# of the mesh, as the store tells): it may still be pending there, and gloo aborts the process
+# (SIGABRT) when it meets a new runtime's transfer of another size. group -> what failed; and per
+# group, the store keys of the runtimes built on it (their failure and poison counters).
+_FAILED_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BUILT_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class PipelineError(SchedcError):
@@ -219,6 +230,15 @@ class PipelineRuntime:
         if compiled.program.header is None:
             raise PipelineError("the program has no header (ranks, microbatches, stages): lower() or schedc.load() it")
         head = compiled.program.header  # all the runtime needs besides the instructions
+        for given, name in ((group, "group"), (data_parallel_group, "data_parallel_group")):
+            why = _failed_on(given) if given is not None or name == "group" else None
+            if why:
+                which = "the default process group (group=None)" if given is None else f"the process group {name}"
+                raise PipelineError(
+                    f"{which} is unusable after a failure: {why}, which may still be pending there (gloo aborts the"
+                    " process when one meets a new transfer): destroy the process group and create a new one"
+                    " (dist.destroy_process_group(), then dist.init_process_group(...); for a subgroup,"
+                    " dist.new_group(...)), or restart the job")
         self.compiled, self.header = compiled, head
         self.group = group
         self.rank = dist.get_rank(group)
@@ -344,6 +364,9 @@ class PipelineRuntime:
         self._mesh = f"schedc/runtime{next(_RUNTIMES)}"
         self._key = self._mesh if group is None else f"{self._mesh}/pipeline{min(dist.get_process_group_ranks(group))}"
         self._store = _default_store()
+        self._failure: str | None = None  # why this runtime's step failed: it is not used again
+        for used in {id(g): g for g in (_resolved(group), data_parallel_group) if g is not None}.values():
+            _BUILT_ON.setdefault(used, []).append(self._mesh)
         if transport not in TRANSPORTS:
             raise PipelineError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
         self.comm: Transport = TRANSPORTS[transport](group, self.timeout, self._someone_failed,
@@ -421,12 +444,14 @@ class PipelineRuntime:
         the r-th block of m (``batch.chunk(R)[r]``). The optimizer steps inside the call, once per
         stage and round (UPDATE), and ``.grad`` is left None; the return is the mean over all R x m
         microbatches, and ``round_losses`` holds the R per-round means."""
+        self._usable("step()")
+        posts = self._io.posts
         try:
             if self.clip is not None:
                 self.clip.check()  # clip_mode="post": the previous step's norm, before these forwards
             return self._step(inputs, targets)
         except BaseException as e:
-            self._failed(e)
+            self._failed(e, posted=self._io.posts > posts)
             raise
 
     def synchronize(self) -> None:
@@ -436,10 +461,12 @@ class PipelineRuntime:
         it for the previous step by itself. Any rank may call it alone. A no-op otherwise."""
         if self.clip is None:
             return
+        self._usable("synchronize()")
+        posts = self._io.posts
         try:
             self.clip.check()
         except BaseException as e:
-            self._failed(e)
+            self._failed(e, posted=self._io.posts > posts)
             raise
 
     @property
@@ -458,10 +485,38 @@ class PipelineRuntime:
         """Whether the last checked step was skipped (non-finite norm, ``skip_nonfinite``)."""
         return self.clip is not None and self.clip.skipped
 
-    def _failed(self, e: BaseException) -> None:
+    def _usable(self, call: str) -> None:
+        """Refuse ``call`` on a runtime whose step failed: its transfers may still be posted."""
+        if self._failure is not None:
+            raise PipelineError(f"{call} on a PipelineRuntime whose step failed ({self._failure}): a runtime is not"
+                                " used again after a failure; destroy the process group and create a new one, then"
+                                " a new runtime on it, or restart the job")
+
+    def _poisoned(self, e: BaseException, posted: bool) -> None:
+        """Mark this runtime as failed and, if the failed call ``posted`` a transfer or collective
+        (it may still be posted), every process group it posts on, here and in the store
+        (``_failed_on``). A step that failed before posting anything (a batch that does not split)
+        leaves the groups usable, unless another rank's failed step posted."""
+        self._failure = f"at step {self.steps}: {type(e).__name__}"
+        if not posted:
+            return
+        groups = [_resolved(self.group), self.dp_group, *(g for g, _ in self.sync_groups.values())]
+        groups += [self.clip.group] if getattr(self, "clip", None) is not None else []
+        for g in groups:
+            if g is not None:
+                _FAILED_GROUPS[g] = f"a PipelineRuntime's step failed on this rank ({self._failure}) with transfers posted"
+        if self._store is not None:
+            try:
+                self._store.add(f"{self._mesh}/poisoned", 1)
+            except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+                pass
+
+    def _failed(self, e: BaseException, posted: bool = True) -> None:
         """Tell the other ranks, through the store, why this rank's step (or check) failed. A
         PipelineError of a transfer that could not tell who failed (``why`` but no ``culprit``)
-        blames no one; any other PipelineError is this rank's own."""
+        blames no one; any other PipelineError is this rank's own. ``posted``: the failed call
+        had posted a transfer or collective (``_poisoned``)."""
+        self._poisoned(e, posted)
         if isinstance(e, PipelineError):
             own = e.culprit is None and e.why is None and e.culprit_global is None
             self._report(self.rank if own else e.culprit, e.why or str(e), None if own else e.culprit_global)
@@ -1139,6 +1194,15 @@ class PipelineRuntime:
         all ranks to ``path`` (a Perfetto trace that ``schedc show --measured`` also reads)."""
         if not self.trace_enabled:
             raise PipelineError("save_trace needs PipelineRuntime(..., trace=True)")
+        self._usable("save_trace()")
+        try:
+            self._gather_trace(path)
+        except PipelineError as e:  # a gather failed (not reported: the others' steps are done)
+            self._poisoned(e, posted=True)
+            raise
+
+    def _gather_trace(self, path: str) -> None:
+        """``save_trace``'s two gathers (each rank's size, then the padded traces) and the write."""
         # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
         mine = torch.frombuffer(bytearray(json.dumps(self.trace_events()).encode()), dtype=torch.uint8)
         n = dist.get_world_size(self.group)
@@ -1172,6 +1236,7 @@ class _Attributed:
         self.collectives = 0  # posted so far: the same sequence on every rank
         self._numbers: dict[int, int] = {}  # id(pending collective) -> its number
         self._among: dict[int, Any] = {}  # id(pending all_reduce_among) -> its process group
+        self.posts = 0  # transfers and collectives posted so far (a failed step that posted one leaves it posted)
 
     def send(self, tensor: torch.Tensor, peer: int, where: tuple) -> None:
         self._call(lambda: self.transport.send(tensor, peer, where), where, peer)
@@ -1216,6 +1281,7 @@ class _Attributed:
 
     def _call(self, call: Callable[[], Any], where: tuple, peer: int, what: str = "", posting: bool = True,
               collective: int | None = None, among=None):
+        self.posts += posting
         try:
             return call()
         except Stopped as e:
@@ -1265,6 +1331,42 @@ def _encode(t: torch.Tensor) -> torch.Tensor:
 def _decode(meta: torch.Tensor) -> tuple[torch.Size, torch.dtype]:
     values = meta.tolist()
     return torch.Size(values[2:2 + values[1]]), _DTYPES[values[0]]
+
+
+def _resolved(group):
+    """The process group ``group`` names: itself, or for None the default group."""
+    return dist.group.WORLD if group is None else group
+
+
+def _failed_on(group, grace: float = 1.0) -> str | None:
+    """Why a new runtime cannot use ``group`` (None: the default group), or None: a runtime's step
+    that had posted a transfer failed on it on this rank, or the store says so of a rank (a
+    runtime built on the group counts it, ``_poisoned``). Where a runtime there failed but none
+    has said so yet, wait up to ``grace`` seconds: a rank that posted and now waits notices the
+    failure within ``comm.POLL``."""
+    group = _resolved(group)
+    if group is None:
+        return None
+    if group in _FAILED_GROUPS:
+        return _FAILED_GROUPS[group]
+    store = _default_store()
+    keys = _BUILT_ON.get(group, []) if store is not None else []
+    for key in list(keys):
+        try:
+            deadline = time.monotonic() + grace
+            while store.add(f"{key}/poisoned", 0) == 0:
+                if store.add(f"{key}/failed", 0) == 0:
+                    break
+                if time.monotonic() > deadline:  # failed, and none had posted: judged once
+                    keys.remove(key)
+                    break
+                time.sleep(0.05)
+            else:
+                _FAILED_GROUPS[group] = "a PipelineRuntime's step failed on another rank with transfers posted"
+                return _FAILED_GROUPS[group]
+        except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+            return None
+    return None
 
 
 def _default_store():
