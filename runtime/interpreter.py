@@ -504,7 +504,8 @@ class PipelineRuntime:
         groups += [self.clip.group] if getattr(self, "clip", None) is not None else []
         for g in groups:
             if g is not None:
-                _FAILED_GROUPS[g] = f"a PipelineRuntime's step failed on this rank ({self._failure}) with transfers posted"
+                _FAILED_GROUPS[g] = (f"a PipelineRuntime's step failed on this rank ({self._failure}) with"
+                                     " transfers posted")
         if self._store is not None:
             try:
                 self._store.add(f"{self._mesh}/poisoned", 1)
@@ -999,7 +1000,9 @@ class PipelineRuntime:
             if len(others) == 1:
                 g = others[0]
                 found = self._blame(self._globals.index(g), cause) if g in self._globals else (None, g, cause, None)
-        culprit, culprit_global, why, there = found or (self._blame(peer, cause) if peer >= 0 else (None, None, cause, None))
+        if found is None:
+            found = self._blame(peer, cause) if peer >= 0 else (None, None, cause, None)
+        culprit, culprit_global, why, there = found
         at = f"the shape exchange before step {step} ({instr})" if k < 0 else f"instruction {k} ({instr}) of step {step}"
         doing = "posting to" if posting else "waiting for"
         return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}:"

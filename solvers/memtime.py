@@ -161,7 +161,8 @@ def least_memory(problem: Problem) -> Schedule:
     return Schedule(name, ranks, tuple(copy for copy, _ in lanes), tuple(after for _, after in lanes))
 
 
-def _latest_copies(ops: tuple[Op, ...], offloaded: set[tuple[int, int]]) -> tuple[tuple[Op, ...], tuple[Op | None, ...]]:
+def _latest_copies(ops: tuple[Op, ...],
+                   offloaded: set[tuple[int, int]]) -> tuple[tuple[Op, ...], tuple[Op | None, ...]]:
     """One rank's copy lane for the ``offloaded`` (stage, microbatch) of ``ops``, each brought back
     as late as it can: O issued after its forward, L after the compute op just before its backward
     (slower than ``_copy_lane``'s, which reloads behind earlier compute, but the rank holds
