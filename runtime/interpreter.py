@@ -111,7 +111,11 @@ connection closed, the deadline passed, even a transport's own bug) raises ``Pip
 naming this rank, the instruction, the peer it was posting to or waiting for, and the rank that
 failed first, as far as the store tells (else that peer) with the cause. Waiting ranks also poll
 the store (``schedc.runtime.comm``), so they stop within a fraction of a second of any rank's
-report, also when the failed rank stays alive. A runtime whose step failed is not used again.
+report, also when the failed rank stays alive. In a mesh the rank that failed is named by its
+global rank on every rank. A runtime whose step failed is not used again, nor is its process
+group: a transfer of the failed step may still be posted there, and gloo aborts the process when
+it meets a new one, so ``step()`` on it is refused, and so is a new runtime on a group where a
+failed step had posted (``_usable``, ``_failed_on``: this rank's, or as the store counts it).
 """
 
 from __future__ import annotations
@@ -120,6 +124,7 @@ import itertools
 import json
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,15 +152,24 @@ _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.in
            torch.bool]
 _META_LEN = 12  # dtype, ndim, up to 10 dims
 _RUNTIMES = itertools.count()  # constructions per process: the same sequence on every rank
+# Process groups a runtime's step failed on after posting a transfer (this rank's step, or a rank's
+# of the mesh, as the store tells): it may still be pending there, and gloo aborts the process
+# (SIGABRT) when it meets a new runtime's transfer of another size. group -> what failed; and per
+# group, the store keys of the runtimes built on it (their failure and poison counters).
+_FAILED_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BUILT_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class PipelineError(SchedcError):
     """The pipeline stopped: a rank failed, died, or did not answer within the timeout.
-    ``culprit`` is the rank that failed first, as far as this rank can tell."""
+    ``culprit`` is the rank that failed first, as far as this rank can tell, as a rank of this
+    rank's pipeline (None where it is none of them, e.g. in another replica of a data-parallel
+    mesh); ``culprit_global`` is its global rank (the default process group's)."""
 
-    def __init__(self, message: str, culprit: int | None = None, why: str | None = None):
+    def __init__(self, message: str, culprit: int | None = None, why: str | None = None,
+                 culprit_global: int | None = None):
         super().__init__(message)
-        self.culprit, self.why = culprit, why
+        self.culprit, self.why, self.culprit_global = culprit, why, culprit_global
 
 
 @dataclass
@@ -227,9 +241,21 @@ class PipelineRuntime:
         if compiled.program.header is None:
             raise PipelineError("the program has no header (ranks, microbatches, stages): lower() or schedc.load() it")
         head = compiled.program.header  # all the runtime needs besides the instructions
+        for given, name in ((group, "group"), (data_parallel_group, "data_parallel_group")):
+            why = _failed_on(given) if given is not None or name == "group" else None
+            if why:
+                which = "the default process group (group=None)" if given is None else f"the process group {name}"
+                raise PipelineError(
+                    f"{which} is unusable after a failure: {why}, which may still be pending there (gloo aborts the"
+                    " process when one meets a new transfer): destroy the process group and create a new one"
+                    " (dist.destroy_process_group(), then dist.init_process_group(...); for a subgroup,"
+                    " dist.new_group(...)), or restart the job")
         self.compiled, self.header = compiled, head
         self.group = group
         self.rank = dist.get_rank(group)
+        # the global rank of each pipeline rank: errors name a rank by both where they differ or
+        # where the world holds more than this pipeline (a mesh)
+        self._globals = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         world = dist.get_world_size(group)
         if world != head.n_ranks:
             raise PipelineError(
@@ -351,6 +377,9 @@ class PipelineRuntime:
         self._mesh = f"schedc/runtime{next(_RUNTIMES)}"
         self._key = self._mesh if group is None else f"{self._mesh}/pipeline{min(dist.get_process_group_ranks(group))}"
         self._store = _default_store()
+        self._failure: str | None = None  # why this runtime's step failed: it is not used again
+        for used in {id(g): g for g in (_resolved(group), data_parallel_group) if g is not None}.values():
+            _BUILT_ON.setdefault(used, []).append(self._mesh)
         if transport not in TRANSPORTS:
             raise PipelineError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
         self.comm: Transport = TRANSPORTS[transport](group, self.timeout, self._someone_failed,
@@ -428,12 +457,14 @@ class PipelineRuntime:
         the r-th block of m (``batch.chunk(R)[r]``). The optimizer steps inside the call, once per
         stage and round (UPDATE), and ``.grad`` is left None; the return is the mean over all R x m
         microbatches, and ``round_losses`` holds the R per-round means."""
+        self._usable("step()")
+        posts = self._io.posts
         try:
             if self.clip is not None:
                 self.clip.check()  # clip_mode="post": the previous step's norm, before these forwards
             return self._step(inputs, targets)
         except BaseException as e:
-            self._failed(e)
+            self._failed(e, posted=self._io.posts > posts)
             raise
 
     def synchronize(self) -> None:
@@ -443,10 +474,12 @@ class PipelineRuntime:
         it for the previous step by itself. Any rank may call it alone. A no-op otherwise."""
         if self.clip is None:
             return
+        self._usable("synchronize()")
+        posts = self._io.posts
         try:
             self.clip.check()
         except BaseException as e:
-            self._failed(e)
+            self._failed(e, posted=self._io.posts > posts)
             raise
 
     @property
@@ -465,13 +498,42 @@ class PipelineRuntime:
         """Whether the last checked step was skipped (non-finite norm, ``skip_nonfinite``)."""
         return self.clip is not None and self.clip.skipped
 
-    def _failed(self, e: BaseException) -> None:
+    def _usable(self, call: str) -> None:
+        """Refuse ``call`` on a runtime whose step failed: its transfers may still be posted."""
+        if self._failure is not None:
+            raise PipelineError(f"{call} on a PipelineRuntime whose step failed ({self._failure}): a runtime is not"
+                                " used again after a failure; destroy the process group and create a new one, then"
+                                " a new runtime on it, or restart the job")
+
+    def _poisoned(self, e: BaseException, posted: bool) -> None:
+        """Mark this runtime as failed and, if the failed call ``posted`` a transfer or collective
+        (it may still be posted), every process group it posts on, here and in the store
+        (``_failed_on``). A step that failed before posting anything (a batch that does not split)
+        leaves the groups usable, unless another rank's failed step posted."""
+        self._failure = f"at step {self.steps}: {type(e).__name__}"
+        if not posted:
+            return
+        groups = [_resolved(self.group), self.dp_group, *(g for g, _ in self.sync_groups.values())]
+        groups += [self.clip.group] if getattr(self, "clip", None) is not None else []
+        for g in groups:
+            if g is not None:
+                _FAILED_GROUPS[g] = (f"a PipelineRuntime's step failed on this rank ({self._failure}) with"
+                                     " transfers posted")
+        if self._store is not None:
+            try:
+                self._store.add(f"{self._mesh}/poisoned", 1)
+            except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+                pass
+
+    def _failed(self, e: BaseException, posted: bool = True) -> None:
         """Tell the other ranks, through the store, why this rank's step (or check) failed. A
         PipelineError of a transfer that could not tell who failed (``why`` but no ``culprit``)
-        blames no one; any other PipelineError is this rank's own."""
+        blames no one; any other PipelineError is this rank's own. ``posted``: the failed call
+        had posted a transfer or collective (``_poisoned``)."""
+        self._poisoned(e, posted)
         if isinstance(e, PipelineError):
-            own = e.culprit is None and e.why is None
-            self._report(self.rank if own else e.culprit, e.why or str(e))
+            own = e.culprit is None and e.why is None and e.culprit_global is None
+            self._report(self.rank if own else e.culprit, e.why or str(e), None if own else e.culprit_global)
         else:
             self._report(self.rank, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
@@ -950,14 +1012,17 @@ class PipelineRuntime:
     # ---- waiting, and naming who failed ----
 
     def _stopped(self, where: tuple, peer: int, target: str, posting: bool, cause: str | None,
-                 collective: int | None = None) -> PipelineError:
+                 collective: int | None = None, among=None) -> PipelineError:
         """The error of a transport call that failed (``cause``: what failed, from the transport)
         or stopped because another rank reported a failure (``cause`` None). It names this rank,
         the instruction ``where`` = (index, instruction, step), what this rank was posting to or
         waiting for (``target``: rank ``peer``, or the ``collective``-th collective, ``peer`` -1)
         and the rank that failed first as far as the store tells, else the peer; for a collective,
-        the rank that never joined it (``_join``), else, over two ranks, the other one."""
+        the rank that never joined it (``_join``), else, over two ranks, the other one (``among``:
+        the process group of a collective outside the pipeline's numbering, a stage's replicas).
+        In a mesh the culprit is named by its global rank too (``_name``)."""
         k, instr, step = where
+        failed = cause is not None
         if cause is None:
             cause = "(this rank stopped waiting when it read that)"
         elif posting:
@@ -970,16 +1035,40 @@ class PipelineRuntime:
             found = self._first_failure(peer)  # a rank that failed elsewhere may have reported meanwhile
         if found is None and peer < 0 and collective is not None:
             if len(absent) == 1:
-                found = absent[0], f"never joined {target} (died?) [{cause}]"
+                found = self._blame(absent[0], f"never joined {target} (died?) [{cause}]")
             elif absent:
                 cause = f"{cause}; ranks {absent} never joined it"
             elif self.header.n_ranks == 2:  # the collective's only other rank failed in it
                 peer = 1 - self.rank
-        culprit, why = found or (peer if peer >= 0 else None, cause)
+        if found is None and among is not None and failed:  # the collective's only other rank failed in it
+            others = [g for g in dist.get_process_group_ranks(among) if g != self._globals[self.rank]]
+            if len(others) == 1:
+                g = others[0]
+                found = self._blame(self._globals.index(g), cause) if g in self._globals else (None, g, cause, None)
+        if found is None:
+            found = self._blame(peer, cause) if peer >= 0 else (None, None, cause, None)
+        culprit, culprit_global, why, there = found
         at = f"the shape exchange before step {step} ({instr})" if k < 0 else f"instruction {k} ({instr}) of step {step}"
-        who = f"rank {culprit} {why}" if culprit is not None else f"a rank {why}"
         doing = "posting to" if posting else "waiting for"
-        return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}: {who}", culprit, why)
+        return PipelineError(f"rank {self.rank}: pipeline stopped at {at}, {doing} {target}:"
+                             f" {self._name(culprit, culprit_global, there)} {why}", culprit, why, culprit_global)
+
+    def _blame(self, rank: int, why: str) -> tuple[int, int, str, None]:
+        """A rank of this pipeline blamed, as ``_stopped`` takes it: (pipeline rank, its global
+        rank, why, None); ``_elsewhere`` puts a rank of another pipeline's position there last."""
+        return rank, self._globals[rank], why, None
+
+    def _name(self, rank: int | None, global_rank: int | None, of: int | None = None) -> str:
+        """A rank as errors name it: "rank r" where the pipeline is the whole world with its
+        numbering; in a mesh "rank r (global rank g)"; a rank of another pipeline (``rank`` None)
+        "global rank g" (with ``of``, its rank there: "(rank 0 of another replica's pipeline)");
+        "a rank" where none is known."""
+        if rank is not None:
+            whole = len(self._globals) == dist.get_world_size() and self._globals[rank] == rank
+            return f"rank {rank}" if whole else f"rank {rank} (global rank {self._globals[rank]})"
+        if global_rank is None:
+            return "a rank"
+        return f"global rank {global_rank}" + ("" if of is None else f" (rank {of} of another replica's pipeline)")
 
     def _join(self, n: int) -> None:
         """Record in the store that this rank is posting its ``n``-th collective (1, 2, ...), so
@@ -1019,45 +1108,57 @@ class PipelineRuntime:
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             return False
 
-    def _first_failure(self, peer: int) -> tuple[int, str] | None:
+    def _first_failure(self, peer: int) -> tuple[int | None, int | None, str, int | None] | None:
         """The report of a rank that failed by itself (blamed no other), else ``peer``'s if it
-        names a rank, else any report naming a rank, else None."""
+        names a rank, else any report naming a rank, else what the other replicas' ranks reported
+        (``_elsewhere``), else None; as (pipeline rank or None, global rank, why, its rank in its
+        own pipeline where that is another)."""
         reports = {r: self._read_report(r) for r in range(self.header.n_ranks) if r != self.rank}
         own = [rep for r, rep in reports.items() if rep is not None and rep[0] == r]
         naming = [rep for rep in reports.values() if rep is not None and rep[0] is not None]
         if own:
-            return own[0]
+            return self._blame(*own[0])
         if reports.get(peer) is not None and reports[peer][0] is not None:
-            return reports[peer]
-        return naming[0] if naming else self._elsewhere()
+            return self._blame(*reports[peer])
+        return self._blame(*naming[0]) if naming else self._elsewhere()
 
-    def _elsewhere(self) -> tuple[None, str] | None:
-        """With data parallelism, the report of a rank of another replica that failed by itself:
-        (None, "(global rank g, another replica's pipeline rank r) why"), else None."""
+    def _elsewhere(self) -> tuple[int | None, int, str, int | None] | None:
+        """With data parallelism, what the ranks of the other replicas reported: a rank that failed
+        by itself, else the rank a report blames (one of them died: its partners name it), as
+        (None, its global rank, why, its rank in its pipeline if known) or, where it is a rank of
+        this pipeline, ``_blame``'s; else None."""
         if self._store is None or self.dp_group is None:
             return None
         me = dist.get_rank()
+        reports = {}
         for g in range(dist.get_world_size()):
             key = f"{self._mesh}/global{g}"
             try:
-                if g == me or not self._store.check([key]):
-                    continue
-                report = json.loads(self._store.get(key))
+                if g != me and self._store.check([key]):
+                    reports[g] = json.loads(self._store.get(key))
             except Exception:  # noqa: BLE001 - no store, no names
                 return None
-            if report.get("own"):
-                return None, f"(global rank {g}, rank {report['rank']} of another replica's pipeline) {report['why']}"
+        own = [(g, report["rank"], report["why"]) for g, report in reports.items() if report.get("own")]
+        blamed = sorted(((report["culprit"], report.get("culprit_rank"), report["why"]) for report in reports.values()
+                         if report.get("culprit") is not None), key=lambda b: b[1] is None)  # its position known first
+        for g, rank, why in own + blamed:
+            if g in self._globals:
+                return self._blame(self._globals.index(g), why)
+            return None, g, why, rank
         return None
 
-    def _report(self, culprit: int | None, why: str) -> None:
-        """Tell the other ranks, through the store, which rank failed first and how."""
+    def _report(self, culprit: int | None, why: str, culprit_global: int | None = None) -> None:
+        """Tell the other ranks, through the store, which rank failed first (``culprit``, a rank
+        of this pipeline, or ``culprit_global``, one of another pipeline) and how."""
         if self._store is None:
             return
         try:
             self._store.set(f"{self._key}/rank{self.rank}", json.dumps({"culprit": culprit, "why": why}))
             if self.dp_group is not None:
+                g = self._globals[culprit] if culprit is not None else culprit_global
                 self._store.set(f"{self._mesh}/global{dist.get_rank()}",
-                                json.dumps({"own": culprit == self.rank, "rank": self.rank, "why": why}))
+                                json.dumps({"own": culprit == self.rank, "rank": self.rank, "why": why, "culprit": g,
+                                            "culprit_rank": culprit}))
             self._store.add(f"{self._mesh}/failed", 1)
         except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
             pass
@@ -1149,6 +1250,15 @@ class PipelineRuntime:
         all ranks to ``path`` (a Perfetto trace that ``schedc show --measured`` also reads)."""
         if not self.trace_enabled:
             raise PipelineError("save_trace needs PipelineRuntime(..., trace=True)")
+        self._usable("save_trace()")
+        try:
+            self._gather_trace(path)
+        except PipelineError as e:  # a gather failed (not reported: the others' steps are done)
+            self._poisoned(e, posted=True)
+            raise
+
+    def _gather_trace(self, path: str) -> None:
+        """``save_trace``'s two gathers (each rank's size, then the padded traces) and the write."""
         # As JSON bytes in uint8 tensors (never pickle: a peer's data is not code to run).
         mine = torch.frombuffer(bytearray(json.dumps(self.trace_events()).encode()), dtype=torch.uint8)
         n = dist.get_world_size(self.group)
@@ -1181,6 +1291,8 @@ class _Attributed:
         self.transport, self.stopped, self.join = transport, stopped, join
         self.collectives = 0  # posted so far: the same sequence on every rank
         self._numbers: dict[int, int] = {}  # id(pending collective) -> its number
+        self._among: dict[int, Any] = {}  # id(pending all_reduce_among) -> its process group
+        self.posts = 0  # transfers and collectives posted so far (a failed step that posted one leaves it posted)
 
     def send(self, tensor: torch.Tensor, peer: int, where: tuple) -> None:
         self._call(lambda: self.transport.send(tensor, peer, where), where, peer)
@@ -1189,8 +1301,8 @@ class _Attributed:
         return self._call(lambda: self.transport.recv(buffer, peer, where), where, peer)
 
     def wait(self, pending: Pending, where: tuple) -> None:
-        n = self._numbers.pop(id(pending), None)
-        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, False, n)
+        n, among = self._numbers.pop(id(pending), None), self._among.pop(id(pending), None)
+        self._call(lambda: self.transport.wait(pending, where), where, pending.peer, pending.what, False, n, among)
 
     def flush(self, where: tuple) -> None:
         self._call(self.transport.flush, where, -1, "its sends", posting=False)
@@ -1205,8 +1317,10 @@ class _Attributed:
         """A sum all-reduce over a group other than the pipeline's (a stage's data-parallel
         replicas): not numbered among the pipeline's collectives (``_join`` names the pipeline's
         ranks that never joined one of those)."""
-        pending = self._call(lambda: self.transport.all_reduce(tensor, group, where), where, -1, what, True)
+        pending = self._call(lambda: self.transport.all_reduce(tensor, group, where), where, -1, what, True,
+                             among=group)
         pending.what = what
+        self._among[id(pending)] = group
         return pending
 
     def _collective(self, post: Callable[[], Pending], where: tuple, what: str) -> Pending:
@@ -1222,7 +1336,8 @@ class _Attributed:
         self.transport.release()
 
     def _call(self, call: Callable[[], Any], where: tuple, peer: int, what: str = "", posting: bool = True,
-              collective: int | None = None):
+              collective: int | None = None, among=None):
+        self.posts += posting
         try:
             return call()
         except Stopped as e:
@@ -1234,7 +1349,7 @@ class _Attributed:
         if not (isinstance(tag, tuple) and len(tag) == 3):
             tag = where  # a transport that tags its errors otherwise
         target = f"rank {peer}" if peer >= 0 else what or "the collective"
-        raise self.stopped(tag, peer, target, posting, cause, collective) from None
+        raise self.stopped(tag, peer, target, posting, cause, collective, among) from None
 
 
 def _plain_output(s: int, y):
@@ -1272,6 +1387,42 @@ def _encode(t: torch.Tensor) -> torch.Tensor:
 def _decode(meta: torch.Tensor) -> tuple[torch.Size, torch.dtype]:
     values = meta.tolist()
     return torch.Size(values[2:2 + values[1]]), _DTYPES[values[0]]
+
+
+def _resolved(group):
+    """The process group ``group`` names: itself, or for None the default group."""
+    return dist.group.WORLD if group is None else group
+
+
+def _failed_on(group, grace: float = 1.0) -> str | None:
+    """Why a new runtime cannot use ``group`` (None: the default group), or None: a runtime's step
+    that had posted a transfer failed on it on this rank, or the store says so of a rank (a
+    runtime built on the group counts it, ``_poisoned``). Where a runtime there failed but none
+    has said so yet, wait up to ``grace`` seconds: a rank that posted and now waits notices the
+    failure within ``comm.POLL``."""
+    group = _resolved(group)
+    if group is None:
+        return None
+    if group in _FAILED_GROUPS:
+        return _FAILED_GROUPS[group]
+    store = _default_store()
+    keys = _BUILT_ON.get(group, []) if store is not None else []
+    for key in list(keys):
+        try:
+            deadline = time.monotonic() + grace
+            while store.add(f"{key}/poisoned", 0) == 0:
+                if store.add(f"{key}/failed", 0) == 0:
+                    break
+                if time.monotonic() > deadline:  # failed, and none had posted: judged once
+                    keys.remove(key)
+                    break
+                time.sleep(0.05)
+            else:
+                _FAILED_GROUPS[group] = "a PipelineRuntime's step failed on another rank with transfers posted"
+                return _FAILED_GROUPS[group]
+        except Exception:  # noqa: BLE001 - the store may be gone with the rank that hosted it
+            return None
+    return None
 
 
 def _default_store():

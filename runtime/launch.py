@@ -77,12 +77,15 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
 def loopback_store(world_size: int) -> tuple[dist.TCPStore, socket.socket]:
     """A TCPStore server that listens on 127.0.0.1 only, on a free port. (Given the host
     "127.0.0.1", TCPStore still listens on every interface: it is handed a socket bound to the
-    loopback instead.) Keep the returned socket open as long as the store."""
+    loopback instead.) Keep the returned socket open as long as the store. The store gets a
+    duplicate of the socket's descriptor: it closes the one it is given when it is destroyed, which
+    may be long after the socket is closed (a caught RankFailed's traceback holds ``run_local``'s
+    frame, and with it the store), and by then the number may be another socket's."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], world_size, is_master=True,
-                          wait_for_workers=False, master_listen_fd=listener.fileno())
+                          wait_for_workers=False, master_listen_fd=os.dup(listener.fileno()))
     return store, listener
 
 

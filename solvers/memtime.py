@@ -113,6 +113,73 @@ def everywhere(problem: Problem, kind: Kind) -> dict[tuple[int, int], Kind]:
     return {(s, i): kind for s in range(problem.n_stages) for i in range(problem.microbatches)}
 
 
+def one_at_a_time(problem: Problem) -> Schedule:
+    """The order that holds the least: one microbatch (with sequence chunks, one sequence) at a
+    time through every stage and back, in each pipeline in turn: its forwards ascending (chunk by
+    chunk), then each stage's B and W descending (the last chunk first); the next only once the
+    last is done. Every rank's list is the projection of one global order in which each op comes
+    after what it waits for, so it cannot deadlock. Slow: the pipeline holds one microbatch."""
+    per_rank: list[list[Op]] = [[] for _ in range(problem.ranks)]
+    length, k = problem.pipeline_stages, problem.seq_chunks
+    for i in range(problem.microbatches):
+        units = range(i * k, (i + 1) * k)
+        for q in range(problem.pipelines):
+            chain = range(q * length, (q + 1) * length)
+            order = [Op(Kind.F, s, u) for u in units for s in chain]
+            order += [Op(kind, s, u) for u in reversed(units) for s in reversed(chain) for kind in (Kind.B, Kind.W)]
+            for op in order:
+                per_rank[problem.stage_rank[op.stage]].append(op)
+    return Schedule.from_lists("one-at-a-time", per_rank)
+
+
+def least_memory(problem: Problem) -> Schedule:
+    """``one_at_a_time`` with each stage under the policy that keeps least between its forward and
+    its backward (``Problem.least_kept``; a recompute before an offload that keeps as little): the
+    least peak memory of the orders schedc builds, the warm start ``solve`` falls back on where no
+    other fits. A recompute runs right before its backward; an offload's O is issued after its
+    forward and its L after the compute op just before its backward, so the backward waits for the
+    reload and the rank holds nothing more meanwhile. Where a rank's forwards of one microbatch
+    are at least ``offload.time`` apart (their stages on different ranks), each rank then holds at
+    most what ``Problem.min_memory`` counts; a rank holding consecutive stages starts the next
+    forward while the offload of the last still runs, and holds both meanwhile."""
+    order = one_at_a_time(problem)
+    kinds = [k for k in RECOMPUTES if k in problem.policies] + [k for k in (_OFFLOAD,) if k in problem.policies]
+    policy: dict[tuple[int, int], Kind] = {}
+    for s in range(problem.n_stages):
+        kept = {k: problem.delta(Kind.F, s, k) if ROWS[k].lightens else 0.0 for k in kinds}
+        lightest = min(kinds, key=lambda k: kept[k], default=None)  # (the first of equals: recompute)
+        if lightest is not None and kept[lightest] < problem.mem[Kind.F][s]:
+            policy.update(((s, i), lightest) for i in range(problem.units))
+    if not policy:
+        return order
+    ranks = tuple(_with_recomputes(ops, policy) for ops in order.ranks)
+    name = "one-at-a-time+" + "+".join(sorted({ROWS[k].policy for k in policy.values()}))
+    offloaded = {key for key, kind in policy.items() if kind is _OFFLOAD}
+    if not offloaded:
+        return Schedule(name, ranks)
+    lanes = [_latest_copies(ops, offloaded) for ops in ranks]
+    return Schedule(name, ranks, tuple(copy for copy, _ in lanes), tuple(after for _, after in lanes))
+
+
+def _latest_copies(ops: tuple[Op, ...],
+                   offloaded: set[tuple[int, int]]) -> tuple[tuple[Op, ...], tuple[Op | None, ...]]:
+    """One rank's copy lane for the ``offloaded`` (stage, microbatch) of ``ops``, each brought back
+    as late as it can: O issued after its forward, L after the compute op just before its backward
+    (slower than ``_copy_lane``'s, which reloads behind earlier compute, but the rank holds
+    nothing more while the reload runs)."""
+    copy: list[Op] = []
+    after: list[Op | None] = []
+    for k, op in enumerate(ops):
+        if op.kind is Kind.F and (op.stage, op.mb) in offloaded:
+            copy.append(Op(_OFFLOAD, op.stage, op.mb))
+            after.append(op)
+        following = ops[k + 1] if k + 1 < len(ops) else None
+        if following is not None and following.kind in BACKWARDS and (following.stage, following.mb) in offloaded:
+            copy.append(Op(_RELOAD, following.stage, following.mb))
+            after.append(op)
+    return tuple(copy), tuple(after)
+
+
 def fit_recompute(problem: Problem, schedule: Schedule, kind: Kind = Kind.R, name: str | None = None) -> Schedule:
     """``schedule`` with, per rank, the fewest microbatches recomputed (policy ``kind``, greedily)
     that bring the rank within its memory limit: walk the rank's ops in order and, where the level

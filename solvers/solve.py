@@ -42,7 +42,7 @@ from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_ch
 from schedc.solvers import greedy
 from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
-from schedc.solvers.memtime import everywhere, with_policies
+from schedc.solvers.memtime import everywhere, least_memory, with_policies
 from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
@@ -336,6 +336,40 @@ def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
     return evaluate_registry(problem).fitting
 
 
+def _least_memory_start(problem: Problem, run: RegistryRun, say: Callable[[str], None]) -> tuple[str, Timeline]:
+    """Where nothing else fits: the order that holds least (``memtime.least_memory``: one
+    microbatch at a time, each stage under its lightest policy) as the warm start, joined to
+    ``run``'s fitting ones; if even that does not fit, a SchedcError saying what it needs."""
+    least = least_memory(problem)
+    t = simulate(problem, least)
+    if not t.fits:
+        limit = ", ".join(f"{x:g}" for x in problem.memory_limit)
+        raise SchedcError(
+            f"no schedule fits the memory limit ({limit}) to start from: the one that holds least, {least.name} (one"
+            f" microbatch at a time{_lightest(problem)}), peaks at {', '.join(f'{x:g}' for x in t.peak_memory)};"
+            f" raise the limit to that{_more_policies(problem)} (no schedule needs less than"
+            f" {', '.join(f'{problem.min_memory(r):g}' for r in range(problem.ranks))})")
+    say(f"warm start: {least.name} {problem.objective} {t.objective_value():.6g}")
+    run.fitting.append((least.name, t))
+    run.derived.add(least.name)
+    return least.name, t
+
+
+def _lightest(problem: Problem) -> str:
+    """How ``memtime.least_memory`` lightens its stages, for a message."""
+    if Kind.O in problem.policies:
+        return ", every activation offloaded or recomputed, whichever keeps less" if problem.recomputes \
+            else ", every activation offloaded"
+    return ", every activation recomputed" if problem.recomputes else ""
+
+
+def _more_policies(problem: Problem) -> str:
+    """What a problem could declare to need less memory, for a message."""
+    missing = [name for name, kinds in (("recompute:", problem.recomputes), ("offload:", Kind.O in problem.policies))
+               if not kinds]
+    return f", or declare {' or '.join(missing)}" if missing else ""
+
+
 def best_registry_schedule(
     problem: Problem, fitting: list[tuple[str, Timeline]] | None = None
 ) -> tuple[str, Timeline] | None:
@@ -486,10 +520,7 @@ def solve(
                f" rank: chunks is {problem.chunks})" if problem.seq_chunks > 1 else "")
         )
     if warm is None:
-        raise SchedcError(
-            "no registry schedule fits the memory limit to start from; raise the limit"
-            f" (each rank needs at least {', '.join(f'{problem.min_memory(r):g}' for r in range(problem.ranks))})"
-        )
+        warm = _least_memory_start(problem, run, clock.say)
     own = lower_bound(problem)
     # What is left for the search: the budget less what the caller keeps and one simulation, to
     # judge what the search found.

@@ -96,6 +96,58 @@ def test_the_transform_refuses_a_policy_the_problem_does_not_declare():
         memtime.with_policies(problem, base, {(0, 0): Kind.S})
 
 
+# ---- the order that holds least ----
+
+
+def _forwards_apart(problem: Problem, r: int) -> bool:
+    """Whether each of rank ``r``'s forwards of one microbatch starts, one at a time, at least its
+    predecessor's offload time after it ends (the other ranks' forwards and hops in between)."""
+    stages, owner = problem.rank_stages[r], problem.stage_rank
+    for a, b in zip(stages, stages[1:]):
+        gap = sum(problem.cost[Kind.F][j] for j in range(a + 1, b))
+        gap += problem.comm * sum(owner[j] != owner[j + 1] for j in range(a, b))
+        if gap < problem.cost[Kind.O][a] + 1e-9:
+            return False
+    return True
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(memtime_problems(), st.sampled_from(["both", "offload", "recompute", "none"]))
+def test_the_least_memory_order_holds_what_min_memory_counts(problem, declared):
+    """memtime.least_memory (one microbatch at a time, each stage under its lightest policy) never
+    holds less than Problem.min_memory on a rank (it is a bound), and holds exactly that where the
+    rank's forwards of one microbatch lie at least an offload apart (or nothing is offloaded)."""
+    drop = {"both": {}, "offload": {"recompute": None}, "recompute": {"offload": None},
+            "none": {"recompute": None, "offload": None}}[declared]
+    problem = problem.with_changes(memory={"limit": None}, **drop)
+    schedule = memtime.least_memory(problem)
+    t = simulate(problem, schedule)  # complete, no deadlock
+    tol = problem.memory_tol
+    for r in range(problem.ranks):
+        least = problem.min_memory(r)
+        assert not tol.lt(t.peak_memory[r], least), (r, t.peak_memory, least)
+        if declared in ("recompute", "none") or _forwards_apart(problem, r):
+            assert tol.eq(t.peak_memory[r], least), (r, t.peak_memory, least)
+    if declared != "none":
+        assert set(schedule.policies().values()) <= set(problem.policies)
+        assert len(schedule.policies()) == sum(problem.least_kept(s) < problem.mem[Kind.F][s]
+                                               for s in range(problem.n_stages)) * problem.microbatches
+
+
+@pytest.mark.parametrize("more", [
+    dict(replicas=dict(count=2, sync=1)),
+    dict(sequence_chunks=dict(count=3)),
+    dict(chunks=2, placement="loop", tied=dict(groups=[[0, 3]], sync=1)),
+])
+def test_the_one_at_a_time_order_runs_on_every_kind_of_problem(more):
+    """Replicas, sequence chunks (a sequence's chunks forward in order, backward last chunk first),
+    tied weights: a complete schedule, never below the bound."""
+    problem = Problem.parse(dict(ranks=2, microbatches=3, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5),
+                                 **more))
+    t = simulate(problem, memtime.one_at_a_time(problem))
+    assert all(not problem.memory_tol.lt(t.peak_memory[r], problem.min_memory(r)) for r in range(problem.ranks))
+
+
 # ---- the registry schedules ----
 
 

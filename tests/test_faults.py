@@ -16,6 +16,7 @@ from schedc.runtime.faults import FaultPlan, install
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.runtime.launch import RankFailed
 from tests.ranks import run_local
+from tests.test_runtime import STEPS, faulty_runtime, model
 
 # the ranks fork from a server that imported these once (the first optimizer imports torch._dynamo)
 def schedule(tmp_path, name="1f1b"):
@@ -130,3 +131,111 @@ def test_a_rank_that_never_joins_a_collective_is_named(tmp_path, how):
     what = "the gradient-norm all-reduce" if how == "allreduce" else "the trace gather"
     assert f", waiting for {what}: rank {victim} never joined {what}" in got["error"], got["error"]
     assert got["error"].startswith(f"rank {other}: pipeline stopped at instruction ")
+
+
+UNUSABLE = ("the default process group (group=None) is unusable after a failure: a PipelineRuntime's step failed on"
+            " {where} with transfers posted, which may still be pending there (gloo aborts the process when one"
+            " meets a new transfer): destroy the process group and create a new one (dist.destroy_process_group(),"
+            " then dist.init_process_group(...); for a subgroup, dist.new_group(...)), or restart the job")
+
+
+def rebuilt_after_a_failure(rank, world, path, victim):
+    """Step 2 fails (the victim's stage raises, the other rank stops); each rank catches it and
+    builds a new runtime on the same process group and steps it, as a user retrying would (gloo
+    aborted the process there: a transfer of the failed step was still posted). Then the step
+    again on the failed runtime, and last the advice followed: a new default group, a new runtime
+    on it, a step."""
+    rt, prob = faulty_runtime(rank, path, victim, "raise", 30.0)
+    batches = token_batches(STEPS, 2 * prob.microbatches)
+    out = {}
+    for x, y in batches:
+        try:
+            rt.step(x, y)
+        except (PipelineError, ValueError) as e:
+            out["failed"] = type(e).__name__
+            break
+    compiled = schedc.load(path)
+
+    def fresh():
+        mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+        return PipelineRuntime(compiled, mine, lm_loss, timeout=30.0)
+
+    def error(call):
+        try:
+            call()
+        except PipelineError as e:
+            return str(e)
+        return None
+
+    out["rebuilt"] = error(lambda: fresh().step(*batches[0]))
+    out["stepped again"] = error(lambda: rt.step(*batches[0]))
+    store = dist.distributed_c10d._get_default_store()
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.PrefixStore("again", store), rank=rank, world_size=world)
+    out["new group"] = error(lambda: fresh().step(*batches[0]))
+    return out
+
+
+def failed_elsewhere(rank, world, path):
+    """First both ranks' steps fail before posting anything (a batch of 3 does not split into 4
+    microbatches): a new runtime on the group is built. Then rank 0 steps that one alone: its
+    step posts (the shape exchange, the forwards' sends) and stops at its 2 s deadline; rank 1,
+    which never stepped, then builds another runtime on the group: the store says it is unusable
+    (rank 0's sends wait unread on rank 1's side)."""
+    compiled = schedc.load(path)
+    prob = compiled.problem
+
+    def fresh(timeout=30.0):
+        mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+        return PipelineRuntime(compiled, mine, lm_loss, timeout=timeout)
+
+    store = dist.distributed_c10d._get_default_store()
+    out = {}
+    try:
+        fresh().step(*token_batches(1, 3)[0])
+    except PipelineError as e:
+        out["bad batch"] = str(e)
+    again = fresh(timeout=2.0)  # not refused: nothing was posted
+    if rank == 0:
+        try:
+            again.step(*token_batches(1, 2 * prob.microbatches)[0])
+        except PipelineError as e:
+            out["alone"] = str(e)
+        store.set("test/failed", "1")
+        store.wait(["test/tried"])
+        return out
+    store.wait(["test/failed"])
+    try:
+        fresh()
+    except PipelineError as e:
+        out["rebuilt"] = str(e)
+    finally:
+        store.set("test/tried", "1")
+    return out
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_runtime_on_a_group_a_runtime_failed_on_is_refused_in_one_line(tmp_path, victim):
+    """Every rank gets one line saying the group is unusable and what to do, never a SIGABRT (a rank
+    the harness sees exit by a signal fails the test: run_local raises RankFailed, "exited with code
+    -6"); the failed runtime refuses another step; on a new process group a new runtime trains."""
+    try:
+        results = run_local(rebuilt_after_a_failure, 2, schedule(tmp_path), victim, timeout=120)
+    except RankFailed as e:
+        pytest.fail(f"a rank failed instead of refusing in one line: {e.errors}")
+    for rank, got in enumerate(results):
+        assert got["failed"] == ("ValueError" if rank == victim else "PipelineError"), got
+        assert got["rebuilt"] == UNUSABLE.format(where="this rank (at step 1: " + got["failed"] + ")"), got
+        assert got["stepped again"] == (
+            f"step() on a PipelineRuntime whose step failed (at step 1: {got['failed']}): a runtime is not used again"
+            " after a failure; destroy the process group and create a new one, then a new runtime on it, or restart"
+            " the job"), got
+        assert got["new group"] is None, got
+
+
+def test_a_group_is_unusable_where_a_failed_step_had_posted_on_any_rank(tmp_path):
+    first, second = run_local(failed_elsewhere, 2, schedule(tmp_path), timeout=240)
+    assert first["bad batch"] == "inputs: batch of 3 does not split into 4 equal, non-empty microbatches"
+    assert second["bad batch"] == "targets: batch of 3 does not split into 4 equal, non-empty microbatches"
+    assert "did not answer within 2 s" in first["alone"], first
+    assert second["rebuilt"] == UNUSABLE.format(where="another rank"), second

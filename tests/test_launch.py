@@ -1,6 +1,8 @@
 """run_local's key-value store and the ranks' own listeners are on the loopback interface only."""
 
+import gc
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -31,6 +33,24 @@ def test_the_store_listens_on_the_loopback_only():
         store.set("k", "v")
         assert store.get("k") == b"v"
         assert listening(store.port) == {"0100007F"}  # 127.0.0.1, and no wildcard address
+
+
+def test_a_store_that_outlives_its_socket_closes_no_other_descriptor():
+    """The TCPStore closes the descriptor it was given when it is destroyed; a caught RankFailed
+    keeps run_local's store alive past its socket, whose number the next run's socket may reuse:
+    destroying the store then must not close that socket (it did: the next run failed closing it,
+    "Bad file descriptor", on the ranks' successful end)."""
+    store, listener = loopback_store(1)
+    number = listener.fileno()
+    listener.close()
+    other = socket.socket()
+    try:
+        assert other.fileno() == number  # the lowest free number: the one the store was given
+        del store
+        gc.collect()
+        os.fstat(other.fileno())  # still open
+    finally:
+        other.close()
 
 
 def _own_listeners(rank: int, world: int) -> list[str]:

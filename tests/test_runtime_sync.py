@@ -11,6 +11,7 @@ import schedc
 from schedc import Problem
 from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import lm_loss, token_batches
+from schedc.runtime.launch import RankFailed
 from tests.ranks import run_local
 from tests.test_runtime import STEPS, faulty_runtime, model, reference, sgd_steps, weights_of
 
@@ -120,6 +121,39 @@ def test_a_rank_that_fails_in_one_replica_stops_every_rank_of_the_mesh(tmp_path)
     schedc.compile(problem(2, 1, "loop", 4, 2), "1f1b").save(tmp_path / "dp.json")
     errors = run_local(failing, 4, str(tmp_path / "dp.json"), 2, 2, 2, timeout=50)
     assert errors[2] == "bad batch in the user's stage"
-    assert "rank 0 raised ValueError: bad batch in the user's stage" in errors[3], errors[3]
+    assert "rank 0 (global rank 2) raised ValueError: bad batch in the user's stage" in errors[3], errors[3]
     for g in (0, 1):
         assert errors[g] is not None and "global rank 2" in errors[g] and "bad batch" in errors[g], errors[g]
+
+
+def killed(rank, world, path, pp, dp, victim):
+    """Global rank ``victim`` is killed (SIGKILL) on the 2nd forward of step 2: it reports nothing;
+    every other rank's error and the global rank it blames."""
+    pipeline, replicas, d, r = mesh(rank, pp, dp)
+    rt, prob = faulty_runtime(rank, path, victim, "kill", 60.0, r, group=pipeline, data_parallel_group=replicas)
+    for x, y in token_batches(STEPS, 2 * prob.microbatches):
+        try:
+            rt.step(x, y)
+        except PipelineError as e:
+            return {"error": str(e), "culprit_global": getattr(e, "culprit_global", None)}
+    return None
+
+
+@pytest.mark.parametrize("victim", [1, 2])
+def test_a_rank_killed_in_a_mesh_is_named_by_its_global_rank_on_every_survivor(tmp_path, victim):
+    """2 x 2 (pipeline x data parallel), global rank ``victim`` killed: its pipeline partner sees
+    its transfer fail, the other replica's ranks see their gradient all-reduce fail (with the dead
+    rank, or with a partner that stopped): each of the three names it by its global rank (the
+    partner by its pipeline rank too), long before the 60 s timeout. Before, the partner said
+    "rank 0" for global rank 2 and the other replica "a rank"."""
+    schedc.compile(problem(2, 1, "loop", 4, 2), "1f1b").save(tmp_path / "dp.json")
+    with pytest.raises(RankFailed) as failed:
+        run_local(killed, 4, str(tmp_path / "dp.json"), 2, 2, victim, timeout=50)
+    assert list(failed.value.errors) == [victim], failed.value.errors
+    survivors = failed.value.results
+    assert sorted(survivors) == sorted({0, 1, 2, 3} - {victim})
+    partner = victim + 1 - 2 * (victim % 2)  # the other rank of its pipeline
+    for g, got in survivors.items():
+        named = f"rank {victim % 2} (global rank {victim})" if g == partner else f"global rank {victim}"
+        assert got is not None and f": {named}" in got["error"] and "did not answer" in got["error"], (g, got)
+        assert got["culprit_global"] == victim, (g, got)

@@ -317,4 +317,4 @@ def test_what_tensor_parallel_stages_do_not_support_is_refused_in_one_line(tmp_p
         else:  # waiting for that stage's output shape, stopped by its report
             assert r["dtensor output"].startswith(
                 "rank 1: pipeline stopped at the shape exchange before step 0 (RECV act-1 s0->s1 from rank 0), waiting"
-                " for rank 0: rank 0 stage 0 returned a DTensor"), r
+                f" for rank 0: rank 0 (global rank {rank - 2}) stage 0 returned a DTensor"), r

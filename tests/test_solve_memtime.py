@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from schedc import Problem, simulate
-from schedc.errors import ProblemError
+from schedc.errors import ProblemError, SchedcError
+from schedc.kinds import Kind
+from schedc.problem import load_problem
 from schedc.solvers.ilp import augmented
 from schedc.solvers.solve import best_registry_schedule, fitting_registry_schedules, solve
 from tests.exhaustive import policy_optimum
@@ -73,6 +75,51 @@ def test_the_exact_search_finds_the_exhaustive_optimum(limit, selective, solver)
     assert result.bound <= best + 1e-6
     if result.status == "optimal":
         assert result.bound == pytest.approx(best, abs=1e-6)
+
+
+OFFLOAD_ONLY = """\
+ranks: 2
+microbatches: 4
+chunks: 2
+placement: {placement}
+costs: {{F: 1.0, B: 1.0, W: 1.0}}
+comm: 0.05
+memory: {{F: 2.0, B: -1.0, static: 10, limit: {limit}}}
+offload:
+  time: 0.6
+"""
+
+
+def test_a_limit_only_offload_meets_is_solved_without_recompute_declared(tmp_path):
+    """A problem file with offload: and no recompute:, its limit at the least any schedule needs
+    (12: one stage's activation over static 10; keeping everything needs 14): no registry
+    schedule fits, and each offloaded one overlaps an offload with the next forward; solve starts
+    from the order that holds least (one microbatch at a time, O after each forward, L just
+    before each backward), which meets it. Before, solve refused it ("each rank needs at least 12, 12")."""
+    path = tmp_path / "offload.yaml"
+    path.write_text(OFFLOAD_ONLY.format(placement="loop", limit=12))
+    prob = load_problem(path)
+    assert prob.recomputes == () and [prob.min_memory(r) for r in range(2)] == [12, 12]
+    assert best_registry_schedule(prob) is None
+    result = solve(prob, time_limit=5)
+    t = simulate(prob, result.schedule)
+    assert t.fits and t.peak_memory == (12, 12) and t.objective_value() == pytest.approx(result.objective)
+    assert set(result.schedule.policies().values()) == {Kind.O}
+    assert result.bound <= result.objective + TOL
+
+
+def test_a_limit_no_schedule_built_meets_is_refused_saying_what_the_least_holds(tmp_path):
+    """On the V, rank 1 holds stages 1 and 2, whose forwards of one microbatch run back to back:
+    the offload of the first still runs when the second allocates, so the order that holds least
+    peaks at 14 there. The refusal says so, and names the bound (12) as a bound, not as enough."""
+    path = tmp_path / "offload.yaml"
+    path.write_text(OFFLOAD_ONLY.format(placement="v", limit=12))
+    with pytest.raises(SchedcError) as refused:
+        solve(load_problem(path), time_limit=5)
+    assert str(refused.value) == (
+        "no schedule fits the memory limit (12, 12) to start from: the one that holds least, one-at-a-time+offload"
+        " (one microbatch at a time, every activation offloaded), peaks at 12, 14; raise the limit to that, or"
+        " declare recompute: (no schedule needs less than 12, 12)")
 
 
 @pytest.mark.parametrize("case", [
