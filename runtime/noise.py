@@ -47,6 +47,9 @@ DISAGREEMENT_LIMIT = 0.15
 FLOOR_MS = 0.05
 # More measurements after the first when it is over a limit; the quietest is kept.
 REMEASURE = 2
+# Stages the warning names one by one with their figures; past this, all in one phrase (the line
+# stays one readable line when a busy machine spreads every block of a per-block profile).
+SAY_EACH = 4
 # Fewer repeats than this give no spread to judge (a smoke run: warmup=0, repeats=1): not judged.
 MIN_REPEATS = 3
 
@@ -107,20 +110,29 @@ class Assessment:
         return sorted({s for s, _, _ in self.noisy} | {s for group, _, _ in self.disagreeing for s in group})
 
     def summary(self) -> str:
-        """The offences in a few words each: ``stage 1 F spread 34 %, B 41 %; stages 1, 2 (same
-        blocks) F 2.05x per block``."""
+        """The offences in a few words each: ``stage 1 spread F 34%, B 41%; stages 1, 2 (same
+        blocks) differ per block by F 2.05x``; past ``SAY_EACH`` stages, in one phrase for all."""
         parts = []
         by_stage: dict[int, list[str]] = {}
         for s, kind, sp in self.noisy:
             by_stage.setdefault(s, []).append(f"{kind} {100 * sp:.0f}%")
-        for s, items in sorted(by_stage.items()):
-            parts.append(f"{self.label} {s} spread {', '.join(items)}")
+        if len(by_stage) > SAY_EACH:
+            worst = max(self.noisy, key=lambda o: o[2])
+            parts.append(f"{self.label}s {', '.join(map(str, sorted(by_stage)))} spread up to {100 * worst[2]:.0f}%"
+                         f" ({self.label} {worst[0]} {worst[1]})")
+        else:
+            parts += [f"{self.label} {s} spread {', '.join(items)}" for s, items in sorted(by_stage.items())]
         by_group: dict[tuple[int, ...], list[str]] = {}
         for group, kind, ratio in self.disagreeing:
             by_group.setdefault(group, []).append(f"{kind} {ratio:.2f}x")
-        for group, items in sorted(by_group.items()):
-            parts.append(f"{self.label}s {', '.join(map(str, group))} (same blocks) differ per block by"
-                         f" {', '.join(items)}")
+        if len(by_group) > 1 and len({s for g in by_group for s in g}) > SAY_EACH:
+            named = sorted({s for g in by_group for s in g})
+            worst = max(self.disagreeing, key=lambda o: o[2])
+            parts.append(f"{self.label}s {', '.join(map(str, named))} (same blocks) differ per block by up to"
+                         f" {worst[2]:.2f}x ({worst[1]})")
+        else:
+            parts += [f"{self.label}s {', '.join(map(str, group))} (same blocks) differ per block by {', '.join(items)}"
+                      for group, items in sorted(by_group.items())]
         return "; ".join(parts)
 
     def warning(self) -> str:

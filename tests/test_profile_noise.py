@@ -161,6 +161,15 @@ def test_the_quietest_measurement_is_kept():
     assert got.measurements == 3 and got.median["F"][0] == pytest.approx(1.25)  # the second, 1.0 / 1.5 alternating
 
 
+def test_a_busy_machine_spreading_every_stage_is_said_in_one_phrase():
+    samples = [{"F": [1.0, 3.0, 1.0, 3.0, 1.0 + s], "B": [1.0] * 5, "W": [1.0] * 5} for s in range(6)]
+    got = noise.assess(samples)
+    assert got.stages == [0, 1, 2, 3, 4, 5]
+    assert got.summary() == "stages 0, 1, 2, 3, 4, 5 spread up to 200% (stage 0 F)"
+    few = noise.assess(samples[:2])
+    assert few.summary() == "stage 0 spread F 200%; stage 1 spread F 100%"  # [1, 1, 2, 3, 3]: 2 / 2
+
+
 def test_tiny_ops_and_smoke_runs_are_not_judged():
     # a 10 us op spreading by 100 % is the timer's, not the machine's
     tiny = noise.assess([{"F": [0.01, 0.02, 0.01, 0.02, 0.01], "B": [1.0] * 5, "W": [1.0] * 5}])
