@@ -348,3 +348,18 @@ def test_schedc_profile_prints_no_torch_profiler_chatter(model_file, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "profiling 4 blocks one by one" in proc.stderr and "wrote" in proc.stdout  # schedc's own lines
     assert "USDT" not in proc.stderr + proc.stdout and "profiler_start" not in proc.stderr + proc.stdout
+
+
+def test_ablate_says_a_noisy_profile_and_goes_on(monkeypatch):
+    from types import SimpleNamespace
+
+    from schedc.app.ablate import _Profiler
+
+    made = object()
+    monkeypatch.setattr(profile_mod, "load_model_spec", lambda ref: ref)
+    monkeypatch.setattr(profile_mod, "profile_model", lambda spec, **kw: (made, SimpleNamespace(
+        warning="timings noisy after 3 measurements: stage 1 spread F 34%")))
+    lines = []
+    entry = SimpleNamespace(profile="model.py:spec", label="gpt")
+    assert _Profiler(lines.append)(entry, {"ranks": 2, "microbatches": 8}) is made
+    assert lines[-1].startswith("warning: gpt: timings noisy after 3 measurements: stage 1 spread F 34% (limits:")
