@@ -3,7 +3,9 @@
 ``profile_stages`` runs each stage on one microbatch, chaining real activations from stage to
 stage, and measures, per stage:
 
-- F, B, W times in ms: warm-up runs, then the median of repeats (CUDA events on GPU). B and W
+- F, B, W times in ms: warm-up runs, then the median of repeats (CUDA events on GPU), the stages'
+  repeats interleaved round by round and the measurement judged and, if noisy, taken again
+  (``schedc.runtime.noise``; ``StageProfile.spread``, ``disagreement``, ``warning``). B and W
   are timed exactly as the runtime runs them (``schedc.runtime.wgrad``: B computes the input
   gradient and the non-Linear weight gradients, W the deferred Linear ones); the last stage's F
   includes the loss.
