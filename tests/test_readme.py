@@ -160,3 +160,42 @@ def test_a_python_block_runs(page, line, code, skip):
         pytest.skip(f"{page} line {line}: not run: {skip}")
     error = ran(page)[line]
     assert error is None, f"{page} line {line}:\n{error}"
+
+
+def test_the_readme_is_a_front_page_of_at_most_400_lines():
+    n = len(_lines("README.md"))
+    assert n <= MAX_README_LINES, f"README.md has {n} lines, more than {MAX_README_LINES}: move reference text to docs/"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    text = (ROOT / "README.md").read_text()
+    missing = [page for page in PAGES[1:] if f"]({page})" not in text and f"]({page}#" not in text]
+    assert not missing, f"docs pages the README does not link to: {missing}"
+
+
+def anchors(page: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but - and _ dropped,
+    spaces as -."""
+    out, fence = set(), False
+    for line in _lines(page):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_every_local_link_of_the_pages_points_to_a_file_and_heading():
+    link = re.compile(r"\]\(([^)#:]*)(?:#([^)]*))?\)")
+    broken = []
+    for page in PAGES:
+        for target, anchor in link.findall((ROOT / page).read_text()):
+            path = os.path.normpath(str(Path(page).parent / target)) if target else page
+            if path in PENDING and not (ROOT / path).exists():
+                continue
+            if not (ROOT / path).exists():
+                broken.append(f"{page}: {target} (no such file)")
+            elif anchor and path.endswith(".md") and anchor not in anchors(path):
+                broken.append(f"{page}: {target}#{anchor} (no such heading)")
+    assert not broken, f"broken links: {broken}"
