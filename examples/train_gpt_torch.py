@@ -21,12 +21,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from train_gpt import BATCH, CONFIG, gpt, init_distributed, iteration_ms  # the model of train_gpt.py, next to this file
+from train_gpt import BATCH, CONFIG, gpt, iteration_ms  # the model of train_gpt.py, next to this file
 
 import schedc
 from schedc.partition import uniform
-from schedc.runtime import torch_pipeline, torch_placement
-from schedc.runtime.gpt import cut, lm_loss, token_batches
+from schedc.runtime import cut, init_distributed, torch_pipeline, torch_placement
+from schedc.runtime.gpt import lm_loss, token_batches
 
 
 def main() -> None:
