@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -136,6 +137,34 @@ def test_a_model_file_imports_the_module_beside_it(tmp_path, monkeypatch):
         assert sys.path[0] == str(tmp_path)
     finally:
         sys.modules.pop("mymodel_parts_i38", None)
+
+
+def test_a_model_file_with_a_dataclass_config(tmp_path):
+    """A model file as torchtitan's are: ``from __future__ import annotations`` and a dataclass of
+    model arguments (the dataclass looks its module up in sys.modules, where FILE must be)."""
+    (tmp_path / "args_model.py").write_text(textwrap.dedent("""\
+        from __future__ import annotations
+
+        from dataclasses import dataclass
+
+        import torch
+        from torch import nn
+
+        from schedc.runtime import ModelSpec
+
+
+        @dataclass
+        class ModelArgs:
+            dim: int = 4
+            n_layers: int = 2
+
+
+        def spec() -> ModelSpec:
+            args, x = ModelArgs(), torch.randn(8, 4)
+            blocks = [nn.Linear(args.dim, args.dim) for _ in range(args.n_layers)]
+            return ModelSpec(blocks, (x, x), lambda out, y: ((out - y) ** 2).mean())
+        """))
+    assert len(load_model_spec(f"{tmp_path}/args_model.py:spec").blocks) == 2
 
 
 @settings(max_examples=30, deadline=None)
