@@ -109,6 +109,9 @@ def test_the_pages_code_is_the_files():
     (commands,) = [b for b in blocks_of(page, "bash") if "schedc profile" in b]
     for line in commands.strip().splitlines():
         assert line.split("#")[0].strip() in source
+    user = re.search(r"^def spec\(.*?^    return stages\n", source, flags=re.S | re.M).group(0)
+    count = sum(1 for line in user.splitlines() if line.strip())
+    assert count <= 20 and f"Beyond the model itself, {count} lines (`spec` and `main`)" in page
 
 
 def test_the_decoders_blocks_are_the_decoder():
