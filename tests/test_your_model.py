@@ -114,6 +114,21 @@ def test_the_pages_code_is_the_files():
     assert count <= 20 and f"Beyond the model itself, {count} lines (`spec` and `main`)" in page
 
 
+def test_the_readmes_code_is_the_files():
+    """The README's "Your model in ten minutes" shows examples/decoder.py's imports, spec and main
+    as they are in the file (each of its code blocks' lines, blank ones aside), and its commands are
+    the page's."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Your model in ten minutes"):readme.index("\n## ", readme.index("## Your model"))]
+    source = FILE.read_text().splitlines()
+    (code,) = blocks_of(section, "python")
+    for line in code.splitlines():
+        assert not line.strip() or line in source, f"README.md shows a line examples/decoder.py does not have: {line}"
+    (commands,) = blocks_of(section, "sh")
+    (page_commands,) = [b for b in blocks_of(PAGE.read_text(), "bash") if "schedc profile" in b]
+    assert commands == page_commands
+
+
 def test_the_decoders_blocks_are_the_decoder():
     example = decoder_module()
     torch.manual_seed(0)
