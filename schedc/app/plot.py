@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schedc.app.results import outcome
-from schedc.critical import CriticalPath
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, in_order
 from schedc.simulate import Timeline
+
+if TYPE_CHECKING:  # only a type here: schedc.critical loads networkx when a path is computed
+    from schedc.critical import CriticalPath
 
 KIND_COLORS = {k: row.color for k, row in ROWS.items()}  # from the kinds' rows (schedc.kinds)
 KIND_NAMES = {k: row.title for k, row in ROWS.items()}
