@@ -190,7 +190,13 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
 
 def _executes(cell: Cell, config: AblationConfig) -> bool:
     """Whether the study runs the cell's schedules with the runtime (a profiled cell of few enough ranks)."""
-    ranks = cell.problem.ranks if cell.problem is not None else grid_values(cell).get("ranks")
+    if cell.problem is not None:
+        ranks = cell.problem.ranks
+    else:
+        try:
+            ranks = grid_values(cell).get("ranks")
+        except SchedcError:  # the cell's own run says what is wrong
+            return False
     return bool(config.execute and cell.entry.profile and ranks is not None and ranks <= config.execute.max_ranks)
 
 
