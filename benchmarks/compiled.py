@@ -1,4 +1,4 @@
-"""B and W of stages under torch.compile against the same stages uncompiled (README, "B/W split").
+"""B and W of stages under torch.compile against the same stages uncompiled (docs/runtime.md, "B/W split").
 
     python benchmarks/compiled.py [--backend inductor] [--d-model 256] [--steps 6]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -25,10 +24,8 @@ import torch
 import torch.distributed as dist
 
 import schedc
-from schedc.partition import uniform
-from schedc.runtime import PipelineRuntime
-from schedc.runtime.gpt import cut, gpt_blocks, lm_loss, token_batches
-from schedc.runtime.profile import ModelSpec
+from schedc.runtime import ModelSpec, PipelineRuntime, init_distributed, local_stages
+from schedc.runtime.gpt import gpt_blocks, lm_loss, token_batches
 
 CONFIG = dict(vocab=256, d_model=192, n_layers=8, n_heads=4, seq_len=64)
 BATCH = 32  # sequences per iteration, split into the schedule's microbatches
@@ -38,21 +35,6 @@ def gpt() -> ModelSpec:
     """The model for `schedc profile examples/train_gpt.py:gpt`."""
     (batch,) = token_batches(1, BATCH, seq_len=CONFIG["seq_len"], vocab=CONFIG["vocab"], seed=0)
     return ModelSpec(blocks=gpt_blocks(**CONFIG, seed=0), batch=batch, loss_fn=lm_loss, optimizer_state=2.0)
-
-
-def init_distributed() -> tuple[int, int, torch.device]:
-    """torchrun's process group (env://): NCCL with one GPU per rank (LOCAL_RANK) where CUDA is,
-    else gloo on CPU with the cores shared among the ranks. Returns (rank, world size, device)."""
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    return rank, world, device
 
 
 def iteration_ms(times: list[float], warmup: int, device: torch.device) -> float:
@@ -76,11 +58,7 @@ def main() -> None:
 
     compiled = schedc.load(args.schedule)
     problem = compiled.problem
-    model = gpt()
-    sizes = problem.stage_blocks or uniform(len(model.blocks), problem.pipeline_stages)
-    parts = cut(model.blocks, sizes)
-    # (with replicas, stage s is a copy of model stage s % L: every rank built the same model)
-    mine = {s: parts[s % problem.pipeline_stages].to(device) for s in problem.rank_stages[rank]}
+    mine = local_stages(compiled, gpt().blocks, device=device)  # cut as the problem's stage_blocks say
     optimizer = torch.optim.Adam([p for m in mine.values() for p in m.parameters()], lr=args.lr)
     rt = PipelineRuntime(compiled, mine, lm_loss, device=device, trace=bool(args.trace))
     last = any(s % problem.pipeline_stages == problem.pipeline_stages - 1 for s in mine)

@@ -21,12 +21,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from train_gpt import BATCH, CONFIG, gpt, init_distributed, iteration_ms  # the model of train_gpt.py, next to this file
+from train_gpt import BATCH, CONFIG, gpt, iteration_ms  # the model of train_gpt.py, next to this file
 
 import schedc
-from schedc.partition import uniform
-from schedc.runtime import torch_pipeline, torch_placement
-from schedc.runtime.gpt import cut, lm_loss, token_batches
+from schedc.runtime import init_distributed, local_stages, torch_pipeline, torch_placement
+from schedc.runtime.gpt import lm_loss, token_batches
 
 
 def main() -> None:
@@ -47,9 +46,7 @@ def main() -> None:
 
     compiled = schedc.load(args.schedule)
     problem = compiled.problem
-    model = gpt()
-    parts = cut(model.blocks, problem.stage_blocks or uniform(len(model.blocks), problem.n_stages))
-    mine = {s: parts[s].to(device) for s, r in torch_placement(compiled).items() if r == rank}
+    mine = local_stages(compiled, gpt().blocks, device=device)  # the stages torch_placement maps to this rank
     pipe = torch_pipeline(compiled, mine, lm_loss, comms=args.comms, device=device, renumber=args.renumber)
     optimizer = torch.optim.Adam([p for m in mine.values() for p in m.parameters()], lr=args.lr)
     first, last = 0 in mine, problem.n_stages - 1 in mine

@@ -8,8 +8,8 @@ residual branch.
 ``CausalConv`` (not in ``gpt_blocks``): a causal convolution over the sequence that sequence
 chunks carry from chunk to chunk, as they do ``Embedding``'s positions and ``AttentionCore``.
 
-``cut(blocks, sizes)`` groups the list into contiguous ``nn.Sequential`` stages (``sizes`` from
-``schedc.partition``); ``stages(blocks, n)`` is the uniform cut.
+``cut`` and ``stages`` (blocks into stages) are ``schedc.runtime.model``'s, any model's; they are
+importable from here too, as the tests and benchmarks written before them do.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedc.partition import uniform
+from schedc.runtime.model import cut, stages  # noqa: F401  (here for the callers that import them from gpt)
 
 
 def _dropout(p: float) -> nn.Module:
@@ -128,22 +128,6 @@ def gpt_blocks(vocab: int = 64, d_model: int = 32, n_layers: int = 4, n_heads: i
     if tied:
         blocks[-1].out.weight = blocks[0].tok.weight
     return blocks
-
-
-def cut(blocks: list[nn.Module], sizes: list[int]) -> list[nn.Sequential]:
-    """Stage s holds the next ``sizes[s]`` blocks."""
-    if sum(sizes) != len(blocks) or min(sizes, default=0) < 1:
-        raise ValueError(f"cannot cut {len(blocks)} blocks into stages of {sizes} blocks")
-    out, i = [], 0
-    for k in sizes:
-        out.append(nn.Sequential(*blocks[i:i + k]))
-        i += k
-    return out
-
-
-def stages(blocks: list[nn.Module], n: int) -> list[nn.Sequential]:
-    """``n`` contiguous stages with block counts as equal as possible (the first ones get the extra)."""
-    return cut(blocks, uniform(len(blocks), n))
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

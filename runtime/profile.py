@@ -93,6 +93,7 @@ import importlib
 import importlib.util
 import inspect
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -109,9 +110,9 @@ from schedc.kinds import ROWS, Kind, check_supported
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
 from schedc.runtime.dtensor import is_dtensor, local_bytes, refused_output, waited
-from schedc.runtime.gpt import cut
 from schedc.runtime.launch import run_local
 from schedc.runtime.memory import MemoryMeter, SavedBytes
+from schedc.runtime.model import ModelSpec, cut  # ModelSpec: importable from here, as before runtime/model.py
 from schedc.runtime.noise import KINDS, REMEASURE, measure
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
 from schedc.runtime.seqchunk import ChunkedStage, ChunkError, chunk_activation_bytes, chunk_mismatch, split_sequence
@@ -924,20 +925,10 @@ def working_memory(profile: StageProfile, chunked: bool = False) -> list[float]:
     return [w + r for w, r in zip(working, received)]
 
 
-@dataclass
-class ModelSpec:
-    """A model as the profiler and the examples take it: blocks in pipeline order (an embedding
-    first, a head last, or any ``nn.Sequential``'s children), one training batch, and the loss."""
-
-    blocks: list[nn.Module]
-    batch: tuple[torch.Tensor, Any]  # (inputs, targets) of one iteration
-    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor]
-    optimizer_state: float = 2.0  # optimizer values per parameter (Adam: 2, SGD with momentum: 1)
-
-
 def load_model_spec(ref: str) -> ModelSpec:
     """``path/to/file.py:function`` or ``package.module:function``; the function takes no
-    arguments and returns a ModelSpec."""
+    arguments and returns a ModelSpec. FILE is imported as Python runs a script: its folder first
+    on ``sys.path`` (where it stays, as for a script), so that it imports the modules beside it."""
     where, sep, func = ref.rpartition(":")
     if not sep or not where or not func:
         raise SchedcError(f"model {ref!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
@@ -946,9 +937,18 @@ def load_model_spec(ref: str) -> ModelSpec:
             path = Path(where)
             if not path.is_file():
                 raise SchedcError(f"model {ref!r}: no file {where}")
-            spec = importlib.util.spec_from_file_location(f"schedc_model_{path.stem}", path)
+            folder = str(path.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            name = f"schedc_model_{path.stem}"
+            spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            sys.modules[name] = module  # its classes can be pickled and deep-copied by name
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
         else:
             module = importlib.import_module(where)
     except ImportError as e:

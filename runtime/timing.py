@@ -7,10 +7,9 @@ import time
 
 import torch.distributed as dist
 
-from schedc.partition import uniform
-from schedc.runtime.gpt import cut
 from schedc.runtime.interpreter import PipelineRuntime
 from schedc.runtime.launch import run_local
+from schedc.runtime.model import local_stages
 from schedc.runtime.profile import load_model_spec
 from schedc.schedfile import load
 
@@ -26,10 +25,8 @@ def _time_on_rank(rank: int, world: int, model_ref: str, paths: list[str], steps
     out = {}
     for path in paths:
         compiled = load(path)
-        prob = compiled.problem
         model = load_model_spec(model_ref)
-        parts = cut(model.blocks, prob.stage_blocks or uniform(len(model.blocks), prob.pipeline_stages))
-        mine = {s: parts[s % prob.pipeline_stages] for s in prob.rank_stages[rank]}  # (a copy per pipeline)
+        mine = local_stages(compiled, model.blocks, rank)
         rt = PipelineRuntime(compiled, mine, model.loss_fn)
         inputs, targets = model.batch
         times = []

@@ -5,7 +5,7 @@ Problem -> Schedule (a heuristic from the registry, or solved) -> Timeline (simu
 Nothing heavy is imported here: torch, PuLP and matplotlib load only where they are used, and
 ``import schedc`` loads the core alone (no solver, no application module: the runtime's ranks
 import it). ``schedc.compile`` belongs to the application layer and is loaded on first use.
-The layers (README, "Architecture"): the core (this package's own modules), ``schedc.solvers``
+The layers (docs/architecture.md): the core (this package's own modules), ``schedc.solvers``
 and ``schedc.runtime`` over it, and ``schedc.app`` (CLI, compile, studies, figures) on top.
 """
 

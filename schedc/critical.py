@@ -31,12 +31,14 @@ noise in sums of costs can tip such a tie either way, and either choice is a cri
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from schedc.kinds import ROWS
 from schedc.schedule import Op
 from schedc.simulate import Timeline, dependencies, durations, together
+
+if TYPE_CHECKING:  # networkx is loaded where a critical path is computed, not by every command that imports this
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ def op_graph(timeline: Timeline) -> nx.DiGraph:
     to it (``wait`` "issue"). ``weight`` is the latency plus the consumer's
     duration, so a path's weight plus its first op's duration is the time from that op's start
     to the last op's end when nothing else waits."""
+    import networkx as nx  # heavy (0.15 s): loaded only where a critical path is computed
+
     problem, schedule = timeline.problem, timeline.schedule
     where = schedule.locate()
     lanes = [lane_ops for per_rank in timeline.lanes.values() for lane_ops in per_rank]
@@ -206,6 +210,8 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
         window = (timeline.start[rank][0], ends[rank])
     last = timeline.last_op(rank)
     graph = op_graph(timeline)
+    import networkx as nx  # heavy: loaded only where a critical path is computed (op_graph has loaded it)
+
     # Every op that leads to ``last`` (all weights are positive, so a longest path ends there).
     into = graph.subgraph(nx.ancestors(graph, last) | {last})
     chain = nx.dag_longest_path(into, weight="weight")

@@ -81,7 +81,7 @@ from schedc.solvers.common import (
     model_op_deltas, order_edges, register_backend,
 )
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
-from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as README shows)
+from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as docs/runtime.md shows)
 from schedc.tolerance import meets
 
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead

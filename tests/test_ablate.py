@@ -2,6 +2,7 @@
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -307,3 +308,109 @@ def test_a_problem_file_without_an_offload_section_skips_the_offload_cells(tmp_p
     assert {r["cell"] for r in read_csv(tmp_path / "r" / "results.csv")} == {"uniform-none"}
     assert ("uniform-offload: policies 'offload' needs an offload section (time): give offload: in the config or in"
             " the problem") in (tmp_path / "r" / "summary.md").read_text()
+
+
+# A study whose last problem is a model to profile and run: the estimate before it must count them.
+PROFILED = """
+name: t
+problems:
+  - file: {root}/examples/problems/uniform.yaml
+    grid: {{memory: [null]}}
+  - name: model
+    profile: model.py:spec
+    grid: {{ranks: [2], microbatches: [4], memory: [1.0, null]}}
+schedules: [1f1b, zb-h1]
+execute: {{steps: 3, warmup: 1, max_ranks: 2}}
+"""
+
+
+class _Clock:
+    """Seconds that pass only when the fakes below say so."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _fake_runtime(monkeypatch, clock: _Clock | None, profile_s: float, step_s: float) -> list:
+    """schedc.runtime's profiler and timer replaced: a profile takes ``profile_s``, a step ``step_s``
+    (on ``clock``), and the problem is a fixed one; returns the list of profiles made."""
+    import schedc.runtime.profile as profile
+    import schedc.runtime.timing as timing
+    from schedc.problem import Problem
+
+    made = []
+
+    def profile_model(spec, *, ranks, chunks, placement, microbatches, name):
+        made.append((ranks, microbatches))
+        if clock:
+            clock.t += profile_s
+        return Problem.parse({"ranks": ranks, "microbatches": microbatches, "costs": {"F": 2, "B": 2, "W": 1},
+                              "memory": {"F": 1, "B": -0.5}}, source=name), SimpleNamespace(warning="")  # quiet
+
+    def time_schedules(ranks, ref, paths, steps, warmup):
+        if clock:
+            clock.t += len(paths) * (steps + warmup) * step_s
+        return [{p: 10.0 for p in paths}] * ranks
+
+    monkeypatch.setattr(profile, "load_model_spec", lambda ref: None)
+    monkeypatch.setattr(profile, "profile_model", profile_model)
+    monkeypatch.setattr(timing, "time_schedules", time_schedules)
+    return made
+
+
+def test_the_time_left_counts_profiling_and_execution(tmp_path, monkeypatch):
+    """The clock injected: simulation takes no time, a profile 60 s, a step 2 s. Before the profile
+    the estimate names the profile and the runs not yet timed (it said "about 0 s left" in front of
+    them); after it, the runs left at the measured 2 s a step: 1 cell x 2 schedules x 4 steps."""
+    from pathlib import Path
+
+    from schedc.app.ablate import run
+    from schedc.app.ablate_config import load_config
+
+    clock = _Clock()
+    made = _fake_runtime(monkeypatch, clock, profile_s=60.0, step_s=2.0)
+    (tmp_path / "model.py").write_text("def spec():\n    pass\n")
+    (tmp_path / "t.yaml").write_text(PROFILED.format(root=Path(__file__).parent.parent))
+    lines: list[str] = []
+    rows = run(load_config(tmp_path / "t.yaml"), tmp_path / "out", lines.append, clock=clock)
+    assert made == [(2, 4)]  # one profile serves both memory limits
+    assert {r.measured_ms for r in rows if r.cell.startswith("model")} == {10.0}
+    assert lines[0] == "t: 3 cells x 2 schedules; 1 model profile and up to 4 schedule runs of 4 steps"
+    cells = [ln for ln in lines if ln.startswith("[")]
+    assert cells[0].endswith("(0 s, about 0 s left plus 1 profile and 4 schedule runs of 4 steps not yet timed)")
+    assert cells[1].endswith("(76 s, about 16 s left)"), cells  # 60 s profile + 2 runs x 4 steps x 2 s
+    assert cells[2].endswith("(92 s)"), cells
+
+
+def test_the_estimate_counts_each_kind_at_its_own_pace():
+    """Estimate.left from its inputs: cells, profiles and schedule steps each at their measured pace."""
+    from schedc.app.ablate import Estimate
+
+    e = Estimate(cells=10, profiles=3, executed_cells=4, runs_per_cell=5, steps_per_run=8)
+    e.cell_done(2.0)
+    assert e.left() == (18.0, ["3 profiles", "20 schedule runs of 8 steps"])
+    e.profiled(1, 100.0)
+    e.executed(4, 64.0)  # 4 runs x 8 steps in 64 s: 2 s a step
+    e.cell_done(4.0)
+    # 8 cells x 3 s, 2 profiles x 100 s, 3 cells x 4 runs (the mean so far) x 8 steps x 2 s
+    assert e.left() == (8 * 3.0 + 2 * 100.0 + 3 * 4 * 8 * 2.0, [])
+    assert e.pace(500.0) == "8 min, about 7 min left"
+
+
+def test_the_plan_line_names_the_profiles_and_runs(tmp_path, monkeypatch):
+    """Through the CLI, with the real clock (no time asserted): the plan names the profiling and
+    execution, and the first cell's estimate says they are not yet timed."""
+    from pathlib import Path
+
+    _fake_runtime(monkeypatch, None, 0.0, 0.0)
+    (tmp_path / "model.py").write_text("def spec():\n    pass\n")
+    (tmp_path / "t.yaml").write_text(PROFILED.format(root=Path(__file__).parent.parent))
+    result = CliRunner().invoke(main, ["ablate", str(tmp_path / "t.yaml"), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].endswith("; 1 model profile and up to 4 schedule runs of 4 steps"), lines
+    first = next(ln for ln in lines if ln.startswith("[1/3]"))
+    assert first.endswith("left plus 1 profile and 4 schedule runs of 4 steps not yet timed)"), first

@@ -1,4 +1,4 @@
-"""The README's chain on this machine: profile -> solve -> train under torchrun (2 gloo ranks)."""
+"""The profile -> solve -> train chain of docs/runtime.md on this machine: profile -> solve -> train under torchrun (2 gloo ranks)."""
 
 import json
 import os

@@ -242,3 +242,76 @@ def test_a_measured_trace_with_a_copy_lane_reads_back_as_its_timeline(tmp_path):
     write_trace_file(tmp_path / "plain.json", t.schedule.name, 0, plain)
     with pytest.raises(SchedcError, match="rank 0 ran other copy ops than the schedule"):
         measured_timeline(tmp_path / "plain.json", t.problem, t.schedule)
+
+
+def _drawn(monkeypatch, timelines, **kw):
+    """The figure draw_gantt saves, rendered (Agg): per Gantt chart (axes with boxes), its axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PolyCollection
+
+    from schedc.app import plot
+
+    saved = []
+    monkeypatch.setattr(plot, "_save", lambda fig, path: saved.append(fig))
+    draw_gantt(timelines, "unused.png", **kw)
+    (fig,) = saved
+    FigureCanvasAgg(fig).draw()
+    charts = [ax for ax in fig.axes if any(isinstance(c, PolyCollection) for c in ax.collections)]
+    assert len(charts) == len(timelines)
+    return fig, charts
+
+
+def _compare_timelines():
+    """Schedules of one problem as `schedc compare` draws them: 2bw's 8 rounds take 201 units, the
+    others 27-33; a DualPipe with pairs run together; an interleaved one with 64 ops per rank."""
+    uniform = Problem.parse(dict(ranks=4, microbatches=8, costs=dict(F=1, B=1, W=1), memory=dict(F=2, B=-1, W=-1)))
+    bidir = Problem.parse(dict(ranks=4, microbatches=8, costs=dict(F=1, B=1, W=0.8), comm=0.05,
+                               replicas=dict(count=2, sync=0.5), memory=dict(F=1, static=4)))
+    big = Problem.parse(dict(ranks=8, microbatches=32, chunks=2, costs=dict(F=1, B=1, W=0.5), memory=dict(F=1, B=-0.5)))
+    return [simulate(p, S.build(name, p)) for p, name in
+            ((uniform, "1f1b"), (uniform, "zb-h1"), (uniform, "2bw"), (bidir, "dualpipe"), (big, "interleaved-1f1b"))]
+
+
+def test_each_chart_has_its_own_time_axis_and_an_asynchronous_one_says_its_rounds(monkeypatch):
+    """compare.png put all charts on one 0-200 axis set by 2bw's 8 rounds: the others filled 15 %
+    of its width. Now each its own: the whole timeline, or 2bw's first round (its title says so)."""
+    timelines = _compare_timelines()
+    fig, charts = _drawn(monkeypatch, timelines)
+    for t, ax in zip(timelines, charts):
+        end = t.makespan if t.schedule.synchronous else t.round_ends()[0]
+        assert ax.get_xlim() == pytest.approx((0, end * 1.02))
+    two_bw = charts[2].get_title(loc="left")
+    assert "8 rounds of 8 microbatches; round 1 shown, 0-33 of 201" in two_bw, two_bw
+    # The simulated and a measured run of one schedule share theirs when asked (schedc show --measured).
+    _, charts = _drawn(monkeypatch, timelines[:2], shared_axis=True)
+    assert charts[0].get_xlim() == charts[1].get_xlim() == pytest.approx((0, 33 * 1.02))
+
+
+def test_every_box_carries_its_microbatch_inside_it(monkeypatch):
+    """Every compute op shown has a label, its microbatch, at 6 points or more, drawn inside its
+    own box (so no two labels overlap): F boxes had none in compare.png, and DualPipe's pairs, drawn
+    over each other, had their two numbers printed on top of one another."""
+    from schedc.app import plot
+
+    timelines = _compare_timelines()
+    fig, charts = _drawn(monkeypatch, timelines)
+    renderer = fig.canvas.get_renderer()
+    for t, ax in zip(timelines, charts):
+        x0, x1 = ax.get_xlim()
+        x1 /= 1.02  # the time shown; the axis leaves 2 % of margin after it
+        boxes = [path.vertices for c in ax.collections for path in c.get_paths()]
+        texts = list(ax.texts)
+        shown = [(op, s, e) for op, (r, s, e) in t.op_times().items()
+                 if op.kind in ("F", "B", "W", "BW") and min(e, x1) > max(s, x0)]
+        assert len(texts) == len(shown), t.schedule.name
+        assert sorted(tx.get_text() for tx in texts) == sorted(str(op.mb) for op, _, _ in shown)
+        for tx in texts:
+            assert tx.get_fontsize() >= plot.MIN_FONT
+            x, y = tx.get_position()
+            (inside,) = [v for v in boxes
+                         if v[:, 0].min() <= x <= v[:, 0].max() and v[:, 1].min() <= y <= v[:, 1].max()]
+            corners = ax.transData.transform([(max(inside[:, 0].min(), x0), inside[:, 1].min()),
+                                              (min(inside[:, 0].max(), x1), inside[:, 1].max())])
+            extent = tx.get_window_extent(renderer)
+            assert corners[:, 0].min() - 0.5 <= extent.x0 and extent.x1 <= corners[:, 0].max() + 0.5, tx.get_text()
+            assert corners[:, 1].min() - 0.5 <= extent.y0 and extent.y1 <= corners[:, 1].max() + 0.5, tx.get_text()

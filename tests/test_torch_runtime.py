@@ -216,10 +216,10 @@ def test_the_readme_example_trains(tmp_path):
     assert out["comms"] == "schedc" and len(out["losses"]) == 2 and out["losses"][-1] < out["losses"][0]
 
 
-def test_the_readme_snippet_runs_as_written(tmp_path):
-    """The README's Python block for torch's runtime, saved as pp.py and run under torchrun next to
-    the out/zbv.json it loads (compiled here instead of profiled)."""
-    (code,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def test_the_docs_snippet_runs_as_written(tmp_path):
+    """docs/interop.md's Python block for torch's runtime, saved as pp.py and run under torchrun next
+    to the out/zbv.json it loads (compiled here instead of profiled)."""
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "interop.md").read_text(), re.S)
                if "torch_pipeline(compiled" in b]
     (tmp_path / "pp.py").write_text(code)
     (tmp_path / "out").mkdir()

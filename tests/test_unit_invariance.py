@@ -150,7 +150,7 @@ def test_example_problems_in_seconds_and_in_other_memory_units(path):
     check_memory_unit(problem, 2.0**30, base)  # GiB to bytes
 
 
-# ---- the README's claims, in every unit ----
+# ---- the README's and docs' claims, in every unit ----
 
 
 @pytest.mark.parametrize("c", (1.0,) + FACTORS)

@@ -29,6 +29,7 @@ microbatch) each schedule recomputes, recomputes selectively and offloads.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -52,12 +53,7 @@ PULSE_SECONDS = 60.0
 
 def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] | None = None) -> Problem:
     """The cell's Problem: the entry's problem with the grid values, heavy ends and memory limit."""
-    entry, v = cell.entry, dict(cell.values)
-    if "microbatches_per_rank" in v:
-        ranks = v.get("ranks")
-        if ranks is None:
-            raise SchedcError("microbatches_per_rank needs the ranks axis")
-        v["microbatches"] = v.pop("microbatches_per_rank") * ranks
+    entry, v = cell.entry, grid_values(cell)
     factor = v.pop("memory")
     policies = v.pop("policies", None)
     if entry.profile:
@@ -88,6 +84,17 @@ def build_problem(cell: Cell, profiler: Callable[[ProblemEntry, dict], Problem] 
     return problem
 
 
+def grid_values(cell: Cell) -> dict:
+    """The cell's grid values, ``microbatches_per_rank`` turned into ``microbatches``."""
+    v = dict(cell.values)
+    if "microbatches_per_rank" in v:
+        ranks = v.get("ranks")
+        if ranks is None:
+            raise SchedcError("microbatches_per_rank needs the ranks axis")
+        v["microbatches"] = v.pop("microbatches_per_rank") * ranks
+    return v
+
+
 def _declare(data: dict, policies: str, sections: dict, cell_id: str) -> None:
     """Set the problem data's recompute / offload sections for the policies axis value ``policies``:
     each from the config (``sections``) or else the problem's own; a recompute section defaults to
@@ -112,15 +119,18 @@ def _declare(data: dict, policies: str, sections: dict, cell_id: str) -> None:
 
 
 def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None,
-        *, max_cells: int = MAX_CELLS, pulse: Callable[[str], None] | None = None, pulse_every: float | None = None
-        ) -> list[Row]:
+        *, max_cells: int = MAX_CELLS, pulse: Callable[[str], None] | None = None, pulse_every: float | None = None,
+        clock: Callable[[], float] = time.perf_counter) -> list[Row]:
     """Run every cell, write the report folder, return the rows.
 
-    ``progress`` hears the plan (cells, schedules, the solver's worst case) and a line per cell
-    with the time so far and an estimate of the time left. ``pulse`` (for a quiet run) hears the
-    plan only when the solver alone may take over ``pulse_every`` seconds (default
-    ``PULSE_SECONDS``), then at most one line per ``pulse_every`` seconds: cells done, time so far,
-    time left. A grid of more than ``max_cells`` cells is refused before any cell runs (ConfigError)."""
+    ``progress`` hears the plan (cells, schedules, the solver's worst case, the profiles and
+    schedule runs) and a line per cell with the time so far and an estimate of the time left
+    (``Estimate``: cells, profiles and executed schedule runs each at its own measured pace).
+    ``pulse`` (for a quiet run) hears the plan only when the solver alone may take over
+    ``pulse_every`` seconds (default ``PULSE_SECONDS``) or the study profiles or executes, then at
+    most one line per ``pulse_every`` seconds: cells done, time so far, time left. ``clock``: the
+    seconds the estimate reads. A grid of more than ``max_cells`` cells is refused before any
+    cell runs (ConfigError)."""
     pulse_every = PULSE_SECONDS if pulse_every is None else pulse_every
     say = progress or (lambda msg: None)
     beat = pulse or (lambda msg: None)
@@ -130,35 +140,46 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
     names = config.schedules or [*solvers.REGISTRY, ILP]
     searches = [n for n in names if n in solvers.SEARCHES]
     worst = len(cells) * len(searches) * config.solver.time_limit
+    estimate = Estimate.of(config, cells, len(names))
     intro = (f"{config.name}: {len(cells)} cells x {len(names)} schedules"
              + (f"; the solver takes up to {_duration(config.solver.time_limit)} a cell, {_duration(worst)} in all"
-                if searches else ""))
+                if searches else "") + estimate.work())
     say(intro)
-    if worst > pulse_every:
+    if worst > pulse_every or estimate.profiles or estimate.executed_cells:
         beat(intro)
-    profiler = _Profiler(say) if any(c.entry.profile for c in cells) else None
+    profiler = _Profiler(say, clock) if any(c.entry.profile for c in cells) else None
     rows: list[Row] = []
     timelines: dict[str, dict[str, Timeline]] = {}
-    start = last_beat = time.perf_counter()
+    start = last_beat = clock()
     for k, cell in enumerate(cells, 1):
-        if k > 1 and (now := time.perf_counter()) - last_beat >= pulse_every:
-            beat(f"{config.name}: {k - 1} of {len(cells)} cells done ({_pace(now - start, k - 1, len(cells))})")
+        if k > 1 and (now := clock()) - last_beat >= pulse_every:
+            beat(f"{config.name}: {k - 1} of {len(cells)} cells done ({estimate.pace(now - start)})")
             last_beat = now
+        began, profiled = clock(), (profiler.seconds if profiler else 0.0)
+        executed = 0.0
         try:
             cell.problem = build_problem(cell, profiler)
         except (ProblemError, ValueError) as e:
             cell.reason = str(e)
-            say(f"[{k}/{len(cells)}] {cell.id}: skipped: {e}")
+            estimate.skipped(cell, config)
+            estimate.cell_done(clock() - began - ((profiler.seconds if profiler else 0.0) - profiled))
+            estimate.profiled(profiler.count if profiler else 0, profiler.seconds if profiler else 0.0)
+            say(f"[{k}/{len(cells)}] {cell.id}: skipped: {e}  ({estimate.pace(clock() - start)})")
             continue
         _write_problem(cell.problem, out / "problems" / f"{cell.id}.yaml")
         cell_rows, named = run_cell(cell, config)
         _save_solved(cell, cell_rows, named, out)
-        if config.execute and cell.entry.profile and cell.problem.ranks <= config.execute.max_ranks:
-            _execute(cell, config, cell_rows, named, out, say)
+        if _executes(cell, config):
+            t0 = clock()
+            runs = _execute(cell, config, cell_rows, named, out, say)
+            executed = clock() - t0
+            estimate.executed(runs, executed)
+        if profiler:
+            estimate.profiled(profiler.count, profiler.seconds)
+        estimate.cell_done(clock() - began - executed - ((profiler.seconds if profiler else 0.0) - profiled))
         rows += cell_rows
         timelines[cell.id] = named
-        pace = _pace(time.perf_counter() - start, k, len(cells))
-        say(f"[{k}/{len(cells)}] {cell.id}: {_headline(cell_rows)}  ({pace})")
+        say(f"[{k}/{len(cells)}] {cell.id}: {_headline(cell_rows)}  ({estimate.pace(clock() - start)})")
     if not rows:
         reasons = sorted({c.reason for c in cells if c.reason})
         raise SchedcError(f"nothing to show: every one of the {len(cells)} cells was skipped ("
@@ -167,10 +188,120 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
     return rows
 
 
-def _pace(elapsed: float, done: int, total: int) -> str:
-    """Time so far and, at the pace so far, the time left."""
-    left = elapsed / done * (total - done)
-    return f"{_duration(elapsed)}" + (f", about {_duration(left)} left" if total > done else "")
+def _executes(cell: Cell, config: AblationConfig) -> bool:
+    """Whether the study runs the cell's schedules with the runtime (a profiled cell of few enough ranks)."""
+    if cell.problem is not None:
+        ranks = cell.problem.ranks
+    else:
+        try:
+            ranks = grid_values(cell).get("ranks")
+        except SchedcError:  # the cell's own run says what is wrong
+            return False
+    return bool(config.execute and cell.entry.profile and ranks is not None and ranks <= config.execute.max_ranks)
+
+
+@dataclass
+class Estimate:
+    """What is left of a study, from its plan and from the time each kind of work has taken so far.
+
+    Three kinds, each at its own pace: the cells' simulation and solving (seconds per cell), the
+    model profiles (seconds per profile; ``profiles`` distinct ones in the plan), and the runs of
+    schedules with the runtime (seconds per step; each executed cell runs up to ``runs_per_cell``
+    schedules of ``steps_per_run`` steps, warm-up included, and once a cell has run, the mean that
+    ran). A kind not yet timed is not guessed: ``left`` names it, so the estimate never reads
+    "about 21 s left" in front of an hour of profiling. Pure: the caller measures the seconds."""
+
+    cells: int
+    profiles: int
+    executed_cells: int
+    runs_per_cell: int
+    steps_per_run: int
+    done_cells: int = 0
+    cell_seconds: float = 0.0
+    done_profiles: int = 0
+    profile_seconds: float = 0.0
+    done_executed: int = 0
+    runs: int = 0
+    run_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, config: AblationConfig, cells: list[Cell], schedules: int) -> "Estimate":
+        profiles = set()
+        for cell in cells:
+            if cell.entry.profile:
+                try:
+                    profiles.add(_Profiler.key(cell.entry, grid_values(cell)))
+                except SchedcError:  # the cell will be skipped, unprofiled
+                    pass
+        executed = sum(1 for cell in cells if cell.entry.profile and _executes(cell, config))
+        steps = config.execute.steps + config.execute.warmup if config.execute else 0
+        return cls(len(cells), len(profiles), executed, schedules, steps)
+
+    def cell_done(self, seconds: float) -> None:
+        """A cell simulated and solved in ``seconds`` (its profiling and execution not counted)."""
+        self.done_cells += 1
+        self.cell_seconds += seconds
+
+    def profiled(self, count: int, seconds: float) -> None:
+        """``count`` profiles so far, in ``seconds`` in all."""
+        self.done_profiles, self.profile_seconds = count, seconds
+        self.profiles = max(self.profiles, count)
+
+    def executed(self, runs: int, seconds: float) -> None:
+        """A cell's ``runs`` schedules ran with the runtime in ``seconds``."""
+        self.done_executed += 1
+        self.runs += runs
+        self.run_seconds += seconds
+
+    def skipped(self, cell: Cell, config: AblationConfig) -> None:
+        """A cell that will not run: it no longer counts among the executed ones."""
+        if cell.entry.profile and _executes(cell, config):
+            self.executed_cells -= 1
+
+    def left(self) -> tuple[float, list[str]]:
+        """Seconds left for the work whose pace is known, and the work not yet timed, in words."""
+        seconds, untimed = 0.0, []
+        cells = self.cells - self.done_cells
+        if cells and self.done_cells:
+            seconds += self.cell_seconds / self.done_cells * cells
+        elif cells:
+            untimed.append(_count(cells, "cell"))
+        profiles = self.profiles - self.done_profiles
+        if profiles and self.done_profiles:
+            seconds += self.profile_seconds / self.done_profiles * profiles
+        elif profiles:
+            untimed.append(_count(profiles, "profile"))
+        executed = self.executed_cells - self.done_executed
+        if executed > 0:
+            per_cell = self.runs / self.done_executed if self.done_executed else self.runs_per_cell
+            steps = executed * per_cell * self.steps_per_run
+            if self.runs:
+                seconds += self.run_seconds / (self.runs * self.steps_per_run) * steps
+            else:
+                untimed.append(f"{_count(round(executed * per_cell), 'schedule run')} of {self.steps_per_run} steps")
+        return seconds, untimed
+
+    def pace(self, elapsed: float) -> str:
+        """Time so far and the time left, with the work not yet timed named."""
+        seconds, untimed = self.left()
+        if not seconds and not untimed:
+            return _duration(elapsed)
+        text = f"{_duration(elapsed)}, about {_duration(seconds)} left"
+        return text + (f" plus {' and '.join(untimed)} not yet timed" if untimed else "")
+
+    def work(self) -> str:
+        """The profiling and execution the plan holds, for the intro line ("" for none)."""
+        parts = []
+        if self.profiles:
+            parts.append(_count(self.profiles, "model profile"))
+        if self.executed_cells:
+            parts.append(f"up to {_count(self.executed_cells * self.runs_per_cell, 'schedule run')}"
+                         f" of {self.steps_per_run} steps")
+        return f"; {' and '.join(parts)}" if parts else ""
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _duration(seconds: float) -> str:
@@ -274,21 +405,33 @@ def _headline(rows: list[Row]) -> str:
 
 
 class _Profiler:
-    """Profiles each model once per (ranks, chunks, placement, microbatches)."""
+    """Profiles each model once per (ranks, chunks, placement, microbatches); counts the profiles
+    and the seconds they took (``clock``), for the estimate."""
 
-    def __init__(self, say):
-        self.say, self.cache = say, {}
+    def __init__(self, say, clock: Callable[[], float] = time.perf_counter):
+        self.say, self.cache, self.clock = say, {}, clock
+        self.count, self.seconds = 0, 0.0
+
+    @staticmethod
+    def key(entry: ProblemEntry, v: dict) -> tuple:
+        """What one profile serves: the model and the cell's ranks, chunks, placement and microbatches."""
+        return (entry.profile, v.get("ranks"), v.get("chunks", 1), v.get("placement", "loop"), v.get("microbatches"))
 
     def __call__(self, entry: ProblemEntry, v: dict) -> Problem:
         from schedc.runtime.profile import load_model_spec, profile_model  # torch: only for profiled entries
 
-        key = (entry.profile, v.get("ranks"), v.get("chunks", 1), v.get("placement", "loop"), v.get("microbatches"))
+        key = self.key(entry, v)
         if key not in self.cache:
             if v.get("ranks") is None or v.get("microbatches") is None:
                 raise SchedcError(f"{entry.label}: a profiled problem needs the ranks and microbatches axes")
             self.say(f"profiling {entry.profile} for p={key[1]} v={key[2]} {key[3]} m={key[4]}")
-            problem, prof = profile_model(load_model_spec(entry.profile), ranks=key[1], chunks=key[2],
-                                          placement=key[3], microbatches=key[4], name=entry.label)
+            began = self.clock()
+            try:
+                problem, prof = profile_model(load_model_spec(entry.profile), ranks=key[1], chunks=key[2],
+                                              placement=key[3], microbatches=key[4], name=entry.label)
+            finally:
+                self.count += 1
+                self.seconds += self.clock() - began
             if prof.warning:  # the study goes on; its profiled cells say which profile was noisy
                 from schedc.runtime.noise import advice  # torch is loaded already (profile_model)
 
@@ -297,8 +440,9 @@ class _Profiler:
         return self.cache[key]
 
 
-def _execute(cell: Cell, config: AblationConfig, rows: list[Row], named: dict, out: Path, say) -> None:
-    """Train with every fitting schedule of the cell in local gloo processes; fill measured_ms."""
+def _execute(cell: Cell, config: AblationConfig, rows: list[Row], named: dict, out: Path, say) -> int:
+    """Train with every fitting schedule of the cell in local gloo processes; fill measured_ms.
+    Returns how many schedules ran."""
     from schedc.runtime.timing import time_schedules  # torch: only for studies that execute
 
     paths = {}
@@ -314,3 +458,4 @@ def _execute(cell: Cell, config: AblationConfig, rows: list[Row], named: dict, o
     for row in rows:
         if row.schedule in paths:
             row.measured_ms = max(m[paths[row.schedule]] for m in measured)
+    return len(paths)

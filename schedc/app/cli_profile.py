@@ -62,7 +62,8 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
             as_json: bool, strict: bool) -> None:
     """Profile a model on this machine and write the Problem for `schedc solve`.
 
-    MODEL is FILE.py:FUNCTION or MODULE:FUNCTION returning a schedc.runtime.profile.ModelSpec
+    MODEL is FILE.py:FUNCTION (FILE imported as Python runs a script: its folder on sys.path)
+    or MODULE:FUNCTION, returning a schedc.runtime.ModelSpec
     (blocks in pipeline order, one batch, the loss), e.g. examples/train_gpt.py:gpt. The blocks
     are cut into ranks x chunks stages, each stage's F, B and W are timed (median after warm-up,
     the stages' repeats interleaved), its activation and static memory measured, and the transfer

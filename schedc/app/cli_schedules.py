@@ -237,7 +237,8 @@ def show(problem: str, memory_limit, objective, name: str | None, output: str, t
                 + " ".join(f"{x:.4g}" for x in peaks) + ", measured / simulated "
                 + " ".join(f"{m / s:.3f}" if s else "-" for m, s in zip(peaks, t.peak_activation))
             )
-    draw_gantt(timelines, output, measured_memory=memory, critical={0: critical_path(t)})
+    # One time axis for the simulated and the measured run, so that their lengths compare at a glance.
+    draw_gantt(timelines, output, measured_memory=memory, critical={0: critical_path(t)}, shared_axis=True)
     if prob.policies:
         click.echo(f"{schedule.name}: {policies_line(prob, schedule)}")
     click.echo(f"wrote {output}")

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schedc.app.results import outcome
-from schedc.critical import CriticalPath
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, in_order
 from schedc.simulate import Timeline
+
+if TYPE_CHECKING:  # only a type here: schedc.critical loads networkx when a path is computed
+    from schedc.critical import CriticalPath
 
 KIND_COLORS = {k: row.color for k, row in ROWS.items()}  # from the kinds' rows (schedc.kinds)
 KIND_NAMES = {k: row.title for k, row in ROWS.items()}
 CRITICAL_COLOR = "black"
 FORMATS = (".png", ".svg", ".pdf")
-WIDTH_IN = 14.0  # figure width; the time axis gets about WIDTH_IN - 1.4 inches
+WIDTH_IN = 14.0  # figure width; the time axis gets about WIDTH_IN - AXIS_MARGIN_IN inches
+AXIS_MARGIN_IN = 1.4  # the rank labels left of a chart, the margins
+MAX_WIDTH_IN = 32.0  # a chart too crowded for labels grows wider up to this; narrower boxes go unlabelled
 MAX_HEIGHT_IN = 60.0
+MIN_FONT = 6.0  # points: the smallest microbatch number legible at the saved resolution (110 dpi)
 
 
 def memory_steps(timeline: Timeline) -> list[list[tuple[float, float]]]:
@@ -96,45 +102,64 @@ def write_trace(timeline: Timeline, path: str | Path) -> None:
 
 def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None = None,
                measured_memory: dict[int, list[list[tuple[float, float]]]] | None = None,
-               critical: dict[int, CriticalPath] | None = None) -> None:
-    """Draw each timeline as a Gantt chart over its memory curves, on one shared time axis.
-    ``measured_memory``: for the timeline at an index, per rank the measured activation memory
-    as step points (time, level; ``schedc.trace.measured_memory``), drawn solid over that
-    timeline's simulated curve (dashed) with the problem's static memory added, so both are in
-    the problem's memory units (MiB for a problem from ``schedc profile``). ``critical``: for the
-    timeline at an index, its critical path (``schedc.critical.critical_path``), outlined in black
-    with a line for each wait on another rank."""
+               critical: dict[int, CriticalPath] | None = None, shared_axis: bool = False) -> None:
+    """Draw each timeline as a Gantt chart over its memory curves (``gantt_figure``) into ``path``
+    (.png, .svg or .pdf)."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise SchedcError(f"{path}: unknown figure format {path.suffix!r}: use {', '.join(FORMATS)}")
     if not timelines:
         raise SchedcError(f"{path}: no schedules to draw")
+    _save(gantt_figure(timelines, title=title, measured_memory=measured_memory, critical=critical,
+                       shared_axis=shared_axis), path)
+
+
+def gantt_figure(timelines: list[Timeline], *, title: str | None = None,
+                 measured_memory: dict[int, list[list[tuple[float, float]]]] | None = None,
+                 critical: dict[int, CriticalPath] | None = None, shared_axis: bool = False):
+    """Each timeline as a Gantt chart over its memory curves, each on its own time axis (a
+    schedule of 27 units is not squeezed into the axis of one of 200), every box labelled with
+    its microbatch (``_draw_ops``; the figure is widened, up to ``MAX_WIDTH_IN``, until the
+    narrowest box holds a label). An asynchronous schedule is drawn over its first round's span
+    (``_window``), its title saying so and how many rounds it has. ``shared_axis``: one time
+    axis for all (as for a simulated and a measured run of one schedule), where every timeline
+    is synchronous. ``measured_memory``: for the timeline at an index, per rank the measured
+    activation memory as step points (time, level; ``schedc.trace.measured_memory``), drawn solid
+    over that timeline's simulated curve (dashed) with the problem's static memory added, so both
+    are in the problem's memory units (MiB for a problem from ``schedc profile``). ``critical``:
+    for the timeline at an index, its critical path (``schedc.critical.critical_path``), outlined
+    in black with a line for each wait on another rank. A matplotlib Figure (no pyplot)."""
+    if not timelines:
+        raise SchedcError("no schedules to draw")
     # A bare Figure, not pyplot: no global backend switch, no figure registry to leak into; it
     # renders with Agg (png) or matplotlib's svg / pdf backends and is freed with its last reference.
     from matplotlib.figure import Figure  # heavy: loaded only to draw
     from matplotlib.patches import Patch  # heavy: loaded only to draw
 
+    windows = [_window(t) for t in timelines]
+    if shared_axis and all(t.schedule.synchronous for t in timelines):
+        end = max(w[1] for w in windows)
+        windows = [(0.0, end) for _ in windows]
     # Heights in inches: one row per rank, a fixed memory panel, shrunk together past the cap.
-    gantt_h = [max(1.2, 0.32 * t.problem.ranks) for t in timelines]
+    # Taller rows where ops run together, stacked in their rank's row (``_stacks``).
+    depth = [max((len(g) for groups in _stacks(t) for g in groups), default=1) for t in timelines]
+    gantt_h = [max(1.2, 0.32 * t.problem.ranks) * (1 + 0.6 * (d - 1)) for t, d in zip(timelines, depth)]
     mem_h = 1.4
     total = sum(gantt_h) + len(timelines) * (mem_h + 0.9) + 0.8
     scale = min(1.0, MAX_HEIGHT_IN / total)
-    fig = Figure(figsize=(WIDTH_IN, total * scale), layout="constrained")
+    width = _figure_width(timelines, windows)
+    fig = Figure(figsize=(width, total * scale), layout="constrained")
     ratios = [h for g in gantt_h for h in (g, mem_h)]
     axes = fig.subplots(2 * len(timelines), 1, gridspec_kw={"height_ratios": ratios})
-    t_max = max(t.makespan for t in timelines) or 1.0
-    pt_per_unit = (WIDTH_IN - 1.4) * 72 / (t_max * 1.02)
-    for i, tl in enumerate(timelines):
+    for i, (tl, (t0, t1)) in enumerate(zip(timelines, windows)):
         ax_g, ax_m = axes[2 * i], axes[2 * i + 1]
-        row_pt = gantt_h[i] * scale * 72 / tl.problem.ranks
-        _draw_ops(ax_g, tl, pt_per_unit, row_pt)
-        if critical and i in critical:
-            _draw_critical(ax_g, critical[i])
+        _rank_axis(ax_g, tl.problem.ranks, gantt_h[i] * scale * 72 / tl.problem.ranks)
         _draw_memory(ax_m, tl, (measured_memory or {}).get(i))
-        ax_g.axvline(tl.makespan, color="black", linestyle="--", linewidth=1)
+        if tl.makespan <= t1:
+            ax_g.axvline(tl.makespan, color="black", linestyle="--", linewidth=1)
         for ax in (ax_g, ax_m):
-            ax.set_xlim(0, t_max * 1.02)
-        ax_g.set_title(_block_title(tl), fontsize=10, loc="left")
+            ax.set_xlim(t0, t0 + (t1 - t0) * 1.02)
+        ax_g.set_title(_block_title(tl, t1), fontsize=10, loc="left")
     axes[-1].set_xlabel("time")
     kinds = in_order({op.kind for t in timelines for per_rank in t.lanes.values() for ops in per_rank for op in ops})
     handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in kinds]
@@ -142,21 +167,68 @@ def draw_gantt(timelines: list[Timeline], path: str | Path, *, title: str | None
         handles.append(Patch(color=_shade("#808080", 1, 2), label="lighter: higher chunk"))
     if critical:
         handles.append(Patch(facecolor="none", edgecolor=CRITICAL_COLOR, linewidth=1.5, label="critical path"))
-    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=9, frameon=False,
+    handles.append(Patch(color="none", label="numbers: microbatch"))
+    if max(depth) > 1:
+        handles.append(Patch(color="none", label="stacked: run together"))
+    # As many entries a line as fit the width (a 9-point character is about 5 points, a patch 30).
+    per_line, used = 0, 0.0
+    for h in handles:
+        used += 5.0 * len(h.get_label()) + 30
+        if used > (width - 0.5) * 72:
+            break
+        per_line += 1
+    fig.legend(handles=handles, loc="outside upper center", ncol=max(1, per_line), fontsize=9, frameon=False,
                title=title, title_fontsize=12)
-    _save(fig, path)
+    # The boxes and their labels last, at the scale the layout gave each chart (points per time unit
+    # and per rank row), so that a label is sized to the box it is drawn in.
+    fig.get_layout_engine().execute(fig)
+    for i, (tl, window) in enumerate(zip(timelines, windows)):
+        ax_g = axes[2 * i]
+        box = ax_g.get_window_extent()
+        x0, x1 = ax_g.get_xlim()
+        pt = 72 / fig.dpi  # points per display pixel
+        _draw_ops(ax_g, tl, box.width * pt / (x1 - x0), box.height * pt / tl.problem.ranks, window)
+        if critical and i in critical:
+            _draw_critical(ax_g, critical[i])
+    return fig
 
 
-def _block_title(tl: Timeline) -> str:
+def _window(tl: Timeline) -> tuple[float, float]:
+    """The time a chart shows: the whole timeline, or for an asynchronous schedule the span of its
+    first round (until its last op ends; the next round's first ops, which overlap it, shown too):
+    later rounds repeat it, and all of them would shrink its boxes below a legible label."""
+    end = tl.makespan if tl.schedule.synchronous else tl.round_ends()[0]
+    return 0.0, end or 1.0
+
+
+def _figure_width(timelines: list[Timeline], windows: list[tuple[float, float]]) -> float:
+    """Inches: ``WIDTH_IN``, or wider (up to ``MAX_WIDTH_IN``) where a chart's narrowest compute
+    box would be too narrow for a label set on end at ``MIN_FONT``."""
+    width = WIDTH_IN
+    for tl, (t0, t1) in zip(timelines, windows):
+        starts, ends = tl.lane_times()["compute"]
+        narrow = min((min(e, t1) - max(s, t0) for rs, re_ in zip(starts, ends) for s, e in zip(rs, re_)
+                      if min(e, t1) - max(s, t0) > 1e-9 * (t1 - t0)), default=None)
+        if narrow:
+            need = 1.1 * (_ON_END * MIN_FONT + _PAD + 0.4)  # points the narrowest box must be wide, edges
+            width = max(width, need / narrow * (t1 - t0) * 1.02 / 72 + AXIS_MARGIN_IN)  # and margins with it
+    return min(width, MAX_WIDTH_IN)
+
+
+def _block_title(tl: Timeline, shown: float | None = None) -> str:
+    """The chart's title: its schedule and what the simulator says of it; for an asynchronous
+    schedule its rounds and, where the chart shows less than the whole, which part."""
     fits = "" if tl.fits else ", OVER the memory limit"
     policies = policy_text(tl.schedule.policy_counts()) if tl.schedule.policies() else ""
-    rounds = "" if tl.schedule.synchronous else (f" (asynchronous, {tl.schedule.rounds} rounds: {tl.per_microbatch:g}"
-                                                  " per microbatch in the steady state)")
-    return (
-        f"{tl.schedule.name}{rounds}: makespan {tl.makespan:g}, span {tl.span:g},"
-        f" bubble {tl.bubble_rate():.1%} ({tl.problem.objective}),"
-        f" peak memory {max(tl.peak_memory):g}{fits}" + (f"; {policies}" if policies else "")
-    )
+    if tl.schedule.synchronous:
+        head = f"{tl.schedule.name}: makespan {tl.makespan:g}, span {tl.span:g}"
+    else:
+        window = f"; round 1 shown, 0-{shown:g} of {tl.makespan:g}" if shown and shown < tl.makespan else ""
+        head = (f"{tl.schedule.name} (asynchronous, {tl.schedule.rounds} rounds of"
+                f" {tl.problem.microbatches * tl.problem.pipelines} microbatches{window}):"
+                f" {tl.per_microbatch:g} per microbatch in the steady state, makespan {tl.makespan:g}")
+    return (f"{head}, bubble {tl.bubble_rate():.1%} ({tl.problem.objective}),"
+            f" peak memory {max(tl.peak_memory):g}{fits}" + (f"; {policies}" if policies else ""))
 
 
 def policy_text(counts: dict[str, int]) -> str:
@@ -182,38 +254,96 @@ def _lane_rows(tl: Timeline) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float) -> None:
-    """One row per rank (rank 0 on top), a box per op with its microbatch when the label fits."""
+# A label's extent in points, for a font of ``size``: a digit is ``_DIGIT`` x size wide, a line
+# ``_LINE`` x size high (ascent and descent), with ``_PAD`` between the text and the box's edges.
+_DIGIT, _LINE, _PAD = 0.64, 1.2, 2.0
+_ON_END = _LINE  # a label set on end (rotated) takes a line's height across the box
+
+
+def _label_font(width_pt: float, height_pt: float, chars: int, largest: float) -> tuple[float, int] | None:
+    """The font size and rotation (0 or 90 degrees) of a ``chars`` long label in a box of
+    ``width_pt`` x ``height_pt`` points: across at the largest size that fits up to ``largest``,
+    else on end in a narrow, tall box; None where neither fits at ``MIN_FONT`` or more."""
+    across = min(largest, (width_pt - _PAD) / (_DIGIT * chars), (height_pt - _PAD) / _LINE)
+    if across >= MIN_FONT:
+        return across, 0
+    on_end = min(largest, (width_pt - _PAD) / _ON_END, (height_pt - _PAD) / (_DIGIT * chars))
+    if on_end >= MIN_FONT:
+        return on_end, 90
+    return None
+
+
+def _stacks(tl: Timeline) -> list[list[list[int]]]:
+    """Per rank, its compute ops (by index in the lane) grouped where they overlap in time: a pair
+    that runs together (DualPipe's overlapped forward and backward) is a group of two, drawn one
+    above the other; every other op is a group of one."""
+    starts, ends = tl.lane_times()["compute"]
+    eps = 1e-9 * max(tl.makespan, 1e-300)
+    out = []
+    for rs, re_ in zip(starts, ends):
+        groups: list[list[int]] = []
+        end = float("-inf")
+        for k in sorted(range(len(rs)), key=lambda k: (rs[k], re_[k])):
+            if groups and rs[k] < end - eps:
+                groups[-1].append(k)
+                end = max(end, re_[k])
+            else:
+                groups.append([k])
+                end = re_[k]
+        out.append(groups)
+    return out
+
+
+def _rank_axis(ax, ranks: int, row_pt: float) -> None:
+    """A Gantt chart's rows: rank 0 on top, each named."""
+    ax.set_ylim(ranks - 0.5, -0.5)
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=min(9.0, 0.8 * row_pt))
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+
+def _draw_ops(ax, tl: Timeline, pt_per_unit: float, row_pt: float, window: tuple[float, float] | None = None) -> None:
+    """One row per rank (rank 0 on top), a box per op with its microbatch: across the box at up
+    to 9 points, smaller in narrower boxes, on end in the narrowest (``_label_font``); only where
+    the text fits inside its box, so no two labels overlap. Ops that run together on a rank (a
+    pair) share its row, one above the other (``_stacks``). ``window``: the time shown (a box cut
+    by its edge is labelled in the part shown)."""
     from matplotlib.collections import PolyCollection  # heavy: loaded only to draw
 
     p = tl.problem
     rows = _lane_rows(tl)
     times = tl.lane_times()
+    t0, t1 = window or (0.0, tl.makespan)
+    stacked = {}  # (rank, index in the compute lane) -> (its place in its group, the group's size)
+    for r, groups in enumerate(_stacks(tl)):
+        for group in groups:
+            for j, k in enumerate(group):
+                stacked[r, k] = (j, len(group))
     boxes, colors, labels = [], [], []
     for lane, per_rank in tl.lanes.items():
-        lo, hi = rows[lane]
         starts, ends = times[lane]
         for r, ops in enumerate(per_rank):
-            for op, s, e in zip(ops, starts[r], ends[r]):
+            for k, (op, s, e) in enumerate(zip(ops, starts[r], ends[r])):
+                lo, hi = rows[lane]
+                if lane == "compute":
+                    j, n = stacked[r, k]
+                    lo, hi = lo + (hi - lo) * j / n, lo + (hi - lo) * (j + 1) / n
                 boxes.append([(s, r + lo), (e, r + lo), (e, r + hi), (s, r + hi)])
                 colors.append(_shade(KIND_COLORS[op.kind], op.stage // p.ranks, p.chunks))
-                if lane == "compute":  # the other rows are too thin for text
-                    labels.append((s, e, r, str(op.mb), colors[-1]))
+                if lane == "compute" and min(e, t1) > max(s, t0):  # the other rows are too thin for text
+                    labels.append((max(s, t0), min(e, t1), r + lo, r + hi, str(op.mb), colors[-1]))
     widths = sorted(e - s for s, e, *_ in labels)
     median_pt = widths[len(widths) // 2] * pt_per_unit if widths else 0.0
     edge = 0.4 if median_pt > 4 else 0.0  # white gaps would wash out very narrow boxes
     ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white", linewidths=edge))
-    size = min(9.0, 0.6 * row_pt, median_pt / 1.5)  # fits two digits in a typical box
-    if size >= 5.0:  # smaller text is not legible at the saved resolution
-        for s, e, r, text, color in labels:
-            if (e - s) * pt_per_unit >= 0.62 * size * len(text) + 2:
-                ax.text((s + e) / 2, r + sum(rows["compute"]) / 2, text, ha="center", va="center", fontsize=size,
-                        color=_ink(color))
-    ax.set_ylim(p.ranks - 0.5, -0.5)
-    ax.set_yticks(range(p.ranks), [f"rank {r}" for r in range(p.ranks)], fontsize=min(9.0, 0.8 * row_pt))
-    ax.tick_params(axis="y", length=0)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    largest = min(9.0, 0.6 * row_pt)
+    for s, e, lo, hi, text, color in labels:
+        font = _label_font((e - s) * pt_per_unit - edge, (hi - lo) * row_pt - edge, len(text), largest)
+        if font is not None:
+            ax.text((s + e) / 2, (lo + hi) / 2, text, ha="center", va="center", fontsize=font[0],
+                    rotation=font[1], rotation_mode="anchor", color=_ink(color), clip_on=True, in_layout=False)
+    _rank_axis(ax, p.ranks, row_pt)
 
 
 def _draw_critical(ax, path: CriticalPath) -> None:
