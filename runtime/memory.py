@@ -45,6 +45,12 @@ stage outputs held for B, what B keeps for W, receive buffers from their RECV, s
 until their transfer completes, and transient working memory inside an op (in the peaks).
 Overhead: nothing unless measuring; on CPU the profiler slows the step (every op is recorded)
 and reading its trace takes a moment after the step.
+
+torch's profiler (kineto) writes a line to the process's stderr each time it starts and stops
+(``USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start``): 40-48 such lines went between
+``schedc profile``'s own. ``native_chatter_hidden`` keeps them out: stderr's file descriptor goes to
+a temporary file while the profiler starts or stops, and every other line written meanwhile is
+written back to stderr after.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 
@@ -60,6 +68,35 @@ import torch
 from schedc.runtime.dtensor import local
 
 _RANGE = "schedc.instr."  # record_function name prefix: schedc.instr.K
+# kineto's line at each start and stop of torch's profiler: chatter, not a message for the user
+_CHATTER = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def native_chatter_hidden() -> Iterator[None]:
+    """While the body runs, what C++ code writes to stderr (file descriptor 2) goes to a temporary
+    file; after it, every line but torch profiler's start and stop chatter (``_CHATTER``) is written
+    to stderr: the chatter is dropped, anything else (a real error, a line of schedc's) kept."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no stderr to redirect: nothing to hide
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True) if not _CHATTER.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 class MemoryMeter:
@@ -83,7 +120,8 @@ class MemoryMeter:
             from torch.profiler import ProfilerActivity, profile
 
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            with native_chatter_hidden():
+                self._prof.__enter__()
 
     @contextlib.contextmanager
     def instruction(self, k: int, counted: bool = True) -> Iterator[None]:
@@ -113,7 +151,8 @@ class MemoryMeter:
         if self.cuda:
             self.results = [] if discard else self._rows
             return self.results
-        self._prof.__exit__(None, None, None)
+        with native_chatter_hidden():
+            self._prof.__exit__(None, None, None)
         if discard:
             self._prof, self.results = None, []
             return self.results

@@ -3,7 +3,9 @@
 ``profile_stages`` runs each stage on one microbatch, chaining real activations from stage to
 stage, and measures, per stage:
 
-- F, B, W times in ms: warm-up runs, then the median of repeats (CUDA events on GPU). B and W
+- F, B, W times in ms: warm-up runs, then the median of repeats (CUDA events on GPU), the stages'
+  repeats interleaved round by round and the measurement judged and, if noisy, taken again
+  (``schedc.runtime.noise``; ``StageProfile.spread``, ``disagreement``, ``warning``). B and W
   are timed exactly as the runtime runs them (``schedc.runtime.wgrad``: B computes the input
   gradient and the non-Linear weight gradients, W the deferred Linear ones); the last stage's F
   includes the loss.
@@ -95,7 +97,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,7 @@ from schedc.runtime.dtensor import is_dtensor, local_bytes, refused_output, wait
 from schedc.runtime.launch import run_local
 from schedc.runtime.memory import MemoryMeter, SavedBytes
 from schedc.runtime.model import ModelSpec, cut  # ModelSpec: importable from here, as before runtime/model.py
+from schedc.runtime.noise import KINDS, REMEASURE, measure
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
 from schedc.runtime.seqchunk import ChunkedStage, ChunkError, chunk_activation_bytes, chunk_mismatch, split_sequence
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
@@ -162,6 +165,14 @@ class StageProfile:
     chunk_W: list[list[float]] = field(default_factory=list)
     chunk_activation: list[list[float]] = field(default_factory=list)
     chunk_working: list[float] = field(default_factory=list)  # per stage, MiB: ``working`` of its chunk ops
+    # whether the times can be trusted (``schedc.runtime.noise``; empty in profiles from before):
+    # per kind (F, B, W, BW), per stage, the (p75 - p25) / median of the repeats and the time per
+    # block over that of the stages of the same blocks, minus 1 (0 where none is comparable); how
+    # many measurements were taken (more than 1: the first was over a limit); the warning ('' if none)
+    spread: dict[str, list[float]] = field(default_factory=dict)
+    disagreement: dict[str, list[float]] = field(default_factory=dict)
+    measurements: int = 1
+    warning: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,6 +193,8 @@ def profile_stages(
     progress: Callable[[str], None] | None = None,
     group: dist.ProcessGroup | None = None,
     sequence_chunks: int = 1,
+    remeasure: int = REMEASURE,
+    label: str = "stage",
 ) -> StageProfile:
     """Profile ``stages`` (in pipeline order) on one microbatch of the batch ``inputs`` /
     ``targets`` split into ``microbatches``, with ``load`` copies of each stage running beside it.
@@ -194,7 +207,13 @@ def profile_stages(
     ``sequence_chunks`` k > 1: also each chunk position's F, B, W and activation with the
     microbatch's sequence (dim 1) cut into k chunks (``StageProfile.chunk_*``), from which
     ``make_problem`` writes the problem's ``sequence_chunks`` section; a stage whose chunks do not
-    give its output on the whole sequence is refused in one line (``seqchunk.chunk_mismatch``)."""
+    give its output on the whole sequence is refused in one line (``seqchunk.chunk_mismatch``).
+
+    F, B, W and BW are timed ``warmup`` + ``repeats`` times, the stages' repeats interleaved, and
+    each is the median of its repeats. The measurement is judged (``schedc.runtime.noise``: the
+    spread of each stage's repeats, stages of the same blocks compared) and, over a limit, taken
+    again up to ``remeasure`` more times, the quietest kept; ``StageProfile.warning`` is then one
+    line naming the ``label`` s (stages; ``profile_model`` says blocks for its per-block profile)."""
     _check_tensor_parallel(stages, group, load)
     if sequence_chunks > 1 and group is not None:
         raise ValueError("sequence_chunks cannot be profiled on tensor-parallel stages yet (the runtime does not run"
@@ -217,6 +236,7 @@ def profile_stages(
                         *(("chunk_F", "chunk_B", "chunk_W", "chunk_activation", "chunk_working") if sequence_chunks > 1
                           else ()))
     }
+    runs, inputs_of = [], []  # per stage: its runner, the input it is given (the stage before's output)
     for s, original in enumerate(stages):
         last = s == len(stages) - 1
         module = _split_copy(original, device)
@@ -229,9 +249,29 @@ def profile_stages(
                 why = str(e)
             if why:
                 raise ValueError(f"stage {s}{why}")
-        with _Background([_StageRunner(_split_copy(original, device), x, y if last else None, loss_fn)
-                          for _ in range(load)]):
-            times = dict(zip(TIMED, run.times(warmup, repeats)))
+        runs.append(run)
+        inputs_of.append(x)
+        x = following
+    n = len(stages)
+    # load copies of every stage, each of the ``load`` threads running the copy of the stage being timed
+    background = _Background([[_StageRunner(_split_copy(original, device), inputs_of[s],
+                                            y if s == n - 1 else None, loss_fn) for s, original in enumerate(stages)]
+                              for _ in range(load)])
+
+    def sample(s: int) -> dict[str, float]:
+        background.follow(s)
+        return dict(zip((kind.value for kind in TIMED), runs[s].sample()))
+
+    with background:
+        judged = measure(sample, n, warmup, repeats, [block_keys(stage) for stage in stages], remeasure=remeasure,
+                         label=label, gather=runs[0].gather if group is not None else None, progress=progress)
+    for run in runs:
+        run.module.zero_grad(set_to_none=True)
+    for s in range(n):
+        run, x, last = runs[s], inputs_of[s], s == n - 1
+        module = run.module
+        with background.on(s):
+            times = {kind: judged.median[kind.value][s] for kind in TIMED}
             recompute, selective = run.recompute_times(warmup, repeats)
             if sequence_chunks > 1:
                 for kind, per_chunk in zip(("F", "B", "W"), run.chunk_times(sequence_chunks, warmup, repeats)):
@@ -255,12 +295,15 @@ def profile_stages(
         out["keep"].append(min(run.input_bytes(), held) / MiB)
         out["selective"].append(selective)
         out["selective_keep"].append(min(selective_held, held) / MiB)
-        x = following
-        out["sends"].append(0.0 if last else x.numel() * x.element_size() / MiB)
+        following = inputs_of[s + 1] if not last else None
+        out["sends"].append(0.0 if last else following.numel() * following.element_size() / MiB)
         if progress:
-            progress(f"stage {s}: " + "  ".join(f"{kind} {ms:.3f} ms" for kind, ms in times.items())
+            progress(f"{label} {s}: " + "  ".join(f"{kind} {ms:.3f} ms" for kind, ms in times.items())
+                     + f"  spread {' '.join(f'{k} {100 * judged.spread[k][s]:.0f}%' for k in KINDS)}"
                      + f"  activation {held / MiB:.2f} MiB"
                      + (f"  working {working / MiB:.2f} MiB" if working is not None else ""))
+    noise = dict(spread=judged.spread, disagreement=judged.disagreement, measurements=judged.measurements,
+                 warning=judged.warning())
     degree = 1 if group is None else dist.get_world_size(group)
     if group is not None:
         # Not measured, rather than measured wrong: the runtime refuses offload with DTensor
@@ -272,13 +315,13 @@ def profile_stages(
                      " offload not measured (the runtime refuses offload with tensor parallelism)"
                      + ("" if device.type == "cpu" else "; working memory not measured on CUDA"))
         return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads(),
-                            tensor_parallel=degree)
+                            tensor_parallel=degree, **noise)
     bandwidth = copy_bandwidth(device, max(max(out["activation"]), 1.0))
     out["offload"] = [a / bandwidth for a in out["activation"]]
     if progress:
         progress(f"host<->device copy: {bandwidth:.1f} MiB/ms" + (" (CPU: a memcpy)" if device.type == "cpu" else ""))
     return StageProfile(**out, microbatch_size=size, device=str(device), threads=torch.get_num_threads(),
-                        copy_bandwidth=bandwidth, sequence_chunks=sequence_chunks)
+                        copy_bandwidth=bandwidth, sequence_chunks=sequence_chunks, **noise)
 
 
 def _check_tensor_parallel(stages: Sequence[nn.Module], group: dist.ProcessGroup | None, load: int) -> None:
@@ -323,6 +366,14 @@ def copy_bandwidth(device: torch.device, mib: float, repeats: int = 5) -> float:
         box.ready()
         ways.append((out.ms + back.ms) / 2)
     return src.numel() / MiB / statistics.median(ways[1:])
+
+
+def block_keys(stage: nn.Module) -> list[tuple]:
+    """A stage's blocks (an ``nn.Sequential``'s children, else the stage itself as one block), each
+    as its class and its parameters' shapes: blocks of the same key do the same work, so stages of
+    the same keys in proportional counts are compared (``noise.assess``)."""
+    blocks = list(stage.children()) if isinstance(stage, nn.Sequential) else [stage]
+    return [(type(b).__qualname__, tuple(tuple(p.shape) for p in b.parameters())) for b in blocks]
 
 
 def _split_copy(module: nn.Module, device: torch.device) -> nn.Module:
@@ -401,27 +452,28 @@ class _StageRunner:
         an integer tensor of token ids here: allocated before the step, not activation memory)."""
         return self.x.numel() * self.x.element_size() if self.x.is_floating_point() else 0
 
-    def times(self, warmup: int, repeats: int) -> tuple[float, float, float, float]:
-        """Median F, B, W and fused BW in ms."""
-        f, b, w, bw = [], [], [], []
-        for i in range(warmup + repeats):
-            with self.timer() as tf:
-                x, out = self.forward()
-            with self.timer() as tb:
-                self.backward_input(x, out)
-            with self.timer() as tw:
-                self.store.backward_weight("profile")
+    def sample(self) -> tuple[float, float, float, float]:
+        """One repeat: F, B, W and the fused BW in ms."""
+        with self.timer() as tf:
             x, out = self.forward()
-            with self.timer() as tbw:
-                grad = None if self.target is not None else torch.ones_like(out)
-                self.store.backward_full(out, grad, [x] if x.requires_grad else [], self.params)
-            if i >= warmup:
-                f.append(tf.ms)
-                b.append(tb.ms)
-                w.append(tw.ms)
-                bw.append(tbw.ms)
-        self.module.zero_grad(set_to_none=True)
-        return tuple(self.median(x) for x in (f, b, w, bw))
+        with self.timer() as tb:
+            self.backward_input(x, out)
+        with self.timer() as tw:
+            self.store.backward_weight("profile")
+        x, out = self.forward()
+        with self.timer() as tbw:
+            grad = None if self.target is not None else torch.ones_like(out)
+            self.store.backward_full(out, grad, [x] if x.requires_grad else [], self.params)
+        return tf.ms, tb.ms, tw.ms, tbw.ms
+
+    def gather(self, samples: list[dict[str, list[float]]]) -> list[dict[str, list[float]]]:
+        """Tensor-parallel: every stage's samples as the group's (each the slowest rank's), the same
+        on every rank of the group, so that every rank judges them alike (``noise.measure``)."""
+        flat = [ms for stage in samples for kind in stage for ms in stage[kind]]
+        slowest = torch.tensor(flat, dtype=torch.float64, device=self.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.group)
+        values = iter(slowest.tolist())
+        return [{kind: [next(values) for _ in stage[kind]] for kind in stage} for stage in samples]
 
     def chunk_times(self, k: int, warmup: int, repeats: int) -> tuple[list[float], ...]:
         """Per chunk position, median F, B and W in ms of the stage run over ``k`` sequence chunks as
@@ -593,19 +645,31 @@ class _StageRunner:
 
 
 class _Background:
-    """Runs each runner's F, B, W in a loop on its own thread (torch ops release the GIL) while
-    the body runs: the load of the other ranks on a shared machine."""
+    """Runs, on a thread per load copy, copies of a stage's F, B, W in a loop (torch ops release the
+    GIL) while the body runs: the load of the other ranks on a shared machine. ``copies[t][s]`` is
+    thread t's copy of stage s; the threads run the copies of the stage ``follow`` names (the one
+    being timed), so that the stages' repeats can be interleaved."""
 
-    def __init__(self, runners: list[_StageRunner]):
-        self.runners = runners
+    def __init__(self, copies: list[list[_StageRunner]]):
+        self.copies = copies
+        self.current = 0
+        self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(r,), daemon=True) for r in runners]
 
-    def _loop(self, runner: _StageRunner) -> None:
-        while not self.stop.is_set():
-            runner.once()
+    def follow(self, s: int) -> None:
+        self.current = s
+
+    def on(self, s: int) -> _Background:
+        self.follow(s)
+        return self
+
+    def _loop(self, runners: list[_StageRunner], stop: threading.Event) -> None:
+        while not stop.is_set():
+            runners[self.current].once()
 
     def __enter__(self):
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(r, self.stop), daemon=True) for r in self.copies]
         for t in self.threads:
             t.start()
         return self
@@ -950,7 +1014,7 @@ def profile_model(
         say(f"profiling {len(blocks)} blocks one by one for the time-balanced partition")
         per_block = profile_stages(blocks, inputs, targets, model.loss_fn, microbatches=microbatches,
                                    warmup=warmup, repeats=repeats, device=device,
-                                   optimizer_state=model.optimizer_state)
+                                   optimizer_state=model.optimizer_state, label="block")
         weights = [f + b + w for f, b, w in zip(per_block.F, per_block.B, per_block.W)]  # split, as zero-bubble runs
         sizes = balanced(weights, n)
         say(f"partition {sizes}: slowest stage {max(stage_weights(weights, sizes)):.3f} ms"
@@ -965,6 +1029,9 @@ def profile_model(
     prof = profile_stages(parts, inputs, targets, model.loss_fn, microbatches=microbatches,
                           warmup=warmup, repeats=repeats, device=device, optimizer_state=model.optimizer_state,
                           load=load, progress=say)
+    if partition == "time" and per_block.warning:  # the partition was cut from noisy block times: say so too
+        blocks_too = f"the partition's per-block profile: {per_block.warning}"
+        prof = replace(prof, warning=f"{prof.warning}; {blocks_too}" if prof.warning else blocks_too)
     if comm is None:
         comm = 0.0
         if ranks > 1:

@@ -2,6 +2,7 @@
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -347,7 +348,7 @@ def _fake_runtime(monkeypatch, clock: _Clock | None, profile_s: float, step_s: f
         if clock:
             clock.t += profile_s
         return Problem.parse({"ranks": ranks, "microbatches": microbatches, "costs": {"F": 2, "B": 2, "W": 1},
-                              "memory": {"F": 1, "B": -0.5}}, source=name), None
+                              "memory": {"F": 1, "B": -0.5}}, source=name), SimpleNamespace(warning="")  # quiet
 
     def time_schedules(ranks, ref, paths, steps, warmup):
         if clock:

@@ -22,6 +22,7 @@ def profiled():
 
 def test_times_memory_and_sizes(profiled):
     parts, prof, lines = profiled
+    lines = [line for line in lines if not line.startswith("timings noisy")]  # a busy machine's re-measuring
     assert len(lines) == 5 and lines[0].startswith("stage 0: F ") and lines[4].startswith("host<->device copy: ")
     assert all(t > 0 for t in prof.F + prof.B + prof.W)
     assert all(0 <= k <= a and a > 0 for a, k in zip(prof.activation, prof.kept_for_w))

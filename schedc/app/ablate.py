@@ -427,11 +427,15 @@ class _Profiler:
             self.say(f"profiling {entry.profile} for p={key[1]} v={key[2]} {key[3]} m={key[4]}")
             began = self.clock()
             try:
-                problem, _ = profile_model(load_model_spec(entry.profile), ranks=key[1], chunks=key[2],
-                                           placement=key[3], microbatches=key[4], name=entry.label)
+                problem, prof = profile_model(load_model_spec(entry.profile), ranks=key[1], chunks=key[2],
+                                              placement=key[3], microbatches=key[4], name=entry.label)
             finally:
                 self.count += 1
                 self.seconds += self.clock() - began
+            if prof.warning:  # the study goes on; its profiled cells say which profile was noisy
+                from schedc.runtime.noise import advice  # torch is loaded already (profile_model)
+
+                self.say(f"warning: {entry.label}: {prof.warning} {advice()}")
             self.cache[key] = problem
         return self.cache[key]
 

@@ -13,6 +13,19 @@ from schedc.app.cli_base import Finite, fmt, main, print_table
 from schedc.errors import SchedcError
 
 
+def spread_comment(prof) -> str:
+    """The problem file's comment lines on how far the times can be trusted: per stage the spread of
+    F, B, W's repeats ((p75 - p25) / median), the measurements taken and the warning, if any."""
+    n = len(prof.F)
+    lines = [f"# spread of the repeats, (p75 - p25) / median, per stage: "
+             + "; ".join(f"{k} " + " ".join(f"{100 * x:.1f}%" for x in prof.spread[k])
+                         for k in "FBW" if k in prof.spread)
+             + f" ({prof.measurements} measurement{'s' if prof.measurements > 1 else ''}, {n} stages)"]
+    if prof.warning:
+        lines.append(f"# warning: {prof.warning}")
+    return "\n".join(lines) + "\n" if prof.spread else ""
+
+
 @main.command()
 @click.argument("model", metavar="MODEL")
 @click.option("-p", "--ranks", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
@@ -41,19 +54,24 @@ from schedc.errors import SchedcError
                    " section, each stage's copies' gradient sum estimated from the same all-reduce measurement.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Problem file to write (.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+@click.option("--strict", is_flag=True,
+              help="Fail (exit 2, nothing written) when the timings are noisy after re-measuring, instead of warning.")
 def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: str, partition: str,
             comm: float | None, memory_limit: float | None, objective: str, threads: int | None, repeats: int,
             device: str | None, policies: bool, data_parallel: int, replicas: int, output: str,
-            as_json: bool) -> None:
+            as_json: bool, strict: bool) -> None:
     """Profile a model on this machine and write the Problem for `schedc solve`.
 
     MODEL is FILE.py:FUNCTION (FILE imported as Python runs a script: its folder on sys.path)
     or MODULE:FUNCTION, returning a schedc.runtime.ModelSpec
     (blocks in pipeline order, one batch, the loss), e.g. examples/train_gpt.py:gpt. The blocks
-    are cut into ranks x chunks stages, each stage's F, B and W are timed (median after warm-up),
-    its activation and static memory measured, and the transfer between two ranks timed. Times
-    are in ms, memory in MiB; the partition is kept in the problem's stage_blocks. With
-    --policies, also what activation recompute and offload cost and keep per stage.
+    are cut into ranks x chunks stages, each stage's F, B and W are timed (median after warm-up,
+    the stages' repeats interleaved), its activation and static memory measured, and the transfer
+    between two ranks timed. Times are in ms, memory in MiB; the partition is kept in the problem's
+    stage_blocks. With --policies, also what activation recompute and offload cost and keep per
+    stage. When the repeats spread, or stages of the same blocks disagree, over a limit, the stages
+    are measured again (twice at most), then a one-line warning names them (--strict: an error).
+    See docs/profile.md.
     """
     from schedc.runtime.device import choose_device  # torch: loaded only by commands that run a model
     from schedc.runtime.profile import load_model_spec, profile_model  # torch, likewise
@@ -71,20 +89,28 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
                                    data_parallel=data_parallel, replicas=replicas)
     except ValueError as e:
         raise SchedcError(str(e)) from None
+    from schedc.runtime.noise import advice  # schedc.runtime's package imports torch: loaded here, as above
+
+    if prof.warning and strict:
+        raise SchedcError(f"--strict: {prof.warning} {advice()}; nothing written to {output}")
     data = prob.model_dump(exclude_none=True)
     header = (f"# {' '.join(['schedc', *sys.argv[1:]])}\n# profiled on {dev} with {n_threads} threads;"
-              f" times in ms, memory in MiB; stage_blocks: model blocks per stage\n")
+              f" times in ms, memory in MiB; stage_blocks: model blocks per stage\n" + spread_comment(prof))
     try:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
     except OSError as e:
         raise SchedcError(f"{output}: cannot write: {e.strerror or e}") from None
+    if prof.warning:
+        click.echo(f"warning: {prof.warning} {advice()}", err=True)
     if as_json:
         click.echo(json.dumps({"problem": data, "profile": prof.to_dict(), "output": output}, indent=2))
         return
     print_table(
-        ["stage", "blocks", "F ms", "B ms", "W ms", "BW ms", "activation MiB", "kept for W", "static MiB"],
+        ["stage", "blocks", "F ms", "B ms", "W ms", "BW ms", "spread F/B/W %", "activation MiB", "kept for W",
+         "static MiB"],
         [[str(s), str(prob.stage_blocks[s]), fmt(prof.F[s]), fmt(prof.B[s]), fmt(prof.W[s]), fmt(prof.BW[s]),
+          "/".join(f"{100 * prof.spread[k][s]:.0f}" for k in "FBW"),
           fmt(prof.activation[s]), fmt(prof.kept_for_w[s]), fmt(prof.static[s])] for s in range(prob.pipeline_stages)],
     )
     if policies and prof.recompute:
