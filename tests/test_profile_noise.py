@@ -3,6 +3,7 @@ the same blocks compared, re-measuring, the one-line warning, ``--strict``, and 
 chatter kept out of ``schedc profile``'s output. Timings are injected (a scripted
 ``_StageRunner.sample``), never read from the machine's clock or load."""
 
+import inspect
 import itertools
 import json
 import os
@@ -253,32 +254,17 @@ def test_profile_stages_names_stages_of_equal_blocks_that_disagree(monkeypatch):
 
 # ---- the CLI: the warning, --strict, --json, the problem file ----
 
-MODEL = '''
-import torch
-from torch import nn
-from schedc.runtime.profile import ModelSpec
-
-
-def block(seed):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
-
-
-class Head(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, x):
-        return self.fc(x.flatten(1))
-
-
-def spec():
+# The same conv-net as a model file of its own (the CLI imports it): the definitions above, written out.
+MODEL = "\n\n".join([
+    "import torch\nfrom torch import nn\nfrom schedc.runtime.profile import ModelSpec",
+    inspect.getsource(conv_block), inspect.getsource(Head),
+    """def spec():
     torch.manual_seed(0)
-    blocks = [block(i) for i in range(3)] + [Head()]
+    blocks = [conv_block(i) for i in range(3)] + [Head()]
     return ModelSpec(blocks=blocks, batch=(torch.randn(4, 4, 6, 6), torch.randn(4, 3)),
                      loss_fn=nn.functional.mse_loss, optimizer_state=1.0)
-'''
+""",
+])
 
 
 @pytest.fixture()
