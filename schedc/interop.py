@@ -116,6 +116,15 @@ def refuse_sequence_chunks(chunks: int, name: str) -> None:
                             f" microbatch into {chunks}: run it with schedc's runtime")
 
 
+def refuse_torch_shape(name: str, pipelines: int = 1, rounds: int = 1, chunks: int = 1) -> None:
+    """What torch's runtime needs of any schedule's shape, each refusal one line: one pipeline
+    (``refuse_pipelines``), one synchronous step (``refuse_asynchronous``), whole microbatches
+    (``refuse_sequence_chunks``); also where its microbatches are interchangeable (``in_torch_order``)."""
+    refuse_pipelines(pipelines, name)
+    refuse_asynchronous(rounds, name)
+    refuse_sequence_chunks(chunks, name)
+
+
 def _last_forwards(ranks: Sequence[Sequence[Op]]) -> tuple[int, int, list[int]]:
     """The last stage (the highest in the ops), its rank and the microbatches of its forwards, in
     the order they run."""
@@ -150,11 +159,10 @@ def torch_ready(problem: Problem, schedule: Schedule, renumber: bool = False) ->
     same schedule), so that order passes."""
     name = schedule.name
     refuse_untorchable(schedule.ops(), name)
-    refuse_pipelines(problem.pipelines, name)
-    refuse_asynchronous(schedule.rounds, name)
-    refuse_sequence_chunks(problem.seq_chunks, name)
     if renumber:
-        schedule = in_torch_order(problem, schedule)
+        schedule = in_torch_order(problem, schedule)  # (its shape checked there)
+    else:
+        refuse_torch_shape(name, problem.pipelines, schedule.rounds, problem.seq_chunks)
     refuse_out_of_order(schedule.ranks, name)
     return schedule
 
@@ -172,9 +180,7 @@ def in_torch_order(problem: Problem, schedule: Schedule) -> Schedule:
     interchangeable (replicas, rounds, sequence chunks) a one-line ScheduleError: torch runs none
     of those."""
     name = schedule.name
-    refuse_pipelines(problem.pipelines, name)
-    refuse_asynchronous(schedule.rounds, name)
-    refuse_sequence_chunks(problem.seq_chunks, name)
+    refuse_torch_shape(name, problem.pipelines, schedule.rounds, problem.seq_chunks)
     last, _, mbs = _last_forwards(schedule.ranks)
     if sorted(mbs) != list(range(problem.microbatches)) or last != problem.n_stages - 1:
         raise ScheduleError(f"{name}: stage {problem.n_stages - 1} does not run the forward of each of the"
@@ -216,10 +222,10 @@ def torch_comms_rows(program: Program) -> list[list[str]]:
     place. Hand-offs between stages on one rank and the optimizer step have no cell: torch's
     runtime hands off inside F and B, and the caller steps."""
     name = program.header.schedule if program.header is not None else "program"
-    refuse_pipelines(program.header.pipelines if program.header is not None else 1, name)
-    refuse_asynchronous(program.header.rounds if program.header is not None else 1, name)
+    head = program.header
+    if head is not None:
+        refuse_torch_shape(name, head.pipelines, head.rounds, head.sequence_chunks)
     refuse_untorchable((i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)), name)
-    refuse_sequence_chunks(program.header.sequence_chunks if program.header is not None else 1, name)
     refuse_out_of_order([[i.compute for i in instrs if isinstance(i.op, Kind)] for instrs in program.ranks], name)
     rows = []
     reduces = any(i.op is Kind.AR for instrs in program.ranks for i in instrs)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 from schedc.errors import SchedcError, ScheduleError
-from schedc.interop import in_torch_order, refuse_pipelines, refuse_sequence_chunks
+from schedc.interop import in_torch_order, refuse_torch_shape
 from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Schedule
@@ -644,8 +644,7 @@ def _refuse_untorchable_problem(problem: Problem) -> None:
     """A one-line ScheduleError for a problem whose schedules torch's runtime cannot run (before
     searching): several pipelines, sequence chunks, or recompute or offload declared."""
     name = problem.name or "the problem"
-    refuse_pipelines(problem.pipelines, name)
-    refuse_sequence_chunks(problem.seq_chunks, name)
+    refuse_torch_shape(name, pipelines=problem.pipelines, chunks=problem.seq_chunks)
     if problem.policies:
         held = " and ".join(dict.fromkeys(ROWS[k].policy for k in problem.policies))
         raise ScheduleError(f"{name} allows {held}, for which torch's IR has no action: drop that section to solve"
