@@ -143,8 +143,7 @@ from schedc.runtime.dtensor import is_dtensor, local, refused_output, waited
 from schedc.runtime.memory import MemoryMeter
 from schedc.runtime.policies import (FirstBuffers, Offloaded, Region, capture_rng, dropping, enable_selective,
                                      replaying_rng, without_storage)
-from schedc.runtime.seqchunk import (ChunkedStage, ChunkError, chunk_failure, chunk_mismatch, chunk_refusal,
-                                     split_sequence)
+from schedc.runtime.seqchunk import ChunkedStage, chunk_failure, chunk_mismatch, chunk_refusal, split_sequence
 from schedc.runtime.wgrad import WeightGradStore, enable_split, fullgraph_compiled, refused_graph_break
 from schedc.trace import write_trace_file
 
@@ -648,10 +647,8 @@ class PipelineRuntime:
             inputs.append(x)
         if seq == 0 and c == self.k - 1:
             del self._unchecked[s]
-            try:
-                why = chunk_mismatch(self.stages[s], torch.cat(inputs, dim=1), self.k)
-            except ChunkError as e:  # raised in eval mode only (e.g. a branch that dropout's off-switch takes)
-                why = str(e)
+            # (also a chunk that raises in eval mode only, e.g. on a branch dropout's off-switch takes)
+            why = chunk_mismatch(self.stages[s], torch.cat(inputs, dim=1), self.k)
             if why:
                 raise PipelineError(f"stage {s}{why}")
         return out

@@ -115,7 +115,7 @@ from schedc.runtime.memory import MemoryMeter, SavedBytes
 from schedc.runtime.model import ModelSpec, cut  # ModelSpec: importable from here, as before runtime/model.py
 from schedc.runtime.noise import KINDS, REMEASURE, measure
 from schedc.runtime.policies import Offloaded, Region, capture_rng, dropping, enable_selective, replaying_rng
-from schedc.runtime.seqchunk import ChunkedStage, ChunkError, chunk_activation_bytes, chunk_mismatch, split_sequence
+from schedc.runtime.seqchunk import ChunkedStage, chunk_activation_bytes, chunk_mismatch, split_sequence
 from schedc.runtime.wgrad import SplitLinear, WeightGradStore, enable_split
 
 MiB = float(1 << 20)
@@ -243,10 +243,7 @@ def profile_stages(
         run = _StageRunner(module, x, y if last else None, loss_fn, group)
         following = run.output(s)  # the next stage's input (first: a DTensor output is refused before any timing)
         if sequence_chunks > 1:  # chunk by chunk as on the whole sequence, or refused before any timing
-            try:
-                why = chunk_mismatch(module, x, sequence_chunks)
-            except ChunkError as e:
-                why = str(e)
+            why = chunk_mismatch(module, x, sequence_chunks)
             if why:
                 raise ValueError(f"stage {s}{why}")
         runs.append(run)

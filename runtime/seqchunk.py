@@ -317,7 +317,8 @@ _ADVICE = ("sequence chunks carry state from chunk to chunk only for schedc.runt
 
 
 class ChunkError(RuntimeError):
-    """A stage's forward raised on a sequence chunk; the message is ``chunk_failure``'s one line."""
+    """A stage's forward raised on a sequence chunk, inside ``chunk_mismatch`` (which returns its
+    message, ``chunk_failure``'s one line)."""
 
 
 def chunk_mismatch(module: nn.Module, x: Tensor, chunks: int) -> str | None:
@@ -327,8 +328,11 @@ def chunk_mismatch(module: nn.Module, x: Tensor, chunks: int) -> str | None:
     their calls end, so the innermost) whose output differs. Run in eval mode, without autograd,
     each pass from the same random state; the module's modes and the random state are left as
     they were. Costs one forward of the sequence and one of its chunks (twice each if they differ).
-    A chunk's forward that raises raises ``ChunkError`` (``chunk_failure``'s line)."""
-    whole, parts = _both_passes(module, x, chunks)
+    A chunk's forward that raises gives ``chunk_failure``'s line (out of memory is raised)."""
+    try:
+        whole, parts = _both_passes(module, x, chunks)
+    except ChunkError as e:  # (the recording pass below runs the same chunks: it gets past them)
+        return str(e)
     gap = _gap(whole, parts)
     if gap is None:
         return None
