@@ -147,7 +147,7 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
     say(intro)
     if worst > pulse_every or estimate.profiles or estimate.executed_cells:
         beat(intro)
-    profiler = _Profiler(say, clock) if any(c.entry.profile for c in cells) else None
+    profiler = _Profiler(say, clock)  # (profiles nothing where no cell is profiled)
     rows: list[Row] = []
     timelines: dict[str, dict[str, Timeline]] = {}
     start = last_beat = clock()
@@ -155,15 +155,15 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
         if k > 1 and (now := clock()) - last_beat >= pulse_every:
             beat(f"{config.name}: {k - 1} of {len(cells)} cells done ({estimate.pace(now - start)})")
             last_beat = now
-        began, profiled = clock(), (profiler.seconds if profiler else 0.0)
+        began, profiled = clock(), profiler.seconds
         executed = 0.0
         try:
             cell.problem = build_problem(cell, profiler)
         except (ProblemError, ValueError) as e:
             cell.reason = str(e)
             estimate.skipped(cell, config)
-            estimate.cell_done(clock() - began - ((profiler.seconds if profiler else 0.0) - profiled))
-            estimate.profiled(profiler.count if profiler else 0, profiler.seconds if profiler else 0.0)
+            estimate.cell_done(clock() - began - (profiler.seconds - profiled))
+            estimate.profiled(profiler.count, profiler.seconds)
             say(f"[{k}/{len(cells)}] {cell.id}: skipped: {e}  ({estimate.pace(clock() - start)})")
             continue
         _write_problem(cell.problem, out / "problems" / f"{cell.id}.yaml")
@@ -174,9 +174,8 @@ def run(config: AblationConfig, out_dir: str | Path, progress: Callable[[str], N
             runs = _execute(cell, config, cell_rows, named, out, say)
             executed = clock() - t0
             estimate.executed(runs, executed)
-        if profiler:
-            estimate.profiled(profiler.count, profiler.seconds)
-        estimate.cell_done(clock() - began - executed - ((profiler.seconds if profiler else 0.0) - profiled))
+        estimate.profiled(profiler.count, profiler.seconds)
+        estimate.cell_done(clock() - began - executed - (profiler.seconds - profiled))
         rows += cell_rows
         timelines[cell.id] = named
         say(f"[{k}/{len(cells)}] {cell.id}: {_headline(cell_rows)}  ({estimate.pace(clock() - start)})")
