@@ -276,8 +276,11 @@ class _CpModel:
             _on_time(budget, k)
             self.cp.add_hint(x, hint[k])
         held = set(times_of(warm_t))
+        hinted = set()  # an L shares its O's literal: CP-SAT refuses a hint given twice (MODEL_INVALID)
         for k, lit in self.present.items():
-            self.cp.add_hint(lit, self.ops[k] in held)
+            if lit.Index() not in hinted:
+                hinted.add(lit.Index())
+                self.cp.add_hint(lit, self.ops[k] in held)
         together = {(self.index[f], self.index[Op(Kind.B, b.stage, b.mb)])  # a fused BW: its B
                     for f, b in warm_t.schedule.paired().items()}
         paired = {k for fb in together for k in fb}

@@ -212,3 +212,21 @@ def test_cpsat_hints_a_warm_start_whose_pairs_hold_fused_backwards():
     out = solve_cpsat(problem, warm, Settings(Budget.seconds(10), 0.0, 1, 0.0, None))
     t = simulate(problem, out.schedule)
     assert t.fits and t.makespan <= warm.makespan + 1e-9 and out.bound <= t.makespan + 1e-9
+
+
+def test_an_offload_problem_gives_cpsat_a_valid_model_and_a_search():
+    """O and L of one (stage, microbatch) share one presence literal: hinted once, not twice
+    (CP-SAT refuses a model whose hint names a variable twice: MODEL_INVALID, and the solve then
+    fell back to the local search's answer without a word of CP-SAT's)."""
+    cp_model = pytest.importorskip("ortools.sat.python.cp_model")
+    problem = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}, "comm": 0.1,
+                             "memory": {"F": 1, "B": -0.5, "limit": 2.5}, "recompute": {"time": 1, "keep": 0.1},
+                             "offload": {"time": 0.5}})
+    warm = simulate(problem, best_registry_schedule(problem)[1].schedule)
+    model = _CpModel(problem, warm, cp_model)
+    assert any(op.kind == "L" for op in model.ops)
+    assert model.cp.Validate() == ""
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(10), 0.0, 1, 0.0, None))
+    assert out.schedule is not None and "no solution" not in out.note
+    t = simulate(problem, out.schedule)
+    assert t.fits and t.objective_value() <= warm.objective_value() + 1e-9
