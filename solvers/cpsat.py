@@ -106,9 +106,12 @@ def _exact_scale(values, cap: int) -> int | None:
     """The least D making every value * D an integer (values as written in decimal), or None."""
     d = 1
     for x in values:
-        f = Fraction(x).limit_denominator(10**6)
-        if abs(float(f) - x) > 1e-12 * abs(x):  # relative: the test is the same in any unit
+        # as written (0.992366412: 10**9), or a small fraction a division left (1 / 3), the smaller
+        close = [f for f in (Fraction(repr(float(x))), Fraction(x).limit_denominator(cap))
+                 if abs(float(f) - x) <= 1e-12 * abs(x)]  # relative: the test is the same in any unit
+        if not close:
             return None
+        f = min(close, key=lambda f: f.denominator)
         d = d * f.denominator // math.gcd(d, f.denominator)
         if d > cap:
             return None
@@ -441,11 +444,30 @@ class _CpModel:
                 cp.add(start[b] >= start[k] + dur[k]).only_enforce_if(lit)
 
     def _reservoirs(self, budget: Budget) -> _Scale:
-        """Per rank, a reservoir of the activation memory within the room; returns the memory scale."""
-        problem, mem, start, dur = self.problem, self.problem.mem, self.start, self.dur
+        """Per rank, a reservoir of the activation memory within the room; returns the memory scale.
+
+        Where the scale is not exact, each (stage, microbatch)'s levels are rounded up, not each
+        op's delta: after F, up(F's allocation) (a recompute policy's F: up(what it keeps)); after
+        R or S, and after L, up(F's) again; after O, 0; after B, up(F + B); after W, up(F + B + W).
+        Every level is at least the real one and a finished microbatch leaves exactly nothing, where
+        deltas rounded one by one (allocations up, frees down) left a unit or two each, which added
+        up over the microbatches to refuse schedules that fit."""
+        problem, mem, start = self.problem, self.problem.mem, self.start
         values = [mem[k][s] for k in (*KINDS, *self.optional) for s in range(problem.n_stages)]
         values += list(problem.memory_limit) + list(problem.static_memory) + list(problem.stage_working)
         memory = _Scale(values, 10**9, 10**6 / (problem.memory_scale or 1.0))
+        up = memory.up
+        step: dict[tuple[Kind, int], int] = {}  # (kind, stage) -> its rounded change of the level
+        for s in range(problem.n_stages):
+            a = mem[Kind.F][s]
+            step[Kind.F, s] = up(a)
+            step[Kind.B, s] = up(a + mem[Kind.B][s]) - up(a)
+            step[Kind.W, s] = up(a + mem[Kind.B][s] + mem[Kind.W][s]) - up(a + mem[Kind.B][s])
+            for x in self.optional:
+                if ROWS[x].lightens:  # brings back what its F did not keep
+                    step[x, s] = up(a) - up(a - mem[x][s])
+                else:  # O frees it all, L allocates it again
+                    step[x, s] = up(a) if mem[x][s] > 0 else -up(a)
         for r, ks in enumerate(self.on_rank):
             _on_time(budget)
             room = memory.down(problem.activation_room[r])
@@ -453,13 +475,11 @@ class _CpModel:
             true = self.cp.new_constant(1)
             for k in ks:
                 op = self.ops[k]
-                events = [(mem[op.kind][op.stage], self.present.get(k, true))]
+                events = [(step[op.kind, op.stage], self.present.get(k, true))]
                 if op.kind == Kind.F:  # a recompute policy's F keeps only its keep: less at the same instant
-                    events += [(-mem[x][op.stage], self.present[self.index[Op(x, op.stage, op.mb)]])
+                    events += [(-step[x, op.stage], self.present[self.index[Op(x, op.stage, op.mb)]])
                                for x in self.optional if ROWS[x].lightens]
-                for amount, lit in events:
-                    # conservative when not exact: allocations up, and what a policy's F does not keep down
-                    delta = memory.up(amount) if op.kind != Kind.F or lit is true else -memory.down(-amount)
+                for delta, lit in events:
                     if delta > 0:  # an allocation counts from the op's start
                         when.append(start[k])
                     elif delta < 0:  # a free from its end (a lighter F: from its start, as its allocation)

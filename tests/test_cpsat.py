@@ -230,3 +230,24 @@ def test_an_offload_problem_gives_cpsat_a_valid_model_and_a_search():
     assert out.schedule is not None and "no solution" not in out.note
     t = simulate(problem, out.schedule)
     assert t.fits and t.objective_value() <= warm.objective_value() + 1e-9
+
+
+@pytest.mark.parametrize("b, exact", [(-0.633587786, True), (-0.1234567891234, False)])
+def test_a_limit_at_the_peak_is_feasible_whether_memory_scales_exactly_or_not(b, exact):
+    """One microbatch at a time fits exactly (limit = the forward's activation). Memory written to 9
+    decimals scales exactly (10**9, so CP-SAT's bound counts); with more decimals the levels are
+    rounded up per (stage, microbatch), so a finished microbatch leaves nothing. Rounding each
+    op's delta instead left a unit per microbatch, and CP-SAT called the problem infeasible."""
+    cp_model = pytest.importorskip("ortools.sat.python.cp_model")
+    problem = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}, "comm": 0.1,
+                             "memory": {"F": 1.0, "B": b, "W": -1.0 - b, "limit": 1.0}})
+    warm = simulate(problem, best_registry_schedule(problem)[1].schedule)
+    assert warm.fits
+    model = _CpModel(problem, warm, cp_model)
+    assert model.memory.exact is exact
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(20), 0.0, 1, 0.0, None))
+    assert out.note.startswith("Optimal")
+    t = simulate(problem, out.schedule)
+    assert t.fits and t.objective_value() <= warm.objective_value() + 1e-9
+    if exact:
+        assert out.bound == pytest.approx(t.objective_value(), abs=1e-6)
