@@ -1,0 +1,199 @@
+"""Where memory binds, which side is loose: on small problems with recompute and offload, the exact
+optimum against `schedc solve` and against schedc's lower bound (issue 39, point 1).
+
+    python benchmarks/memtime_small.py [--write] [--jobs 2] [--cbc-limit 20] [--cpsat-limit 60]
+
+Cells: the zero-bubble paper's 1.5B and 28.3B settings (Qi et al., ICLR 2024, Table 9 costs, the
+memory and policy model of benchmarks/memory_time.py: full and selective recompute, offload) cut to
+small pipelines: (p, m) in (2, 4), (2, 8), (3, 6), (4, 4), (4, 8), the loop and the V placement,
+limits 0.25, 0.5 and 1 x 1F1B's activation memory (p M_B), objective span.
+
+Per cell, each as a user runs it (the CLI, its own process; memory_time.py writes the problems the
+same way):
+
+- `schedc solve FILE --time-limit CBC` (the default solver, CBC): what users get;
+- `schedc solve FILE --solver cpsat --time-limit CPSAT`: CP-SAT models the keep / recompute /
+  selective / offload choice per (stage, microbatch) with the order; where it proves optimality
+  its span is the optimum, else its search bound is a lower bound of its own;
+- schedc's own bound (`solvers.bounds.lower_bound`, what `solve` reports as its bound when no
+  search proves more).
+
+The optimum lies in [the largest bound, the shortest span found]; it is known where they meet.
+"solve above optimum" is (solve - optimum) / optimum (its least where the optimum is not known:
+against the shortest span), "optimum above bound" is (optimum - bound) / optimum for schedc's
+bound (its least: the largest proven lower bound). --write puts the table into
+benchmarks/RESULTS.md (section memtime-small).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from memory_time import problem_of  # noqa: E402
+from zb_paper import run_json  # noqa: E402
+
+from schedc import Problem  # noqa: E402
+from schedc.errors import ProblemError  # noqa: E402
+from schedc.solvers.bounds import lower_bound  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = (("1.5B", 24), ("28.3B", 96))  # the smallest and the largest model (keep, copy time differ)
+SIZES = ((2, 4), (2, 8), (3, 6), (4, 4), (4, 8))  # (p, m)
+LIMITS = (0.25, 0.5, 1.0)  # x 1F1B's activation memory, p M_B
+REL = 1e-6  # spans and bounds this close are equal
+
+
+def small_problem(model: str, m_paper: int, p: int, m: int, limit: float, v: bool) -> Problem:
+    """The paper's setting with its recompute and offload model, on p ranks and m microbatches."""
+    big = problem_of(model, m_paper, limit, v)
+    memory = {**big.memory.model_dump(exclude_none=True), "limit": round(limit * p, 9)}
+    name = f"mts-{model}-p{p}-m{m}-{limit:g}x" + ("-v" if v else "")
+    return big.with_changes(name=name, ranks=p, microbatches=m, memory=memory)
+
+
+def cells() -> tuple[list[tuple], list[str]]:
+    """The cells, and the names of those left out: limits below what any schedule needs (one
+    microbatch's activation on a rank, as during its recompute: 0.25 x p M_B for p < 4)."""
+    out, left_out = [], []
+    for v in (False, True):
+        for model, mp in SETTINGS:
+            for p, m in SIZES:
+                for limit in LIMITS:
+                    try:
+                        small_problem(model, mp, p, m, limit, v)
+                    except ProblemError:
+                        left_out.append(f"{model} {'V' if v else 'loop'} p={p} m={m} {limit:g}x")
+                        continue
+                    out.append((model, mp, p, m, limit, v))
+    return out, left_out
+
+
+def run_cell(cell: tuple, out_dir: Path, cbc: float, cpsat: float) -> dict:
+    model, mp, p, m, limit, v = cell
+    problem = small_problem(model, mp, p, m, limit, v)
+    path = out_dir / f"{problem.name}.yaml"
+    path.write_text(yaml.safe_dump(problem.model_dump(exclude_none=True), sort_keys=False))
+    out = {"name": problem.name, "ops": 3 * problem.n_stages * m, "bound": lower_bound(problem).value}
+    for solver, limit_s in (("cbc", cbc), ("cpsat", cpsat)):
+        res, wall, err = run_json(["solve", str(path), "-o", str(out_dir / f"{problem.name}.{solver}.json"),
+                                   "--solver", solver, "--time-limit", f"{limit_s:g}", "-q"],
+                                  timeout=10 * limit_s + 120)
+        out[solver] = ({"span": res["span"], "bound": res["bound"], "status": res["status"], "wall": wall}
+                       if res else {"error": err, "wall": wall})
+    return out
+
+
+def summarise(r: dict) -> dict:
+    """The optimum's interval and the two gaps of one cell."""
+    spans = [r[s]["span"] for s in ("cbc", "cpsat") if "span" in r[s]]
+    bounds = [r["bound"]] + [r[s]["bound"] for s in ("cbc", "cpsat") if r[s].get("bound") is not None]
+    hi, lo = min(spans), max(bounds)
+    known = hi - lo <= REL * hi
+    solve = r["cbc"].get("span")
+    return {
+        "lo": lo, "hi": hi, "known": known,
+        "solve_over": (solve - hi) / hi if solve is not None else None,  # the least, exact where known
+        "bound_under": (lo - r["bound"]) / lo,  # the least (optimum >= lo), exact where known
+    }
+
+
+def table(results: list[tuple[tuple, dict]], cbc: float, cpsat: float) -> tuple[str, list[str]]:
+    lines = [f"| model | placement | p | m | limit | ops | solve (CBC {cbc:g} s) | CP-SAT {cpsat:g} s | optimum |"
+             " schedc's bound | solve above optimum | optimum above bound |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    summary = []
+    for (model, _, p, m, limit, v), r in results:
+        errors = [f"{s}: {r[s]['error']}" for s in ("cbc", "cpsat") if "error" in r[s]]
+        if "span" not in r["cbc"] and "span" not in r["cpsat"]:
+            lines.append(f"| {model} | {'V' if v else 'loop'} | {p} | {m} | {limit:g} | {r['ops']} |"
+                         f" {'; '.join(errors)} | | | | | |")
+            continue
+        s = summarise(r)
+
+        def cell_of(solver: str) -> str:
+            x = r[solver]
+            return f"{x['span']:.1f} ({x['status']})" if "span" in x else x["error"]
+
+        optimum = f"{s['hi']:.1f}" if s["known"] else f"{s['lo']:.1f}-{s['hi']:.1f}"
+        over = "n/a" if s["solve_over"] is None else f"{'' if s['known'] else '>= '}{100 * s['solve_over']:.1f} %"
+        under = f"{'' if s['known'] else '>= '}{100 * s['bound_under']:.1f} %"
+        lines.append(f"| {model} | {'V' if v else 'loop'} | {p} | {m} | {limit:g} | {r['ops']} | {cell_of('cbc')} |"
+                     f" {cell_of('cpsat')} | {optimum} | {r['bound']:.1f} | {over} | {under} |")
+        summary.append((limit, v, s))
+    notes = []
+    for limit in LIMITS:
+        for v in (False, True):
+            got = [s for lim, vv, s in summary if lim == limit and vv == v]
+            if not got:
+                continue
+            known = [s for s in got if s["known"]]
+            overs = [s["solve_over"] for s in got if s["solve_over"] is not None]
+            notes.append(
+                f"- {limit:g}x, {'V' if v else 'loop'}: optimum known in {len(known)} of {len(got)} cells;"
+                f" solve above it by up to {100 * max(overs, default=0):.1f} %"
+                f" (in {sum(o > REL for o in overs)} cells); schedc's bound below it by"
+                f" {100 * min(s['bound_under'] for s in got):.1f}-{100 * max(s['bound_under'] for s in got):.1f} %")
+    return "\n".join(lines), notes
+
+
+def main() -> None:
+    from _results import machine, write_section
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    ap.add_argument("--jobs", type=int, default=1, help="cells run at once (each solve uses one thread)")
+    ap.add_argument("--cbc-limit", type=float, default=20.0, help="seconds of `schedc solve` (CBC) per cell")
+    ap.add_argument("--cpsat-limit", type=float, default=60.0, help="seconds of `schedc solve --solver cpsat` per cell")
+    ap.add_argument("--only", default="", help="run the cells whose problem name contains this")
+    ap.add_argument("--out", default="out/memtime-small", help="where problems and schedules go")
+    args = ap.parse_args()
+    out_dir = ROOT / args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    every, left_out = cells()
+    chosen = [c for c in every if args.only in small_problem(*c).name]
+    began = time.perf_counter()
+
+    def one(cell):
+        r = run_cell(cell, out_dir, args.cbc_limit, args.cpsat_limit)
+        print(r["name"], json.dumps({k: v for k, v in r.items() if k != "name"}), flush=True)
+        return cell, r
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, chosen))
+    (out_dir / "results.json").write_text(json.dumps([[list(c), r] for c, r in results], indent=1))
+    body, notes = table(results, args.cbc_limit, args.cpsat_limit)
+    print(body)
+    print("\n".join(notes))
+    print(f"{time.perf_counter() - began:.0f} s")
+    if args.write and not args.only:
+        cmd = shlex.join(["python", "benchmarks/memtime_small.py", *sys.argv[1:]])
+        write_section("memtime-small", "\n".join([
+            "## Memory for time on small problems: the optimum against solve and against the bound",
+            "",
+            f"`{cmd}`  ",
+            f"Machine: {machine()}. Settings: the zero-bubble paper's 1.5B (m = 24 costs) and 28.3B (m = 96)"
+            " with benchmarks/memory_time.py's recompute / offload model, cut to p ranks and m microbatches;"
+            " objective span. The optimum is CP-SAT's where it proves it, else the interval between the largest"
+            " proven bound and the shortest span found (then the gaps are their least, marked >=).",
+            "",
+            body,
+            "",
+            *notes,
+            "",
+            f"Left out (the limit is below one microbatch's activation, which any schedule holds): {', '.join(left_out)}.",
+        ]))
+
+
+if __name__ == "__main__":
+    main()
