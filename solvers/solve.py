@@ -558,8 +558,11 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
     start = out.best
     if not _modelled(start.schedule, call.solver):  # the best that the backend's model holds
         plain = [t for t in (polished, *(t for _, t in run.fitting)) if t.fits and _modelled(t.schedule, call.solver)]
-        if plain:
-            start = min(plain, key=lambda t: t.objective_value())
+        if not plain:
+            out.found = Found(None, note=f"not searched: {call.solver}'s model holds none of the schedules that fit")
+            clock.say(f"search: {out.found.note}")
+            return out
+        start = min(plain, key=lambda t: t.objective_value())
     out.found = BACKENDS[call.solver](problem, start, settings)
     if out.found.note:
         clock.say(f"search: {call.solver}: {' '.join(out.found.note.split())[:120]}")
