@@ -28,7 +28,8 @@ Sources and the model (see benchmarks/zb_paper.py for the settings themselves):
   costs and memory), objective span, as the paper measures its bubble.
 
 Per cell: every registry schedule through `schedc compare` (the best that fits is "best
-baseline"; 1F1B with full recompute is what Megatron users run below 1F1B's memory), and
+baseline"; 1F1B with full recompute, `1f1b-recompute`, is what Megatron-LM users run below 1F1B's
+memory: each recompute inside the backward, once the gradient has arrived), and
 `schedc solve --time-limit S` (the wall time of the whole command), whose file is read back with
 `schedc simulate`: the reported span is the simulated one. 1F1B runs on the loop placement only,
 so a V row's "vs 1F1B with full recompute" holds it against the loop row of the same setting and
@@ -267,9 +268,13 @@ def main() -> None:
     ran = ", ".join(f"{c} ({n} cells)" if len(commits) > 1 else c for c, n in sorted(commits.items()))
     text = report(results, command, f"{machine()}. Commit: {ran}")
     print(text)
-    if args.write and not args.only:
+    if args.write and not args.only and limits == set(LIMITS):
         plot(results, Path(__file__).with_name("memory_time.png"))
         write_section("memory-time", "## Memory for time: recompute and offload decided by solve\n\n" + text)
+    elif args.write and not args.only:  # some limits only: a section of its own, the full table stays
+        shown = ", ".join(f"{x:g}x" for x in sorted(limits))
+        write_section(f"memory-time-{'-'.join(f'{x:g}' for x in sorted(limits))}",
+                      f"### Memory for time at {shown} only\n\n" + text)
 
 
 def report(results: dict, command: str, machine: str) -> str:

@@ -134,7 +134,7 @@ import torch.distributed as dist
 from torch import nn
 
 from schedc.errors import SchedcError
-from schedc.kinds import Kind, in_order, unsupported
+from schedc.kinds import POLICIES, Kind, in_order, unsupported
 from schedc.program import Instr, Message, Opcode
 from schedc.runtime.clip import GradClip, clip_args_error
 from schedc.runtime.comm import TRANSPORTS, Pending, Stopped, TransferFailed, Transport, describe
@@ -157,6 +157,8 @@ _RUNTIMES = itertools.count()  # constructions per process: the same sequence on
 # group, the store keys of the runtimes built on it (their failure and poison counters).
 _FAILED_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BUILT_ON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+_AS_RUN = {Kind.RG: Kind.R, Kind.SG: Kind.S}  # Megatron's placement runs the same recompute once the gradient is in
 
 
 class PipelineError(SchedcError):
@@ -283,13 +285,14 @@ class PipelineRuntime:
         self.program: tuple[Instr, ...] = compiled.program.for_rank(self.rank)
         self._ops: dict[Kind | Opcode, Callable[[_StepState, Instr, int], None]] = {  # opcode -> its method
             Kind.F: self._forward, Kind.B: self._backward_input, Kind.BW: self._backward_full, Kind.W: self._weight,
-            Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.O: self._offload,
+            Kind.R: self._recompute, Kind.S: self._recompute_selective, Kind.RG: self._recompute_after_gradient,
+            Kind.SG: self._recompute_after_gradient, Kind.O: self._offload,
             Kind.L: self._reload, Kind.AR: self._reduce, Kind.RS: self._replica_sum, Kind.TS: self._tied_sum,
             Opcode.SEND: self._send, Opcode.RECV: self._recv, Opcode.LOCAL: self._local,
             Opcode.STEP: self._optimizer_step, Opcode.UPDATE: self._update,
         }
-        # (stage, mb) -> the policy op the program holds for it (R, S, O); absent: kept
-        self.policy = {(i.stage, i.mb): i.op for i in self.program if i.op in (Kind.R, Kind.S, Kind.O)}
+        # (stage, mb) -> the policy op the program holds for it (R, S, O; RG and SG as R and S); absent: kept
+        self.policy = {(i.stage, i.mb): _AS_RUN.get(i.op, i.op) for i in self.program if i.op in POLICIES}
         for instr in self.program:  # a kind without a method here is refused before anything is set up
             if instr.op not in self._ops:
                 runs = in_order(k for k in self._ops if isinstance(k, Kind))
@@ -698,6 +701,18 @@ class PipelineRuntime:
             out = self.loss_fn(y, self._target(state, s, mb)) / self.batches if self._last(s) else y
         del y
         state.saved[(s, mb)] = (None if first else x, _without_data(out))
+
+    def _recompute_after_gradient(self, state: _StepState, instr: Instr, k: int) -> None:
+        """RG / SG: R / S once the output gradient of the (stage, microbatch) has arrived (Megatron-LM
+        recomputes inside the backward); the B takes the gradient as usual."""
+        s, mb = instr.stage, instr.mb
+        if not self._last(s):
+            msg = Message("grad", mb, s + 1, s)
+            pending, tensor = state.inbox[msg]
+            if pending is not None:
+                self._io.wait(pending, (k, instr, self.steps))
+                state.inbox[msg] = (None, tensor)
+        self._ops[_AS_RUN[instr.op]](state, instr, k)
 
     def _recompute_selective(self, state: _StepState, instr: Instr, k: int) -> None:
         """S: the marked parts of the stage again, with autograd, from their kept inputs."""

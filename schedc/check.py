@@ -43,7 +43,7 @@ from schedc.schedule import Op, Schedule, comm_lane, comm_ops, members
 
 # the op kinds the checker handles: the compute lane's and the copy lane's (a new kind is refused by
 # name until its rules are here)
-CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS})
+CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.RG, Kind.SG, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS})
 
 # kind -> per need on its own stage, the kinds that may meet it (W: B; B and BW: F), from the rows
 _SAME_STAGE = {k: tuple((candidates(need), 0) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}

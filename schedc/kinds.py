@@ -11,6 +11,11 @@ Memory for time: each (stage, microbatch) keeps what its forward saved, or recom
 S selective) on the compute lane before its backward, or offloads it (O) to host memory on the
 rank's copy lane and reloads it (L) before its backward. The op of a policy kind (``KindRow.policy``)
 in a schedule chooses its (stage, microbatch)'s policy; at most one per (stage, microbatch).
+R and S run as soon as their rank reaches them, so a recompute placed before a backward may run
+while the rank waits for that backward's gradient (prefetched into the wait, as Mario does). RG and
+SG are the same work as Megatron-LM runs it: inside the backward, once the output gradient has
+arrived (they also wait for the backward of the stage after). The searches choose R and S; RG and
+SG are for the baselines that run as Megatron does (``KindRow.searched``).
 
 Gradient synchronization: with data parallelism, each stage's weight gradient is all-reduced over
 the replicas (AR) on the rank's communication lane, once per iteration, after the stage's last
@@ -47,7 +52,9 @@ class Kind(str, Enum):
     W = "W"  # weight gradient (deferrable)
     BW = "BW"  # the fused backward, B and W in one op
     R = "R"  # recompute: the stage's forward again, before its backward (its forward kept only its input)
-    S = "S"  # selective recompute: the part of the forward the forward did not keep (Megatron's selective)
+    S = "S"  # selective recompute: the part of the forward the forward did not keep
+    RG = "RG"  # R as Megatron-LM runs it: inside the backward, once the output gradient has arrived
+    SG = "SG"  # S as Megatron-LM runs it (--recompute-granularity selective): once the gradient has arrived
     O = "O"  # offload: the activation copied to host memory (copy lane), freed on the device
     L = "L"  # reload: the offloaded activation copied back before the backward (copy lane)
     AR = "AR"  # gradient all-reduce of a stage over its data-parallel replicas (comm lane, once per stage)
@@ -91,6 +98,8 @@ class KindRow:
     # (``Problem.sync_groups``), one op per member stage, all starting when the last member is ready
     chunk_needs: tuple[tuple[Kind | str, int], ...] = ()  # (kind or BACKWARD, chunk offset): on its own
     # stage, the op of a neighbouring chunk of the same sequence it waits for (sequence chunks only)
+    searched: bool = True  # a policy kind the searches may choose; False: only the baselines that
+    # place it as a framework does (RG, SG) hold it (``Problem.policies`` leaves it out)
 
 
 ROWS: dict[Kind, KindRow] = {
@@ -105,6 +114,11 @@ ROWS: dict[Kind, KindRow] = {
                     "recompute.time", policy="recompute", lightens=True),
     Kind.S: KindRow("compute", "S (selective recompute)", ((Kind.F, 0),), None, False, None, None, "#c994c7",
                     "recompute.selective.time", policy="selective", lightens=True),
+    Kind.RG: KindRow("compute", "RG (recompute once the gradient is in)", ((Kind.F, 0), (BACKWARD, 1)), None, False,
+                     None, None, "#6a51a3", "recompute.time", policy="recompute", lightens=True, searched=False),
+    Kind.SG: KindRow("compute", "SG (selective recompute once the gradient is in)", ((Kind.F, 0), (BACKWARD, 1)),
+                     None, False, None, None, "#ae017e", "recompute.selective.time", policy="selective",
+                     lightens=True, searched=False),
     Kind.O: KindRow("copy", "O (offload)", ((Kind.F, 0),), None, False, None, None, "#969696", "offload.time",
                     policy="offload"),
     Kind.L: KindRow("copy", "L (reload)", ((Kind.O, 0),), None, False, None, None, "#525252", "offload.time",
@@ -124,14 +138,14 @@ FUSED = frozenset(k for k, row in ROWS.items() if row.split is False)  # BW
 
 BY_NAME: dict[str, Kind] = {k.value: k for k in Kind}  # "F" -> Kind.F: parses a file's kinds
 BY_TORCH: dict[str, Kind] = {row.torch: k for k, row in ROWS.items() if row.torch}  # torch's action letter -> kind
-POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, O: at most one per (stage, microbatch)
-RECOMPUTES = tuple(k for k, row in ROWS.items() if row.lightens)  # R, S: the policies run on the compute lane
-OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, O, L
+POLICIES = tuple(k for k, row in ROWS.items() if row.policy)  # R, S, RG, SG, O: at most one per (stage, microbatch)
+RECOMPUTES = tuple(k for k, row in ROWS.items() if row.lightens)  # R, S, RG, SG: the policies run on the compute lane
+OPTIONAL = tuple(k for k, row in ROWS.items() if row.policy or row.comes_with)  # R, S, RG, SG, O, L
 PER_STAGE = tuple(k for k, row in ROWS.items() if row.per_stage)  # AR, RS, TS: derived by the simulator, in no schedule
 COLLECTIVES = tuple(k for k, row in ROWS.items() if row.group)  # RS, TS: run together by the ranks of a stage group
 # What a need of a row may be met by, the first the schedule holds, and what meets it in a schedule
 # without recompute or offload (split backward): BACKWARD is B or BW (B), SAVED is R, S, L or F (F).
-_MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.L, Kind.F), Kind.F),
+_MET_BY = {BACKWARD: ((Kind.B, Kind.BW), Kind.B), SAVED: ((Kind.R, Kind.S, Kind.RG, Kind.SG, Kind.L, Kind.F), Kind.F),
            GRADS: ((Kind.W, Kind.BW), Kind.W)}
 
 

@@ -737,7 +737,7 @@ class Problem(_Strict):
         ``delta`` gives each op's delta under its (stage, microbatch)'s policy."""
         out = dict(zip((Kind.F, Kind.B, Kind.W), self.mem_deltas))
         a = out[Kind.F]
-        keeps = dict(zip((Kind.R, Kind.S), (keep for _, keep in self._keeps())))
+        keeps = dict(zip(("recompute", "selective"), (keep for _, keep in self._keeps())))  # by ``KindRow.policy``
         for kind in self.kinds:
             row = ROWS[kind]
             if kind in out:
@@ -745,7 +745,7 @@ class Problem(_Strict):
             if row.fuses:
                 out[kind] = _summed(out[k] for k in row.fuses)
             elif row.lightens:
-                out[kind] = tuple(x - k for x, k in zip(a, keeps[kind]))
+                out[kind] = tuple(x - k for x, k in zip(a, keeps[row.policy]))
             elif row.policy == "offload":
                 out[kind] = tuple(-x for x in a)
             elif row.comes_with is not None and ROWS[row.comes_with].policy == "offload":
@@ -766,8 +766,9 @@ class Problem(_Strict):
 
     @cached_property
     def policies(self) -> tuple[Kind, ...]:
-        """The policy kinds (R, S, O) this problem allows, in the table's order."""
-        return tuple(k for k in self.kinds if ROWS[k].policy)
+        """The policy kinds (R, S, O) this problem allows and the searches may choose, in the table's
+        order (a schedule may also hold RG and SG, Megatron-LM's placement of R and S: ``kinds``)."""
+        return tuple(k for k in self.kinds if ROWS[k].policy and ROWS[k].searched)
 
     @cached_property
     def recomputes(self) -> tuple[Kind, ...]:

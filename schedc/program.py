@@ -423,7 +423,9 @@ def _listed_after(instrs: list[Instr], placed: dict[Op | None, list[Instr]]) -> 
 
 
 def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:
-    """The op of the schedule that uses ``msg``: F(dst) for an activation, B(dst) or BW(dst) for
-    a gradient (the first such kind, in the table's order, that the schedule holds)."""
+    """The op of the schedule that first uses ``msg``: F(dst) for an activation; for a gradient
+    B(dst) or BW(dst), or the RG / SG before it (Megatron's recompute waits for the gradient too):
+    of those the schedule holds, the one its rank runs first."""
     kinds = _CONSUMERS[msg.tensor, msg.src - msg.dst]
-    return next((op for k in kinds if (op := Op(k, msg.dst, msg.mb)) in where), Op(kinds[-1], msg.dst, msg.mb))
+    held = [op for k in kinds if (op := Op(k, msg.dst, msg.mb)) in where]
+    return min(held, key=lambda op: where[op][1]) if held else Op(kinds[-1], msg.dst, msg.mb)

@@ -82,7 +82,7 @@ from schedc.kinds import ROWS, Kind, check_supported
 from schedc.problem import Problem
 from schedc.schedule import Op, comm_ops, producers
 
-BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS)  # the kinds the terms hold for
+BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.RG, Kind.SG, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS)  # the kinds the terms hold for
 POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 

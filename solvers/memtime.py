@@ -4,9 +4,11 @@ One transform serves every baseline here (``with_policies``): it takes any sched
 (stage, microbatch) -> policy op (R full recompute, S selective recompute, O offload) and puts
 the ops of each policy where the frameworks run them:
 
-- R or S right before the backward (B or fused BW) of its (stage, microbatch) on the compute lane
-  (Megatron-LM's ``--recompute-granularity full|selective``: the forward again, just before the
-  backward that needs it);
+- R or S (or RG, SG) right before the backward (B or fused BW) of its (stage, microbatch) on the
+  compute lane: the forward again, just before the backward that needs it. RG and SG are Megatron-LM's
+  ``--recompute-granularity full|selective``, which recomputes inside the backward once the output
+  gradient has arrived; R and S run as soon as the rank gets to them, into the wait for that
+  gradient (Mario's prefetch);
 - O on the rank's copy lane after its forward, L before its backward; the copy lane's order
   follows the times the simulator gives the schedule without the copies: each O when its forward
   ends, the reloads packed as late as they can end before their backwards (as the zero-bubble
@@ -14,8 +16,9 @@ the ops of each policy where the frameworks run them:
   compute op that ends by then (``Schedule.after``), so a reload waits there rather than running
   as soon as the copy lane is free, and the memory between offload and reload stays free.
 
-The registry schedules built on it are the baselines of issue 25: 1F1B and interleaved 1F1B with
-full and with selective recompute, ZB-H1 with full recompute, 1F1B with per-stage recompute sized
+The registry schedules built on it are the baselines of issues 25 and 39: 1F1B and interleaved 1F1B
+with full and with selective recompute as Megatron-LM runs them (RG, SG), the same with the full
+recompute prefetched (``-prefetch``, R), ZB-H1 with full recompute, 1F1B with per-stage recompute sized
 so that each rank just fits the limit (AdaPipe's idea), and ZB-V with the offloads its copy lane
 can hide (in the spirit of PipeOffload). The simulator judges each, as every schedule.
 """
@@ -53,7 +56,7 @@ def with_policies(problem: Problem, schedule: Schedule, policy: Policy, name: st
     name = name or schedule.name
     try:
         policy = {key: kind_of(kind) for key, kind in policy.items()}  # "R" as written in files and tests
-        check_supported(set(policy.values()), f"schedule {name!r}", problem.policies)
+        check_supported(set(policy.values()), f"schedule {name!r}", [k for k in problem.kinds if ROWS[k].policy])
     except ValueError as e:
         raise ScheduleError(f"{e}: declare its section in the problem (recompute, recompute.selective, offload)") from None
     base = plain(schedule)
@@ -285,7 +288,7 @@ def _needs(kind: Kind, base: str) -> Callable[[Problem], str | None]:
     section = ROWS[kind].cost.rsplit(".", 1)[0]
 
     def requires(problem: Problem) -> str | None:
-        if kind not in problem.policies:
+        if kind not in problem.kinds:
             return f"needs the problem's '{section}' section ({ROWS[kind].title}), which it does not give"
         return REGISTRY[base].why_not(problem)
 
@@ -300,14 +303,22 @@ def _everywhere(name: str, base: str, kind: Kind) -> Builder:
 
 
 _UNIFORM = [  # name, the registry schedule it recomputes, the policy, what it is
-    ("1f1b-recompute", "1f1b", Kind.R,
-     "1F1B with full recompute of every microbatch (Megatron-LM --recompute-granularity full)"),
-    ("1f1b-selective", "1f1b", Kind.S,
-     "1F1B with selective recompute of every microbatch (Megatron-LM --recompute-granularity selective)"),
-    ("interleaved-1f1b-recompute", "interleaved-1f1b", Kind.R,
-     "interleaved 1F1B with full recompute of every microbatch"),
-    ("interleaved-1f1b-selective", "interleaved-1f1b", Kind.S,
-     "interleaved 1F1B with selective recompute of every microbatch"),
+    ("1f1b-recompute", "1f1b", Kind.RG,
+     "1F1B with full recompute of every microbatch, as Megatron-LM runs it (--recompute-granularity full:"
+     " inside the backward, once the gradient has arrived)"),
+    ("1f1b-selective", "1f1b", Kind.SG,
+     "1F1B with selective recompute of every microbatch, as Megatron-LM runs it (--recompute-granularity"
+     " selective: inside the backward, once the gradient has arrived)"),
+    ("interleaved-1f1b-recompute", "interleaved-1f1b", Kind.RG,
+     "interleaved 1F1B with full recompute of every microbatch, as Megatron-LM runs it (once the gradient is in)"),
+    ("interleaved-1f1b-selective", "interleaved-1f1b", Kind.SG,
+     "interleaved 1F1B with selective recompute of every microbatch, as Megatron-LM runs it (once the gradient"
+     " is in)"),
+    ("1f1b-recompute-prefetch", "1f1b", Kind.R,
+     "1F1B with full recompute of every microbatch run as soon as the rank is free, into the wait for the"
+     " gradient (Mario-style prefetch)"),
+    ("interleaved-1f1b-recompute-prefetch", "interleaved-1f1b", Kind.R,
+     "interleaved 1F1B with full recompute of every microbatch run into the wait for the gradient (Mario-style)"),
     ("zb-h1-recompute", "zb-h1", Kind.R,
      "zero bubble H1 with full recompute of every microbatch (R before B, held until its W)"),
 ]
@@ -318,12 +329,13 @@ for _name, _base, _kind, _summary in _UNIFORM:
 
 @register(
     "1f1b-recompute-fit",
-    "1F1B recomputing per rank the fewest microbatches that fit the memory limit (AdaPipe's idea)",
+    "1F1B recomputing per rank the fewest microbatches that fit the memory limit (AdaPipe's idea), each inside"
+    " its backward once the gradient is in, as Megatron-LM (on which AdaPipe builds) runs it",
     split_backward=False,
-    requires=_needs(Kind.R, "1f1b"),
+    requires=_needs(Kind.RG, "1f1b"),
 )
 def one_f_one_b_recompute_fit(problem: Problem) -> Schedule:
-    return fit_recompute(problem, REGISTRY["1f1b"].build(problem), Kind.R, "1f1b-recompute-fit")
+    return fit_recompute(problem, REGISTRY["1f1b"].build(problem), Kind.RG, "1f1b-recompute-fit")
 
 
 @register(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -64,7 +66,10 @@ def get(name: str) -> ScheduleSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(REGISTRY)}") from None
+        close = difflib.get_close_matches(name, list(REGISTRY), n=3)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise ScheduleError(f"unknown schedule {name!r}; {hint}`schedc schedules` lists the {len(REGISTRY)} known"
+                            f" (from {', '.join(list(REGISTRY)[:6])}, ...)") from None
 
 
 def build(name: str, problem: Problem) -> Schedule:

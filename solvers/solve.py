@@ -556,10 +556,13 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         return out
     clock.say(f"search: {call.solver}, {left:.1f} s left")
     start = out.best
-    if start.schedule.copy and call.solver not in COPY_LANE:  # it does not model the copy lane: the best that does not offload
-        plain = [t for t in (polished, *(t for _, t in run.fitting)) if t.fits and not t.schedule.copy]
-        if plain:
-            start = min(plain, key=lambda t: t.objective_value())
+    if not _modelled(start.schedule, call.solver):  # the best that the backend's model holds
+        plain = [t for t in (polished, *(t for _, t in run.fitting)) if t.fits and _modelled(t.schedule, call.solver)]
+        if not plain:
+            out.found = Found(None, note=f"not searched: {call.solver}'s model holds none of the schedules that fit")
+            clock.say(f"search: {out.found.note}")
+            return out
+        start = min(plain, key=lambda t: t.objective_value())
     out.found = BACKENDS[call.solver](problem, start, settings)
     if out.found.note:
         clock.say(f"search: {call.solver}: {' '.join(out.found.note.split())[:120]}")
@@ -582,6 +585,14 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         if tol.lt(again.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = again, False
     return out
+
+
+def _modelled(schedule: Schedule, solver: str) -> bool:
+    """Whether ``solver``'s model holds every op of ``schedule``: no copy lane unless it models one
+    (COPY_LANE), and only the policies the searches choose (not Megatron's RG and SG)."""
+    if schedule.copy and solver not in COPY_LANE:
+        return False
+    return all(ROWS[op.kind].searched for op in schedule.ops())
 
 
 def _prefer_fused(call: _Call, out: _Outcome) -> None:

@@ -16,9 +16,11 @@ from schedc.simulate import simulate
 from schedc.solvers import greedy, memtime, registry
 
 NEW = ["1f1b-recompute", "1f1b-selective", "interleaved-1f1b-recompute", "interleaved-1f1b-selective",
-       "zb-h1-recompute", "1f1b-recompute-fit", "zb-v-offload"]
-POLICY_OF = {"1f1b-recompute": Kind.R, "1f1b-selective": Kind.S, "interleaved-1f1b-recompute": Kind.R,
-             "interleaved-1f1b-selective": Kind.S, "zb-h1-recompute": Kind.R}
+       "1f1b-recompute-prefetch", "interleaved-1f1b-recompute-prefetch", "zb-h1-recompute", "1f1b-recompute-fit",
+       "zb-v-offload"]
+POLICY_OF = {"1f1b-recompute": Kind.RG, "1f1b-selective": Kind.SG, "interleaved-1f1b-recompute": Kind.RG,
+             "interleaved-1f1b-selective": Kind.SG, "1f1b-recompute-prefetch": Kind.R,
+             "interleaved-1f1b-recompute-prefetch": Kind.R, "zb-h1-recompute": Kind.R}
 
 
 def uniform(p: int, m: int, F=1.0, B=1.0, W=1.0, R=1.0, a=1.0, keep=0.0, v=1, placement="loop", **more) -> Problem:
@@ -178,7 +180,7 @@ def test_every_baseline_simulates_and_holds_its_policy(problem):
         assert schedule.name == name
         if name in POLICY_OF:
             assert set(schedule.policies().values()) == {POLICY_OF[name]} and len(schedule.policies()) == every
-            base = solvers.build(name.rsplit("-", 1)[0], problem)
+            base = solvers.build(name.removesuffix("-prefetch").rsplit("-", 1)[0], problem)
             assert memtime.plain(schedule).ranks == base.ranks
         if name == "1f1b-recompute-fit":
             plain_t = simulate(problem, solvers.build("1f1b", problem))
@@ -196,16 +198,33 @@ def test_every_baseline_simulates_and_holds_its_policy(problem):
 @settings(max_examples=40, deadline=None)
 @given(p=st.integers(1, 6), m=st.integers(1, 12), costs=st.lists(st.sampled_from([0.5, 1, 1.5, 2, 3]), min_size=4,
        max_size=4), keep=st.sampled_from([0, 0.1, 0.5]), a=st.sampled_from([1, 2.5]))
-def test_1f1b_with_full_recompute_meets_its_closed_form(p, m, costs, keep, a):
+def test_1f1b_with_prefetched_recompute_meets_its_closed_form(p, m, costs, keep, a):
     """Uniform costs, no latency: each backward becomes R + B + W, and R runs while the gradient is
     on its way, so the makespan is (p-1)(F+B+W) + m(F+R+B+W), 1F1B's plus m R; rank r holds its
     in-flight microbatches' keep, and one whole activation from an R to its backward:
     (min(p - r, m) - 1) keep + a."""
     F, B, W, R = costs
     problem = uniform(p, m, F, B, W, R, a=a, keep=keep * a)
-    t = simulate(problem, solvers.build("1f1b-recompute", problem))
+    t = simulate(problem, solvers.build("1f1b-recompute-prefetch", problem))
     assert t.makespan == pytest.approx((p - 1) * (F + B + W) + m * (F + R + B + W))
     assert t.makespan == pytest.approx(simulate(problem, solvers.build("1f1b", problem)).makespan + m * R)
+    for r in range(p):
+        assert t.peak_activation[r] == pytest.approx((min(p - r, m) - 1) * keep * a + a)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 12), costs=st.lists(st.sampled_from([0.5, 1, 1.5, 2, 3]), min_size=4,
+       max_size=4), keep=st.sampled_from([0, 0.1, 0.5]), a=st.sampled_from([1, 2.5]))
+def test_1f1b_with_recompute_as_megatron_runs_it_meets_its_closed_form(p, m, costs, keep, a):
+    """Megatron's RG waits for the gradient, so the recompute is on the critical path as part of
+    the backward: 1F1B with a backward of R + B + W, (m + p - 1)(F + R + B + W), longer than the
+    prefetched one's by (p - 1) R; the same memory."""
+    F, B, W, R = costs
+    problem = uniform(p, m, F, B, W, R, a=a, keep=keep * a)
+    t = simulate(problem, solvers.build("1f1b-recompute", problem))
+    assert t.makespan == pytest.approx((m + p - 1) * (F + R + B + W))
+    early = simulate(problem, solvers.build("1f1b-recompute-prefetch", problem))
+    assert t.makespan == pytest.approx(early.makespan + (p - 1) * R)
     for r in range(p):
         assert t.peak_activation[r] == pytest.approx((min(p - r, m) - 1) * keep * a + a)
 
@@ -214,14 +233,14 @@ def test_1f1b_with_full_recompute_meets_its_closed_form(p, m, costs, keep, a):
 @given(p=st.integers(1, 5), m=st.integers(1, 10), costs=st.lists(st.sampled_from([0.5, 1, 2]), min_size=5,
        max_size=5), keeps=st.tuples(st.sampled_from([0, 0.2]), st.sampled_from([0.3, 0.6])))
 def test_1f1b_with_selective_recompute_meets_its_closed_form(p, m, costs, keeps):
-    """The same closed form with S's time and the selective keep."""
+    """Megatron's closed form with S's time and the selective keep."""
     F, B, W, R, S = costs
     keep, sel = keeps
     problem = Problem.parse(dict(
         ranks=p, microbatches=m, costs=dict(F=F, B=B, W=W), memory=dict(F=1),
         recompute=dict(time=R, keep=keep, selective=dict(time=S, keep=sel))))
     t = simulate(problem, solvers.build("1f1b-selective", problem))
-    assert t.makespan == pytest.approx((p - 1) * (F + B + W) + m * (F + S + B + W))
+    assert t.makespan == pytest.approx((m + p - 1) * (F + S + B + W))
     for r in range(p):
         assert t.peak_activation[r] == pytest.approx((min(p - r, m) - 1) * sel + 1)
 

@@ -45,7 +45,7 @@ def test_op_coerces_a_kind_name_and_refuses_an_unknown_one():
     assert op.kind is Kind.BW and op == Op(Kind.BW, 1, 2) and hash(op) == hash(("BW", 1, 2))
     assert op._replace(kind="W").kind is Kind.W
     assert pickle.loads(pickle.dumps(op)).kind is Kind.BW
-    with pytest.raises(ScheduleError, match=r"unknown op kind 'X' in X2@s1 \(expected F, B, W, BW, R, S, O, L, AR, RS, TS\)"):
+    with pytest.raises(ScheduleError, match=r"unknown op kind 'X' in X2@s1 \(expected F, B, W, BW, R, S, RG, SG, O, L, AR, RS, TS\)"):
         Op("X", 1, 2)
     with pytest.raises(ScheduleError, match="unknown op kind"):
         Op(Kind.B, 0, 0)._replace(kind="Q")
@@ -63,7 +63,7 @@ def test_instr_coerces_opcode_names_and_refuses_unknown_ones():
     assert Instr("SEND", 0, 0, "act", 1, 1).op is Opcode.SEND
     assert Instr("W", 0, 0).op is Kind.W
     assert Instr("STEP")._replace(op="RECV").op is Opcode.RECV
-    assert [str(o) for o in OPCODES] == ["F", "B", "W", "BW", "R", "S", "O", "L", "AR", "RS", "TS", "SEND", "RECV", "LOCAL", "STEP", "UPDATE"]
+    assert [str(o) for o in OPCODES] == ["F", "B", "W", "BW", "R", "S", "RG", "SG", "O", "L", "AR", "RS", "TS", "SEND", "RECV", "LOCAL", "STEP", "UPDATE"]
     with pytest.raises(ProgramError, match="unknown op 'NOP'"):
         Instr("NOP")
 

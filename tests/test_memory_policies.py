@@ -32,7 +32,8 @@ def test_sections_give_kinds_costs_and_deltas():
     assert p.delta(Kind.F, 0) == 4 and p.delta(Kind.F, 0, Kind.R) == 1 and p.delta(Kind.F, 0, Kind.S) == 2
     assert p.delta(Kind.F, 0, Kind.O) == 4 and p.least_kept(0) == 0.0  # an offload keeps nothing
     only_r = Problem.parse(dict(BASE, recompute=dict(time=[2, 3], keep=[0.5, 1])))
-    assert only_r.kinds == (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R)
+    assert only_r.kinds == (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.RG) and only_r.policies == (Kind.R,)
+    assert only_r.mem[Kind.RG] == only_r.mem[Kind.R] and only_r.cost[Kind.RG] == only_r.cost[Kind.R]
     assert only_r.cost[Kind.R] == (2.0, 3.0) and only_r.least_kept(1) == 1.0
 
 

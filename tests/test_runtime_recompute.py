@@ -71,6 +71,8 @@ POLICIES = {  # name -> (stage, mb) -> policy, on 2 stages x 4 microbatches
     "S": {(s, i): "S" for s in range(2) for i in range(4)},
     "O": {(s, i): "O" for s in range(2) for i in range(4)},
     "mixed": {(0, 0): "R", (0, 1): "S", (0, 2): "O", (1, 1): "R", (1, 2): "O", (1, 3): "S"},
+    # Megatron's placement: the recompute waits for the gradient (the RECV is waited on before it)
+    "RG-SG": {(0, 0): "RG", (0, 1): "SG", (0, 2): "RG", (0, 3): "R", (1, 1): "RG", (1, 2): "SG", (1, 3): "S"},
 }
 
 

@@ -108,7 +108,7 @@ def test_not_applicable_is_a_clear_error():
         solvers.build("interleaved-1f1b", p)
     with pytest.raises(ScheduleError, match="a multiple of ranks"):
         solvers.build("interleaved-1f1b", uniform(4, 6, 2, 1, 1, 1))
-    with pytest.raises(ScheduleError, match="unknown schedule 'zb-h3'; known: gpipe"):
+    with pytest.raises(ScheduleError, match="unknown schedule 'zb-h3'; did you mean 'zb-h2' or 'zb-h1'.*`schedc schedules` lists"):
         solvers.get("zb-h3")
 
 
