@@ -696,41 +696,53 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
 def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
     """How many microbatches of a stage may be in flight at once, when a limit allows few.
 
-    For stage s of rank r and microbatch i, let I_i run from the start of F(s, i) to the end of
-    B(s, i) (>= L = F + rt + B long), and J_i from the start of what brings the activation back
-    (R, S, L, or F when kept) to that end. During J_i the rank holds all of s's activation for i,
-    at least ``least_kept`` for each stage t < s of the rank (microbatch i's, fact 2) and at least
-    ``least_kept(s)`` for every other microbatch inside its own I, so at most K = floor((cap - mF(s)
-    - sum_{t<s} least_kept(t)) / least_kept(s)) others are. Order the microbatches by the end of J
-    (their B's, distinct on one lane): of the K + 1 after i, one must start its I after J_i ends
-    (else all K + 1 are inside theirs when J_i ends), so its J, and every later one, ends >= L
-    after J_i's end. Hence the last B of s ends >= (window start) + ceil(m / (K + 1)) * L, and its
-    W follows on the rank: T >= head(s) (makespan; 0 for span, from the rank's first start) +
-    ceil(m / (K + 1)) * L + W(s). No term when nothing needs be kept (offload) or K >= m - 1."""
+    For stage s of rank r, let N be the microbatches not offloaded at s (kept or recomputed) and X
+    the offloaded ones. For i in N let I_i run from the start of F(s, i) to the end of B(s, i)
+    (>= L = F + rt + B long), and J_i from the start of what brings the activation back (R, S, or
+    F when kept) to that end. During J_i the rank holds all of s's activation for i, at least
+    ``least_kept`` for each stage t < s of the rank (microbatch i's, fact 2) and at least the least
+    a kept or recomputed microbatch keeps, k(s), for every other microbatch of N inside its own I
+    (an offloaded one may hold nothing), so at most K = floor((cap - mF(s) - sum_{t<s}
+    least_kept(t)) / k(s)) others of N are. Order N by the end of J (their B's, distinct on one
+    lane): of the K + 1 after i, one must start its I after J_i ends (else all K + 1 are inside
+    theirs when J_i ends), so its J, and every later one, ends >= L after J_i's end. Hence the last
+    B of N ends >= (window start) + ceil(|N| / (K + 1)) * L, and its W follows on the rank:
+    T >= head(s) (makespan; 0 for span, from the rank's first start) + ceil(|N| / (K + 1)) * L + W(s).
+    Each of X copies its activation out and back on the rank's copy lane (O + L), after some F of
+    s ended and before the B and W of its own: T >= start + F(s) + |X| (O + L) + B(s) + W(s). A
+    schedule picks |X|, so T >= the least over |X| = 0..m of the larger of the two (|X| = 0 where
+    the problem does not offload). No term where kept and recomputed microbatches may keep nothing
+    (k(s) = 0) or K >= m - 1."""
     c, a = problem.cost, problem.mem[Kind.F]
     cap, m = _cap(problem, r), problem.microbatches
+    offload = Kind.O in problem.policies
     best = None
     below = 0.0  # least_kept of the rank's stages under s
     for s in problem.rank_stages[r]:
-        least = problem.least_kept(s)
+        least = min([problem.delta(Kind.F, s, k) for k in problem.recomputes] + [a[s]])  # kept or recomputed
         if least > 0:
             k = math.floor(max(0.0, cap - a[s] - below) / least)
             if k < m - 1:
-                rounds = math.ceil(m / (k + 1))
                 length = c[Kind.F][s] + ch.rt[s] + c[Kind.B][s]
                 start = ch.head[s] if objective == "makespan" else 0.0
-                value = start + rounds * length + c[Kind.W][s]
+                copy = c[Kind.O][s] + c[Kind.L][s] if offload else math.inf
+                value, x = min(
+                    (max(start + math.ceil((m - x) / (k + 1)) * length + c[Kind.W][s] if x < m else -math.inf,
+                         start + c[Kind.F][s] + x * copy + c[Kind.B][s] + c[Kind.W][s] if x else -math.inf), x)
+                    for x in range(m + 1 if offload else 1))
                 if best is None or value > best[0]:
-                    best = (value, s, k, rounds, length, start)
-        below += least
+                    best = (value, s, k, math.ceil((m - x) / (k + 1)), length, start, x)
+        below += problem.least_kept(s)
     if best is None:
         return None
-    value, s, k, rounds, length, start = best
+    value, s, k, rounds, length, start, x = best
     lead = f"start no earlier than {start:g} + " if start > 0 else ""
-    return Bound(value, (
-        f"rank {r}: {lead}at most {k + 1} microbatches of stage {s} in flight (the room holds one whole and"
-        f" {k} kept), so {rounds} rounds of forward, round trip and B ({length:g} each), then W"
-    ), r)
+    text = (f"rank {r}: {lead}at most {k + 1} microbatches of stage {s} in flight (the room holds one whole and"
+            f" {k} kept), so {rounds} rounds of forward, round trip and B ({length:g} each), then W")
+    if offload:
+        text += (f"; offloading more of them costs each its copies on the copy lane (the best split offloads {x})"
+                 if x else "; offloading some costs more on the copy lane than it saves")
+    return Bound(value, text, r)
 
 
 def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:

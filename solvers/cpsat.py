@@ -106,12 +106,13 @@ def _exact_scale(values, cap: int) -> int | None:
     """The least D making every value * D an integer (values as written in decimal), or None."""
     d = 1
     for x in values:
-        # as written (0.992366412: 10**9), or a small fraction a division left (1 / 3), the smaller
-        close = [f for f in (Fraction(repr(float(x))), Fraction(x).limit_denominator(cap))
-                 if abs(float(f) - x) <= 1e-12 * abs(x)]  # relative: the test is the same in any unit
-        if not close:
+        # as written (0.992366412: 10**9), as written before a subtraction's last-digit error
+        # (1 - 0.459459459 = 0.5405405409999999), or a small fraction a division left (1 / 3): the
+        # first of these that is close (relative: the test is the same in any unit) and small enough
+        f = next((f for f in (Fraction(repr(float(x))), Fraction(f"{x:.12g}"), Fraction(x).limit_denominator(cap))
+                  if f.denominator <= cap and abs(float(f) - x) <= 1e-12 * abs(x)), None)
+        if f is None:
             return None
-        f = min(close, key=lambda f: f.denominator)
         d = d * f.denominator // math.gcd(d, f.denominator)
         if d > cap:
             return None

@@ -112,3 +112,25 @@ def test_one_microbatch_in_flight_is_proven_exactly(objective):
     bound = lower_bound(problem)
     assert "in flight" in bound.reason
     assert bound.value == pytest.approx(best, abs=1e-9)
+
+
+@pytest.mark.parametrize("copy, exact", [(5.0, True), (0.05, False)])
+def test_one_microbatch_in_flight_still_binds_where_offload_is_allowed(copy, exact):
+    """The same room of one whole activation, offload declared: a microbatch may now hold nothing
+    in flight, but only after copying out, and back before its B, on the copy lane. The term takes
+    the best number to offload: with copies of 5 none (the bound is the one-at-a-time optimum,
+    which CP-SAT proves over every policy, offload included); with copies of 0.05 some, and the
+    term stays under the best schedule CP-SAT finds."""
+    pytest.importorskip("ortools")
+    from schedc.solvers.solve import solve
+
+    problem = tiny(1.0, False).with_changes(offload=dict(time=copy))
+    term = max((b for b in all_bounds(problem) if "in flight" in b.reason), key=lambda b: b.value)
+    result = solve(problem, solver="cpsat", time_limit=30, threads=1)
+    assert term.value <= lower_bound(problem).value <= result.objective + 1e-9
+    if exact:
+        assert result.status == "optimal"
+        assert lower_bound(problem).value == pytest.approx(result.objective, abs=1e-6) == term.value
+        assert "offloading some costs more" in term.reason
+    else:
+        assert "the best split offloads" in term.reason

@@ -232,10 +232,11 @@ def test_an_offload_problem_gives_cpsat_a_valid_model_and_a_search():
     assert t.fits and t.objective_value() <= warm.objective_value() + 1e-9
 
 
-@pytest.mark.parametrize("b, exact", [(-0.633587786, True), (-0.1234567891234, False)])
+@pytest.mark.parametrize("b, exact", [(-0.633587786, True), (-0.1234567891234, False), (-1 + 0.459459459, True)])
 def test_a_limit_at_the_peak_is_feasible_whether_memory_scales_exactly_or_not(b, exact):
     """One microbatch at a time fits exactly (limit = the forward's activation). Memory written to 9
-    decimals scales exactly (10**9, so CP-SAT's bound counts); with more decimals the levels are
+    decimals scales exactly (10**9, so CP-SAT's bound counts), also where a subtraction left an error
+    in the last digit (1 - 0.459459459 = 0.5405405409999999); with more decimals the levels are
     rounded up per (stage, microbatch), so a finished microbatch leaves nothing. Rounding each
     op's delta instead left a unit per microbatch, and CP-SAT called the problem infeasible."""
     cp_model = pytest.importorskip("ortools.sat.python.cp_model")
