@@ -705,13 +705,8 @@ class PipelineRuntime:
     def _recompute_after_gradient(self, state: _StepState, instr: Instr, k: int) -> None:
         """RG / SG: R / S once the output gradient of the (stage, microbatch) has arrived (Megatron-LM
         recomputes inside the backward); the B takes the gradient as usual."""
-        s, mb = instr.stage, instr.mb
-        if not self._last(s):
-            msg = Message("grad", mb, s + 1, s)
-            pending, tensor = state.inbox[msg]
-            if pending is not None:
-                self._io.wait(pending, (k, instr, self.steps))
-                state.inbox[msg] = (None, tensor)
+        if not self._last(instr.stage):
+            self._arrived(state.inbox, Message("grad", instr.mb, instr.stage + 1, instr.stage), instr, k)
         self._ops[_AS_RUN[instr.op]](state, instr, k)
 
     def _recompute_selective(self, state: _StepState, instr: Instr, k: int) -> None:
@@ -1016,10 +1011,17 @@ class PipelineRuntime:
             raise PipelineError(f"{what}: {e}") from None
 
     def _take(self, inbox, msg: Message, instr: Instr, k: int) -> torch.Tensor:
-        pending, tensor = inbox.pop(msg)
+        """The received ``msg``, waited for, out of the inbox."""
+        self._arrived(inbox, msg, instr, k)
+        return inbox.pop(msg)[1].to(self.device)
+
+    def _arrived(self, inbox, msg: Message, instr: Instr, k: int) -> None:
+        """Wait for ``msg``'s receive, leaving the tensor in the inbox (an RG waits for the gradient
+        its B takes)."""
+        pending, tensor = inbox[msg]
         if pending is not None:
             self._io.wait(pending, (k, instr, self.steps))
-        return tensor.to(self.device)
+            inbox[msg] = (None, tensor)
 
     # ---- waiting, and naming who failed ----
 

@@ -725,11 +725,16 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
             if k < m - 1:
                 length = c[Kind.F][s] + ch.rt[s] + c[Kind.B][s]
                 start = ch.head[s] if objective == "makespan" else 0.0
-                copy = c[Kind.O][s] + c[Kind.L][s] if offload else math.inf
-                value, x = min(
-                    (max(start + math.ceil((m - x) / (k + 1)) * length + c[Kind.W][s] if x < m else -math.inf,
-                         start + c[Kind.F][s] + x * copy + c[Kind.B][s] + c[Kind.W][s] if x else -math.inf), x)
-                    for x in range(m + 1 if offload else 1))
+
+                def offloading(x: int) -> float:  # the larger of the rest's rounds and x's copies
+                    rest = start + math.ceil((m - x) / (k + 1)) * length + c[Kind.W][s] if x < m else -math.inf
+                    if not x:
+                        return rest
+                    copies = x * (c[Kind.O][s] + c[Kind.L][s])
+                    return max(rest, start + c[Kind.F][s] + copies + c[Kind.B][s] + c[Kind.W][s])
+
+                x = min(range(m + 1 if offload else 1), key=offloading)
+                value = offloading(x)
                 if best is None or value > best[0]:
                     best = (value, s, k, math.ceil((m - x) / (k + 1)), length, start, x)
         below += problem.least_kept(s)
