@@ -43,9 +43,12 @@ B within rank 0's window and can only push its W past it.
 Where the problem allows recompute or offload (``Problem.policies``), a limit can be bought with
 time, so the terms above that rest on what a microbatch holds are dropped and re-derived
 (``_policy_bounds``): the memory-free terms of the plain relaxation; per rank, memory-time weighed
-against the recompute and copy work a limit forces (``_forced``), the warm-up with forwards that
-owe a recompute (``_warm_up``), and how many microbatches of a stage may be in flight at once
-(``_in_flight``).
+against the recompute and copy work a limit forces (``_forced``), how many microbatches of a stage
+may be in flight at once (``_in_flight``), and the per-rank and two-rank terms above with each
+knapsack re-derived for what each policy holds (``_policy_rank``): the warm-up with forwards that
+owe a recompute or wait for a copy out, the cool-down, and the W work memory lets a rank defer
+past its last backward (``mW`` per microbatch, whatever its policy), which on the zero-bubble
+paper's settings below 1F1B's memory is what binds.
 
 With ``data_parallel``, nothing waits for a gradient all-reduce but the rank's step, and a rank's
 last compute op is the last weight gradient of one of its stages (a W or BW ends each microbatch's
@@ -437,7 +440,8 @@ class _Rank:
     knap_pend: float  # backward work held next to F(hi, i)'s activation
     knap_w: float  # W work pending at once
     knap_back: float  # backward work (B + W, or W alone) held at once
-    all_forwards_fit: bool
+    all_forwards_fit: bool  # every forward of the rank may be held at once (then the windows may overlap)
+    owed_all: float = 0.0  # the least extra work holding every forward at once forces (policies only)
 
 
 def _rank(problem: Problem, r: int) -> _Rank:
@@ -483,7 +487,7 @@ def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[floa
         idle_warm = warm
         parts.append(
             f"warm-up idle {warm:g} (first B cannot start before {first_b:g}"
-            f"{'' if objective == 'makespan' else ' after its first op'}; memory admits forwards of work {k.knap_f:g})"
+            f"{'' if objective == 'makespan' else ' after its first op'}; memory admits forwards worth {k.knap_f:g})"
         )
     else:
         idle_warm = 0.0
@@ -491,13 +495,18 @@ def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[floa
         f"cool-down idle {cool:g} (after its last forward the gradient needs {ch.rt[hi]:g};"
         f" memory holds backward work {k.knap_pend:g})"
     )
-    if k.all_forwards_fit and cool > idle_warm:
-        return cool, 0.0, [cool_text]
-    if k.all_forwards_fit:
-        return idle_warm, 0.0, parts
-    if cool <= 0:
-        return idle_warm, idle_warm, parts
-    return idle_warm + cool, idle_warm, parts + [cool_text]
+    if cool > 0:
+        parts.append(cool_text)
+    if not k.all_forwards_fit:  # some forward starts after the first backward: the windows are apart
+        return idle_warm + cool, idle_warm, parts
+    # Or every forward starts before the first backward: the larger of the two, and the extra work
+    # that holding them all at once forces (none without policies); the smaller of the two cases.
+    apart, together = idle_warm + cool, max(idle_warm, cool, k.owed_all)
+    if together >= apart:
+        return apart, 0.0, parts
+    if k.owed_all >= max(idle_warm, cool):
+        return together, 0.0, [f"recompute {k.owed_all:g} (to hold every forward at once, else the windows are apart)"]
+    return together, 0.0, [cool_text if cool > idle_warm else parts[0]]
 
 
 def _rank_bound(problem: Problem, ch: _Chains, k: _Rank, r: int, objective: str) -> Bound:
@@ -688,8 +697,12 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
     if problem.activation_room is not None:
         ch = _Chains(plain)
         out += [b for r in range(problem.ranks) if (b := _forced(problem, ch, r, objective)) is not None]
-        out += [_warm_up(problem, ch, r, objective) for r in range(problem.ranks)]
         out += [b for r in range(problem.ranks) if (b := _in_flight(problem, ch, r, objective)) is not None]
+        ranks = [_policy_rank(problem, ch, r, objective) for r in range(problem.ranks)]
+        out += [_rank_bound(problem, ch, k, r, objective) for r, k in enumerate(ranks)]
+        if objective == "span":
+            idle = [_idle(problem, ch, k, "span") for k in ranks]
+            out += [b for r in range(problem.ranks) if (b := _pair_bound(problem, ch, ranks, idle, r)) is not None]
     return out
 
 
@@ -750,56 +763,134 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
     return Bound(value, text, r)
 
 
-def _warm_up(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound:
-    """The warm-up term of ``_rank_bound`` re-derived for policies. Until its first backward
-    B(hi, i) starts, at least ``first_b`` after the window opens (head(hi) + F(hi) + rt(hi) from 0
-    for makespan; head(hi) - head(lo) + F(hi) + rt(hi) from the rank's first start for span), the
-    rank runs only forwards and recomputes (W needs its B), and each (stage, microbatch) forwarded
-    by then holds, at that instant, all of its activation when kept or when its recompute already
-    ran, its policy's keep when its recompute is still to come, and nothing once offloaded. The
-    rank works ``work`` plus its recomputes in all; what of it lies in the window is at most its
-    forwards plus the recomputes run there, so T >= start + first_b + work - V, where V is the most
-    of "F, less the recompute still owed" that memory admits at once: a multiple-choice knapsack
-    per stage (kept: F for mF; recompute later: F - time for keep; offloaded: F for 0) over
-    ``cap``, bounded by its linear relaxation (the upper hull of each stage's options)."""
-    c, a = problem.cost, problem.mem[Kind.F]
-    stages = problem.rank_stages[r]
-    lo, hi = stages[0], stages[-1]
-    m, cap = problem.microbatches, _cap(problem, r)
-    work = m * sum(c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s] for s in stages)
-    increments = []  # (value per memory, memory, value), each available m times
-    free = 0.0
-    for s in stages:
-        F = c[Kind.F][s]
-        options = [(a[s], F)]
-        for k in problem.policies:
-            if ROWS[k].lightens and F > c[k][s]:
-                options.append((problem.delta(Kind.F, s, k), F - c[k][s]))
-            elif not ROWS[k].lightens:
-                options.append((0.0, F))
-        best_free = max((v for w, v in options if w <= 0), default=0.0)
-        free += m * best_free
-        hull, at = [], (0.0, best_free)  # the upper hull from the best weightless option
-        rest = sorted((w, v) for w, v in options if w > 0 and v > at[1])
+def _hull_fill(items: list[tuple[list[tuple[float, float]], int]], room: float, forced: bool = False) -> float:
+    """The most value that ``room`` admits of ``count`` microbatches of each item, each holding one
+    of the item's options ``(weight, value)`` (a multiple-choice knapsack), bounded by its linear
+    relaxation: each item starts at its lightest option (the best of them) and climbs its upper hull
+    in falling value per weight. ``forced``: every microbatch must be held (-inf where even the
+    lightest options overflow); else leaving one out, (0, 0), is an option too."""
+    total, steps = 0.0, []
+    for options, count in items:
+        if not forced:
+            options = options + [(0.0, 0.0)]
+        at = min(options, key=lambda o: (o[0], -o[1]))
+        total += count * at[1]
+        room -= count * at[0]
+        rest = [(w, v) for w, v in options if w > at[0] and v > at[1]]
         while rest:
-            slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest if w > at[0])
-            hull.append((slope, nxt[0] - at[0], nxt[1] - at[1]))
+            slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest)
+            steps.append((slope, nxt[0] - at[0], nxt[1] - at[1], count))
             at = nxt
             rest = [(w, v) for w, v in rest if w > at[0] and v > at[1]]
-        increments += hull
-    room, knap = cap, free
-    for slope, w, v in sorted(increments, reverse=True):
-        take = min(m, room / w)
-        knap += take * v
+    if room < 0:
+        return -math.inf if forced else total
+    for _, w, v, count in sorted(steps, reverse=True):
+        take = min(count, room / w)
+        total += take * v
         room -= take * w
         if room <= 0:
             break
-    first_b = c[Kind.F][hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
-    value = max(work, work + first_b - knap)
-    return Bound(value, (
-        f"rank {r}: work {work:g} + warm-up idle {max(0.0, first_b - knap):g} (first B cannot start before"
-        f" {first_b:g}; memory admits forwards worth {knap:g} net of the recomputes they owe)"
-    ), r)
+    return total
+
+
+def _least_idle(length: float, held: float, copies: list[tuple[float, float, int]], opens: float) -> float:
+    """Idle in a window of ``length`` or more, whose work is ``held`` (what memory admits) plus
+    microbatches that hold nothing once their copy ran in it: ``count`` of each ``(value, copy
+    time)``, their copies serial on the copy lane after ``opens`` into the window. A longer window
+    lets more copies run, so the least of ``window - held - copied(window - opens)`` over every
+    window from ``length`` (convex: its minimum lies at ``length`` or where a kind runs out)."""
+    pieces = sorted(((v / w, v, w, n) for v, w, n in copies if w > 0 and n > 0), reverse=True)
+    free = sum(v * n for v, w, n in copies if w <= 0 and n > 0)
+
+    def idle(window: float) -> float:
+        budget, got = window - opens, free
+        for _, v, w, n in pieces:
+            if budget <= 0:
+                break
+            take = min(n, budget / w)
+            got += take * v
+            budget -= take * w
+        return window - held - got
+
+    ends, at = [length], opens
+    for _, _, w, n in pieces:
+        at += n * w
+        if at > length:
+            ends.append(at)
+    return max(0.0, min(idle(x) for x in ends))
+
+
+def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank:
+    """``_rank`` re-derived for a problem that allows recompute or offload, so that ``_idle``,
+    ``_rank_bound`` and ``_pair_bound`` hold for it as they stand. What a (stage, microbatch) holds
+    depends on its policy: the whole activation ``mF`` when kept (or once its recompute or load
+    ran), its policy's keep while a recompute is owed, nothing once offloaded (its copy out ran),
+    ``mW`` between its B and W whatever the policy. The rank's work is its F, B and W; a recompute
+    adds to it (``E``, all of it before the rank's last backward).
+
+    - knap_f (warm-up, window from the rank's first start to its first backward): the forwards there
+      and the recomputes run there are its only work, so idle >= first_b - (their F) - (those
+      recomputes); each of those recomputes is also in E, and each recompute still owed is in E
+      too, later. So the rank's time >= work + first_b - V where V sums, per forward in the window,
+      F less the recompute it still owes: kept (F for mF), recompute owed (F - R for keep),
+      offloaded (F for nothing, once its copy out ran: those copies are serial on the copy lane,
+      after the rank's first forward ended and before the window closes, ``_least_idle``).
+    - knap_pend (cool-down, from the end of the last forward F(hi, i) to the start of B(hi, i)):
+      B, W and recompute work of pairs held at its start, next to the least F(hi, i) holds: kept
+      (B + W for mF), recompute owed (B + W + R for keep: a recompute run in the window fills it
+      and is in E, so it counts once), W pending (W for mW), offloaded (B + W for nothing, each
+      after its copy back, serial in the window). With the warm-up window the two never count
+      the same recompute twice: one owed in the warm-up and run in the cool-down counts there only.
+    - knap_back (after the last forward ends): the same pairs and recomputes over the whole room,
+      offloaded ones without a copy limit; knap_w as without policies.
+    - every forward held at once (the windows may overlap): possible when the least keeps fit, less
+      what copies can take out; then the rank owes the least recompute over its microbatches that
+      makes them fit (``owed_all``), or waits for copies out: with n offloaded the first backward
+      starts >= its first forward + n copies, and every B and W follows it.
+    """
+    c, a = problem.cost, problem.mem[Kind.F]
+    F, B, W, R = c[Kind.F], c[Kind.B], c[Kind.W], {k: c[k] for k in problem.recomputes}
+    mW = [-x for x in problem.mem[Kind.W]]
+    m = problem.microbatches
+    stages = problem.rank_stages[r]
+    lo, hi = stages[0], stages[-1]
+    cap = _cap(problem, r)
+    offload = Kind.O in problem.policies
+    keep = {(s, k): problem.delta(Kind.F, s, k) for s in stages for k in R}
+    opens = (ch.head[lo] if objective == "makespan" else 0.0) + min(F[s] for s in stages)
+
+    first_b = F[hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+    warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m) for s in stages]
+    outs = [(F[s], c[Kind.O][s], m) for s in stages] if offload else []
+    knap_f = first_b - _least_idle(first_b, _hull_fill(warm, cap), outs, opens)
+
+    def backward(s: int) -> list[tuple[float, float]]:  # a pair held after its forward, and its work
+        return [(a[s], B[s] + W[s]), (mW[s], W[s])] + [(keep[s, k], B[s] + W[s] + R[k][s]) for k in R]
+
+    cool = [(backward(s), m - (s == hi)) for s in stages]
+    ins = [(B[s] + W[s], c[Kind.L][s], m - (s == hi)) for s in stages] if offload else []
+    held = _hull_fill(cool, cap - problem.least_kept(hi))
+    knap_pend = ch.rt[hi] - _least_idle(ch.rt[hi], held, ins, 0.0)
+    knap_back = _hull_fill([(backward(s), m) for s in stages], cap)
+    if offload:
+        knap_back += m * sum(B[s] + W[s] for s in stages)
+
+    # Every forward held at once: the least recompute owed (value -R), n of them offloaded.
+    whole = [([(a[s], 0.0)] + [(keep[s, k], -R[k][s]) for k in R], m) for s in stages]
+    largest, shortest = max(a[s] for s in stages), min(c[Kind.O][s] for s in stages) if offload else 0.0
+    forwards = m * sum(F[s] for s in stages)
+    owed_all = math.inf
+    for n in range(m * len(stages) + 1 if offload else 1):
+        owed = -_hull_fill(whole, cap + n * largest, forced=True)
+        owed_all = min(owed_all, max(owed, opens + n * shortest - forwards))
+    return _Rank(
+        stages=stages, lo=lo, hi=hi, cap=cap,
+        work=m * sum(F[s] + B[s] + W[s] for s in stages),
+        knap_f=knap_f, knap_pend=knap_pend,
+        knap_w=_knapsack([(W[s], mW[s], m) for s in stages], cap),
+        knap_back=knap_back,
+        all_forwards_fit=owed_all < math.inf, owed_all=owed_all,
+    )
 
 
 def _policy_options(problem: Problem, ch: _Chains, s: int) -> list[tuple[str, float, float, float, float]]:

@@ -313,23 +313,33 @@ def as_if(problem: Problem, kind: Kind, transient: bool = True) -> Problem:
     return problem.with_changes(costs=costs, memory=memory, recompute=None, offload=None)
 
 
-def policy_orders(problem: Problem, build: Callable[[Problem], Schedule]) -> Iterator[tuple[str, Schedule]]:
+def policy_orders(problem: Problem, build: Callable[[Problem], Schedule],
+                  skip: int = 0) -> Iterator[tuple[str, Schedule]]:
     """For each recompute kind the problem allows (and with and without its transient counted),
     ``build``'s order on ``as_if(problem, kind)`` with that kind everywhere, relaxed, and fitted
-    (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built lazily."""
-    for kind in problem.recomputes:
-        for transient in (True, False):
-            try:
-                order = plain(build(as_if(problem, kind, transient)))
-            except (SchedcError, RuntimeError, ValueError):
-                continue
-            name = f"greedy-as-{kind.value}{'' if transient else '-deep'}"
-            uniform = with_policies(problem, order, everywhere(problem, kind), name)
-            yield name, relax(problem, uniform)
-            for pull in (False, True):
-                fitted = fit_mixed(problem, uniform, f"{name}+fit{'-w' if pull else ''}", pull_w=pull)
-                if fitted is not None:
-                    yield fitted.name, relax(problem, fitted)
+    (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built lazily, the
+    cheapest kind first (the least recompute time over the stages: selective before full, where a
+    large problem's budget may end after one), its transient counted first. ``skip``: leave out
+    the first ``skip`` builds of that order (a caller that took them already, ``policy_order``)."""
+    kinds = sorted(problem.recomputes, key=lambda k: sum(problem.cost[k]))
+    for kind, transient in [(k, t) for k in kinds for t in (True, False)][skip:]:
+        yield from policy_order(problem, build, kind, transient)
+
+
+def policy_order(problem: Problem, build: Callable[[Problem], Schedule], kind: Kind,
+                 transient: bool = True) -> Iterator[tuple[str, Schedule]]:
+    """One build of ``policy_orders``: ``build``'s order as if every microbatch took ``kind``."""
+    try:
+        order = plain(build(as_if(problem, kind, transient)))
+    except (SchedcError, RuntimeError, ValueError):
+        return
+    name = f"greedy-as-{kind.value}{'' if transient else '-deep'}"
+    uniform = with_policies(problem, order, everywhere(problem, kind), name)
+    yield name, relax(problem, uniform)
+    for pull in (False, True):
+        fitted = fit_mixed(problem, uniform, f"{name}+fit{'-w' if pull else ''}", pull_w=pull)
+        if fitted is not None:
+            yield fitted.name, relax(problem, fitted)
 
 
 def fitted_orders(problem: Problem, schedule: Schedule, name: str) -> Iterator[tuple[str, Schedule]]:

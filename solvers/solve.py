@@ -43,7 +43,7 @@ from schedc.solvers import greedy
 from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, least_memory, with_policies
-from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
+from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_order, policy_orders, polished
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
 
@@ -273,9 +273,15 @@ def recomputed_candidates(
 
 
 def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
-    """``recomputed_candidates``' schedules, built one after another (in a Worker): the quick ones
-    (one pass over each registry order) first, the greedy scheduler's searches last."""
+    """``recomputed_candidates``' schedules, built one after another (in a Worker): the greedy
+    scheduler's order as if every microbatch took the cheapest recompute first (where a limit
+    binds, often the best start, and on a large problem the budget may not reach it later), then
+    the quick ones (one pass over each registry order), then the greedy's other policy orders."""
     kinds = problem.recomputes
+    greedy_build = lambda q: best_greedy(q, "zb-greedy")  # noqa: E731
+    if kinds:
+        cheapest = min(kinds, key=lambda k: sum(problem.cost[k]))
+        yield from (s for _, s in policy_order(problem, greedy_build, cheapest))
     plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
     for name, schedule in built:  # (one that fits with no policy fits as it is: fitting changes nothing)
         if not schedule.copy and kinds and not (name in fits and not schedule.policies()):
@@ -291,7 +297,7 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
             except SchedcError:
                 continue
     if kinds:
-        yield from (s for _, s in policy_orders(problem, lambda q: best_greedy(q, "zb-greedy")))
+        yield from (s for _, s in policy_orders(problem, greedy_build, skip=1))
 
 
 POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polished``'s variants

@@ -134,3 +134,47 @@ def test_one_microbatch_in_flight_still_binds_where_offload_is_allowed(copy, exa
         assert "offloading some costs more" in term.reason
     else:
         assert "the best split offloads" in term.reason
+
+
+def two_ranks(limit=1.2, offload=None):
+    """p = 2, m = 4, unit costs, no comm, span: selective recompute keeps 0.2 for 0.3 of time."""
+    data = dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), comm=0.0, objective="span",
+                memory=dict(F=1, B=-0.5, limit=limit), recompute=dict(time=1.0, keep=0.05, selective=dict(time=0.3, keep=0.2)))
+    if offload is not None:
+        data["offload"] = dict(time=offload)
+    return Problem.parse(data)
+
+
+def test_the_room_limits_the_w_work_a_rank_defers_past_its_last_backward():
+    """Rank 0's span holds rank 1's work from its first op (>= F after rank 0's) to its last
+    backward, less the W work it may leave for later, then the gradient down and W on rank 0.
+    A deferred W holds mW = 0.5 whatever its microbatch's policy, so a room of 1.2 lets rank 1
+    defer 2 of its 4 W: 1 + (12 - 2) + 2 = 13 (not 11, as with every W deferred). CP-SAT's optimum
+    over every policy and order is 14."""
+    problem = two_ranks()
+    pair = max((b for b in all_bounds(problem) if "holds rank 1's first op" in b.reason), key=lambda b: b.value)
+    assert pair.value == pytest.approx(13.0, abs=1e-9) and "the W work 2 memory lets it defer" in pair.reason
+    assert lower_bound(problem.with_changes(memory={"limit": None})).value == pytest.approx(12.0, abs=1e-9)
+    pytest.importorskip("ortools")
+    from schedc.solvers.solve import solve
+
+    result = solve(problem, solver="cpsat", time_limit=30, threads=1)
+    assert result.status == "optimal" and lower_bound(problem).value <= result.objective + 1e-9
+
+
+@pytest.mark.parametrize("copy", [100.0, 0.01])
+def test_an_offloaded_forward_holds_nothing_only_once_its_copy_ran(copy):
+    """Before rank 0's first backward (3 after its first op) it can only run forwards; an
+    offloaded one frees its activation when its copy out ends, the copies one after another on the
+    copy lane. Copies of 100 cannot end in time, so offload changes almost nothing in the warm-up
+    (idle 1.8 without offload; the bound counts copies fractionally, here 2 / 100 of one forward's
+    worth); copies of 0.01 let every forward there hold nothing (no idle)."""
+    def warm(problem):
+        return max(b.value for b in all_bounds(problem) if b.reason.startswith("rank 0: work"))
+
+    without = warm(two_ranks(limit=1.2).with_changes(recompute=dict(time=1.0, keep=0.05,
+                                                                    selective=dict(time=1.0, keep=0.2))))
+    problem = two_ranks(limit=1.2, offload=copy).with_changes(
+        recompute=dict(time=1.0, keep=0.05, selective=dict(time=1.0, keep=0.2)))
+    assert without == pytest.approx(12 + 1.8, abs=1e-9)
+    assert warm(problem) == pytest.approx(without - 0.02 if copy > 3 else 12.0, abs=1e-9)
