@@ -317,13 +317,31 @@ def policy_orders(problem: Problem, build: Callable[[Problem], Schedule],
                   skip: int = 0) -> Iterator[tuple[str, Schedule]]:
     """For each recompute kind the problem allows (and with and without its transient counted),
     ``build``'s order on ``as_if(problem, kind)`` with that kind everywhere, relaxed, and fitted
-    (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built lazily, the
-    cheapest kind first (the least recompute time over the stages: selective before full, where a
-    large problem's budget may end after one), its transient counted first. ``skip``: leave out
-    the first ``skip`` builds of that order (a caller that took them already, ``policy_order``)."""
-    kinds = sorted(problem.recomputes, key=lambda k: sum(problem.cost[k]))
-    for kind, transient in [(k, t) for k in kinds for t in (True, False)][skip:]:
+    (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built lazily, in
+    ``likely_kinds``' order (a large problem's budget may end after one), the transient counted
+    first. ``skip``: leave out the first ``skip`` builds (a caller that took them already)."""
+    for kind, transient in [(k, t) for k in likely_kinds(problem) for t in (True, False)][skip:]:
         yield from policy_order(problem, build, kind, transient)
+
+
+def likely_kinds(problem: Problem) -> list[Kind]:
+    """The problem's recompute kinds, the likeliest to give the best order first: the cheapest
+    (least recompute time over the stages) of those with which a 1F1B-deep warm-up fits every
+    rank (stage s holding its keep for ``min(m, n - s)`` microbatches, as 1F1B's and ZB-V's first
+    stages hold the rest of the pipeline's depth), else the one that keeps least; then the rest,
+    the cheapest first. (Selective recompute where it lets the pipeline fill, full where only it does.)"""
+    kinds = sorted(problem.recomputes, key=lambda k: sum(problem.cost[k]))
+    room, n, m = problem.activation_room, problem.n_stages, problem.microbatches
+
+    def fills(kind: Kind) -> bool:
+        return room is None or all(
+            sum(problem.delta(Kind.F, s, kind) * min(m, n - s) for s in problem.rank_stages[r]) <= room[r]
+            for r in range(problem.ranks))
+
+    first = next((k for k in kinds if fills(k)), None)
+    if first is None:
+        first = min(kinds, key=lambda k: sum(problem.delta(Kind.F, s, k) for s in range(n)))
+    return [first] + [k for k in kinds if k is not first]
 
 
 def policy_order(problem: Problem, build: Callable[[Problem], Schedule], kind: Kind,

@@ -43,7 +43,7 @@ from schedc.solvers import greedy
 from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, least_memory, with_policies
-from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_order, policy_orders, polished
+from schedc.solvers.mixed import fit_mixed, fitted_orders, likely_kinds, policy_order, policy_orders, polished
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
 
@@ -274,14 +274,14 @@ def recomputed_candidates(
 
 def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
     """``recomputed_candidates``' schedules, built one after another (in a Worker): the greedy
-    scheduler's order as if every microbatch took the cheapest recompute first (where a limit
-    binds, often the best start, and on a large problem the budget may not reach it later), then
-    the quick ones (one pass over each registry order), then the greedy's other policy orders."""
+    scheduler's order as if every microbatch took the likeliest recompute (``mixed.likely_kinds``)
+    first (where a limit binds, often the best start, and on a large problem the budget may not
+    reach it later), then the quick ones (one pass over each registry order), then the greedy's
+    other policy orders."""
     kinds = problem.recomputes
     greedy_build = lambda q: best_greedy(q, "zb-greedy")  # noqa: E731
     if kinds:
-        cheapest = min(kinds, key=lambda k: sum(problem.cost[k]))
-        yield from (s for _, s in policy_order(problem, greedy_build, cheapest))
+        yield from (s for _, s in policy_order(problem, greedy_build, likely_kinds(problem)[0]))
     plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
     for name, schedule in built:  # (one that fits with no policy fits as it is: fitting changes nothing)
         if not schedule.copy and kinds and not (name in fits and not schedule.policies()):
