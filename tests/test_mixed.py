@@ -15,7 +15,7 @@ from schedc.kinds import RECOMPUTES, Kind
 from schedc.solvers.greedy import best_greedy
 from schedc.solvers.lazyw import lazy_w
 from schedc.solvers.memtime import everywhere, plain, with_policies
-from schedc.solvers.mixed import as_if, fit_mixed, fitted_orders, lightened, policy_orders, polished, relax
+from schedc.solvers.mixed import as_if, fit_mixed, fitted_orders, likely_kinds, lightened, policy_orders, polished, relax
 from schedc.solvers.registry import REGISTRY, unfuse
 from tests.strategies import small_problems
 
@@ -153,6 +153,19 @@ def test_the_policy_orders_and_polished_variants_are_schedules_of_the_problem():
     names = [name for name, _ in fitted_orders(problem, unfuse(REGISTRY["zb-h1"].build(problem)), "zb-h1")]
     assert names and all(name.startswith("zb-h1+mix") for name in names)
 
+
+
+@pytest.mark.parametrize("limit, keep, first", [(2.0, 0.05, Kind.S), (1.2, 0.05, Kind.R), (1.0, 0.3, Kind.R)])
+def test_the_likeliest_recompute_is_the_cheapest_that_lets_the_pipeline_fill(limit, keep, first):
+    """p = 4: 1F1B's first stage holds 4 microbatches. Selective keeps 0.4 of an activation of 1
+    (1.6 for four), full keeps 0.05 (0.2): at a room of 2 selective fills the pipeline and is the
+    cheaper, so it comes first; at 1.2 only full does; with full keeping 0.3 (1.2 for four) at a
+    room of 1 neither does, and full keeps least. The greedy's orders follow that order."""
+    problem = Problem.parse(dict(ranks=4, microbatches=8, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=limit),
+                                 recompute=dict(time=1.0, keep=keep, selective=dict(time=0.2, keep=0.4))))
+    assert likely_kinds(problem) == [first, Kind.R if first is Kind.S else Kind.S]
+    name, _ = next(policy_orders(problem, lambda q: best_greedy(q, "g")))
+    assert name == f"greedy-as-{first.value}"
 
 @pytest.mark.parametrize("kind", [Kind.R, Kind.S])
 def test_lightened_recomputes_what_a_schedule_keeps_and_keeps_what_it_recomputes(kind):
