@@ -277,7 +277,9 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
     scheduler's order as if every microbatch took the likeliest recompute (``mixed.likely_kinds``)
     first (where a limit binds, often the best start, and on a large problem the budget may not
     reach it later), then the quick ones (one pass over each registry order), then the greedy's
-    other policy orders."""
+    other policy orders. Known cost: on the largest V problems (28.3B, p = 32, m >= 96, below 1F1B's
+    memory, 60 s) that first build takes the whole share and the quick ones, better there, are never
+    judged (docs/results.md, memory for time); the order should follow what the budget allows."""
     kinds = problem.recomputes
     greedy_build = lambda q: best_greedy(q, "zb-greedy")  # noqa: E731
     if kinds:
