@@ -135,8 +135,7 @@ def all_bounds(problem: Problem, objective: str | None = None) -> list[Bound]:
     out += [_memory_time_bound(problem, ch, r, objective) for r in range(problem.ranks)]
     out.append(_critical_path(problem, ch, objective))
     if objective == "span":
-        idle = [_idle(problem, ch, k, "span") for k in ranks]
-        out += [_pair_bound(problem, ch, ranks, idle, r) for r in range(problem.ranks)]
+        out += _pair_bounds(problem, ch, ranks)
     return [b for b in out if b is not None]
 
 
@@ -396,6 +395,19 @@ def _cap(problem: Problem, r: int) -> float:
     return math.inf if room is None else room[r] + problem.memory_tol.eps
 
 
+def _fill(pieces: list[tuple[float, float, int]], room: float) -> float:
+    """The value of up to ``count`` of each ``(value, weight)``, taken in the order given (falling
+    value per weight) while ``room`` lasts, the last one in part: a fractional knapsack's fill."""
+    got = 0.0
+    for v, w, c in pieces:
+        if room <= 0:
+            break
+        take = min(c, room / w)
+        got += take * v
+        room -= take * w
+    return got
+
+
 def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
     """An upper bound on the total value of ``count`` copies at most of each ``(value, weight)``
     whose weights sum to ``cap`` or less: the fractional optimum, and no more than the best
@@ -404,13 +416,7 @@ def _knapsack(items: list[tuple[float, float, int]], cap: float) -> float:
     rest = sorted(((v / w, v, w, c) for v, w, c in items if c > 0 and v > 0 and w > 0), reverse=True)
     if cap == math.inf or not rest:
         return free
-    room, frac = cap, 0.0
-    for _, v, w, c in rest:
-        take = min(c, room / w)
-        frac += take * v
-        room -= take * w
-        if room <= 0:
-            break
+    frac = _fill([(v, w, c) for _, v, w, c in rest], cap)
     fits = cap / min(w for _, _, w, _ in rest) * (1 + 1e-12)  # inf for weights as small as 5e-324
     k = sum(c for *_, c in rest)
     k = k if fits >= k else math.floor(fits)
@@ -468,13 +474,20 @@ def _rank(problem: Problem, r: int) -> _Rank:
     )
 
 
+def _first_backward_wait(ch: _Chains, F: list[float], lo: int, hi: int, objective: str) -> float:
+    """The earliest start of a rank's first backward, B(hi, i): from time 0 (makespan), or after the
+    rank's first op, F(lo, j) (span): F(hi, i) starts head(hi) - head(lo) after F(lo, i), then its
+    round trip."""
+    return F[hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+
+
 def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[float, float, list[str]]:
     """Idle rank k cannot avoid (see ``_rank_bound``): ``(before its last backward, before its
     last forward, the parts in words)``. Span: counted from the rank's own first start, and all
     of it before its last backward ends; makespan: from time 0."""
     F = problem.cost[Kind.F]
     lo, hi = k.lo, k.hi
-    first_b = F[hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+    first_b = _first_backward_wait(ch, F, lo, hi, objective)
     warm = first_b - k.knap_f
     cool = max(0.0, ch.rt[hi] - k.knap_pend)
     start = ch.head[lo] if objective == "makespan" else 0.0
@@ -546,6 +559,12 @@ def _rank_bound(problem: Problem, ch: _Chains, k: _Rank, r: int, objective: str)
             )
     # (with a tail the term bounds the makespan through stage 0's rank, not rank r's own end)
     return Bound(k.work + idle + tail, f"rank {r}: " + " + ".join(parts), r if tail == 0 else None)
+
+
+def _pair_bounds(problem: Problem, ch: _Chains, ranks: list[_Rank]) -> list[Bound]:
+    """``_pair_bound`` for every rank (span), each rank's idle worked out once."""
+    idle = [_idle(problem, ch, k, "span") for k in ranks]
+    return [b for r in range(problem.ranks) if (b := _pair_bound(problem, ch, ranks, idle, r)) is not None]
 
 
 def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r: int) -> Bound | None:
@@ -701,8 +720,7 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
         ranks = [_policy_rank(problem, ch, r, objective) for r in range(problem.ranks)]
         out += [_rank_bound(problem, ch, k, r, objective) for r, k in enumerate(ranks)]
         if objective == "span":
-            idle = [_idle(problem, ch, k, "span") for k in ranks]
-            out += [b for r in range(problem.ranks) if (b := _pair_bound(problem, ch, ranks, idle, r)) is not None]
+            out += _pair_bounds(problem, ch, ranks)
     return out
 
 
@@ -763,34 +781,35 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
     return Bound(value, text, r)
 
 
-def _hull_fill(items: list[tuple[list[tuple[float, float]], int]], room: float, forced: bool = False) -> float:
-    """The most value that ``room`` admits of ``count`` microbatches of each item, each holding one
-    of the item's options ``(weight, value)`` (a multiple-choice knapsack), bounded by its linear
-    relaxation: each item starts at its lightest option (the best of them) and climbs its upper hull
-    in falling value per weight. ``forced``: every microbatch must be held (-inf where even the
-    lightest options overflow); else leaving one out, (0, 0), is an option too."""
-    total, steps = 0.0, []
+def _hull(items: list[tuple[list[tuple[float, float]], int]], forced: bool = False) -> tuple[float, float, list]:
+    """The linear relaxation of a multiple-choice knapsack: ``count`` microbatches of each item,
+    each holding one of the item's options ``(weight, value)``. Each item starts at its lightest
+    option (the best of them) and climbs its upper hull; returns ``(value, weight)`` of all the
+    starts and the climbs ``(value, weight, count)`` in falling value per weight, for ``_climb``.
+    ``forced``: every microbatch must be held; else leaving one out, (0, 0), is an option too."""
+    total, base, steps = 0.0, 0.0, []
     for options, count in items:
         if not forced:
             options = options + [(0.0, 0.0)]
         at = min(options, key=lambda o: (o[0], -o[1]))
         total += count * at[1]
-        room -= count * at[0]
+        base += count * at[0]
         rest = [(w, v) for w, v in options if w > at[0] and v > at[1]]
         while rest:
             slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest)
-            steps.append((slope, nxt[0] - at[0], nxt[1] - at[1], count))
+            steps.append((slope, nxt[1] - at[1], nxt[0] - at[0], count))
             at = nxt
             rest = [(w, v) for w, v in rest if w > at[0] and v > at[1]]
-    if room < 0:
+    return total, base, [(v, w, c) for _, v, w, c in sorted(steps, reverse=True)]
+
+
+def _climb(hull: tuple[float, float, list], room: float, forced: bool = False) -> float:
+    """The most value ``room`` admits on ``hull`` (``_hull``); where even the starts overflow, -inf
+    when ``forced`` (no such holding), else the starts' value (nothing more fits)."""
+    total, base, steps = hull
+    if room < base:
         return -math.inf if forced else total
-    for _, w, v, count in sorted(steps, reverse=True):
-        take = min(count, room / w)
-        total += take * v
-        room -= take * w
-        if room <= 0:
-            break
-    return total
+    return total + _fill(steps, room - base)
 
 
 def _least_idle(length: float, held: float, copies: list[tuple[float, float, int]], opens: float) -> float:
@@ -799,21 +818,15 @@ def _least_idle(length: float, held: float, copies: list[tuple[float, float, int
     time)``, their copies serial on the copy lane after ``opens`` into the window. A longer window
     lets more copies run, so the least of ``window - held - copied(window - opens)`` over every
     window from ``length`` (convex: its minimum lies at ``length`` or where a kind runs out)."""
-    pieces = sorted(((v / w, v, w, n) for v, w, n in copies if w > 0 and n > 0), reverse=True)
+    pieces = [(v, w, n) for _, v, w, n in sorted(((v / w, v, w, n) for v, w, n in copies if w > 0 and n > 0),
+                                                 reverse=True)]
     free = sum(v * n for v, w, n in copies if w <= 0 and n > 0)
 
     def idle(window: float) -> float:
-        budget, got = window - opens, free
-        for _, v, w, n in pieces:
-            if budget <= 0:
-                break
-            take = min(n, budget / w)
-            got += take * v
-            budget -= take * w
-        return window - held - got
+        return window - held - free - _fill(pieces, window - opens)
 
     ends, at = [length], opens
-    for _, _, w, n in pieces:
+    for _, w, n in pieces:
         at += n * w
         if at > length:
             ends.append(at)
@@ -859,19 +872,19 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     keep = {(s, k): problem.delta(Kind.F, s, k) for s in stages for k in R}
     opens = (ch.head[lo] if objective == "makespan" else 0.0) + min(F[s] for s in stages)
 
-    first_b = F[hi] + ch.rt[hi] + (ch.head[hi] if objective == "makespan" else ch.head[hi] - ch.head[lo])
+    first_b = _first_backward_wait(ch, F, lo, hi, objective)
     warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m) for s in stages]
     outs = [(F[s], c[Kind.O][s], m) for s in stages] if offload else []
-    knap_f = first_b - _least_idle(first_b, _hull_fill(warm, cap), outs, opens)
+    knap_f = first_b - _least_idle(first_b, _climb(_hull(warm), cap), outs, opens)
 
     def backward(s: int) -> list[tuple[float, float]]:  # a pair held after its forward, and its work
         return [(a[s], B[s] + W[s]), (mW[s], W[s])] + [(keep[s, k], B[s] + W[s] + R[k][s]) for k in R]
 
     cool = [(backward(s), m - (s == hi)) for s in stages]
     ins = [(B[s] + W[s], c[Kind.L][s], m - (s == hi)) for s in stages] if offload else []
-    held = _hull_fill(cool, cap - problem.least_kept(hi))
+    held = _climb(_hull(cool), cap - problem.least_kept(hi))
     knap_pend = ch.rt[hi] - _least_idle(ch.rt[hi], held, ins, 0.0)
-    knap_back = _hull_fill([(backward(s), m) for s in stages], cap)
+    knap_back = _climb(_hull([(backward(s), m) for s in stages]), cap)
     if offload:
         knap_back += m * sum(B[s] + W[s] for s in stages)
 
@@ -879,9 +892,9 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     whole = [([(a[s], 0.0)] + [(keep[s, k], -R[k][s]) for k in R], m) for s in stages]
     largest, shortest = max(a[s] for s in stages), min(c[Kind.O][s] for s in stages) if offload else 0.0
     forwards = m * sum(F[s] for s in stages)
-    owed_all = math.inf
+    owed_all, hull = math.inf, _hull(whole, forced=True)
     for n in range(m * len(stages) + 1 if offload else 1):
-        owed = -_hull_fill(whole, cap + n * largest, forced=True)
+        owed = -_climb(hull, cap + n * largest, forced=True)
         owed_all = min(owed_all, max(owed, opens + n * shortest - forwards))
     return _Rank(
         stages=stages, lo=lo, hi=hi, cap=cap,

@@ -136,10 +136,11 @@ def test_one_microbatch_in_flight_still_binds_where_offload_is_allowed(copy, exa
         assert "the best split offloads" in term.reason
 
 
-def two_ranks(limit=1.2, offload=None):
-    """p = 2, m = 4, unit costs, no comm, span: selective recompute keeps 0.2 for 0.3 of time."""
+def two_ranks(limit=1.2, offload=None, selective=0.3):
+    """p = 2, m = 4, unit costs, no comm, span: selective recompute keeps 0.2 for ``selective`` of time."""
     data = dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), comm=0.0, objective="span",
-                memory=dict(F=1, B=-0.5, limit=limit), recompute=dict(time=1.0, keep=0.05, selective=dict(time=0.3, keep=0.2)))
+                memory=dict(F=1, B=-0.5, limit=limit),
+                recompute=dict(time=1.0, keep=0.05, selective=dict(time=selective, keep=0.2)))
     if offload is not None:
         data["offload"] = dict(time=offload)
     return Problem.parse(data)
@@ -172,9 +173,7 @@ def test_an_offloaded_forward_holds_nothing_only_once_its_copy_ran(copy):
     def warm(problem):
         return max(b.value for b in all_bounds(problem) if b.reason.startswith("rank 0: work"))
 
-    without = warm(two_ranks(limit=1.2).with_changes(recompute=dict(time=1.0, keep=0.05,
-                                                                    selective=dict(time=1.0, keep=0.2))))
-    problem = two_ranks(limit=1.2, offload=copy).with_changes(
-        recompute=dict(time=1.0, keep=0.05, selective=dict(time=1.0, keep=0.2)))
+    without = warm(two_ranks(selective=1.0))
+    problem = two_ranks(offload=copy, selective=1.0)
     assert without == pytest.approx(12 + 1.8, abs=1e-9)
     assert warm(problem) == pytest.approx(without - 0.02 if copy > 3 else 12.0, abs=1e-9)

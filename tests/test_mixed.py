@@ -154,7 +154,6 @@ def test_the_policy_orders_and_polished_variants_are_schedules_of_the_problem():
     assert names and all(name.startswith("zb-h1+mix") for name in names)
 
 
-
 @pytest.mark.parametrize("limit, keep, first", [(2.0, 0.05, Kind.S), (1.2, 0.05, Kind.R), (1.0, 0.3, Kind.R)])
 def test_the_likeliest_recompute_is_the_cheapest_that_lets_the_pipeline_fill(limit, keep, first):
     """p = 4: 1F1B's first stage holds 4 microbatches. Selective keeps 0.4 of an activation of 1
@@ -166,6 +165,7 @@ def test_the_likeliest_recompute_is_the_cheapest_that_lets_the_pipeline_fill(lim
     assert likely_kinds(problem) == [first, Kind.R if first is Kind.S else Kind.S]
     name, _ = next(policy_orders(problem, lambda q: best_greedy(q, "g")))
     assert name == f"greedy-as-{first.value}"
+
 
 @pytest.mark.parametrize("kind", [Kind.R, Kind.S])
 def test_lightened_recomputes_what_a_schedule_keeps_and_keeps_what_it_recomputes(kind):
