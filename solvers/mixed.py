@@ -15,8 +15,9 @@ W whose B ran first to that point (``pull_w`` first or only when no policy chang
 dropped (or R made S) where the rank's level leaves room for what it keeps more.
 
 ``policy_orders`` adds orders built with a policy in mind: for each recompute kind, the memory-aware
-greedy scheduler's best order on the problem as if every microbatch took that policy (its forward
-keeps only the policy's keep, its backward costs the recompute more), fitted and relaxed as above.
+greedy scheduler's orders (each better one as its search finds it) on the problem as if every
+microbatch took that policy (its forward keeps only the policy's keep, its backward costs the
+recompute more), relaxed, and the best fitted and relaxed as above.
 So where most microbatches must be recomputed selectively, the order's warm-up depth is the one
 selective memory allows, not the one a kept activation does.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from schedc.errors import SchedcError
 from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
@@ -313,15 +314,17 @@ def as_if(problem: Problem, kind: Kind, transient: bool = True) -> Problem:
     return problem.with_changes(costs=costs, memory=memory, recompute=None, offload=None)
 
 
-def policy_orders(problem: Problem, build: Callable[[Problem], Schedule],
+def policy_orders(problem: Problem, builds: Callable[[Problem], Iterable[Schedule]],
                   skip: int = 0) -> Iterator[tuple[str, Schedule]]:
     """For each recompute kind the problem allows (and with and without its transient counted),
-    ``build``'s order on ``as_if(problem, kind)`` with that kind everywhere, relaxed, and fitted
-    (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built lazily, in
-    ``likely_kinds``' order (a large problem's budget may end after one), the transient counted
-    first. ``skip``: leave out the first ``skip`` builds (a caller that took them already)."""
+    ``builds``' orders on ``as_if(problem, kind)`` with that kind everywhere, relaxed, and the last
+    also fitted (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built
+    lazily, in ``likely_kinds``' order (a large problem's budget may end after one), the transient
+    counted first. ``builds`` yields orders as a search improves them (``greedy.greedy_search``'s
+    anytime results), so a caller short of time judges the best found so far. ``skip``: leave out
+    the first ``skip`` builds (a caller that took them already)."""
     for kind, transient in [(k, t) for k in likely_kinds(problem) for t in (True, False)][skip:]:
-        yield from policy_order(problem, build, kind, transient)
+        yield from policy_order(problem, builds, kind, transient)
 
 
 def likely_kinds(problem: Problem) -> list[Kind]:
@@ -344,16 +347,20 @@ def likely_kinds(problem: Problem) -> list[Kind]:
     return [first] + [k for k in kinds if k is not first]
 
 
-def policy_order(problem: Problem, build: Callable[[Problem], Schedule], kind: Kind,
-                 transient: bool = True) -> Iterator[tuple[str, Schedule]]:
-    """One build of ``policy_orders``: ``build``'s order as if every microbatch took ``kind``."""
-    try:
-        order = plain(build(as_if(problem, kind, transient)))
-    except (SchedcError, RuntimeError, ValueError):
-        return
+def policy_order(problem: Problem, builds: Callable[[Problem], Iterable[Schedule]], kind: Kind,
+                  transient: bool = True) -> Iterator[tuple[str, Schedule]]:
+    """One build of ``policy_orders``: each of ``builds``' orders as if every microbatch took
+    ``kind``, and the last one fitted."""
     name = f"greedy-as-{kind.value}{'' if transient else '-deep'}"
-    uniform = with_policies(problem, order, everywhere(problem, kind), name)
-    yield name, relax(problem, uniform)
+    uniform = None
+    try:
+        for order in builds(as_if(problem, kind, transient)):
+            uniform = with_policies(problem, plain(order), everywhere(problem, kind), name)
+            yield name, relax(problem, uniform)
+    except (SchedcError, RuntimeError, ValueError):  # (a search that stalls keeps what it found)
+        pass
+    if uniform is None:
+        return
     for pull in (False, True):
         fitted = fit_mixed(problem, uniform, f"{name}+fit{'-w' if pull else ''}", pull_w=pull)
         if fitted is not None:

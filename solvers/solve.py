@@ -40,10 +40,9 @@ from schedc.solvers.bounds import Bound, lower_bound
 from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
 from schedc.solvers import greedy
-from schedc.solvers.greedy import best_greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, least_memory, with_policies
-from schedc.solvers.mixed import fit_mixed, fitted_orders, likely_kinds, policy_order, policy_orders, polished
+from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
 
@@ -273,17 +272,13 @@ def recomputed_candidates(
 
 
 def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
-    """``recomputed_candidates``' schedules, built one after another (in a Worker): the greedy
-    scheduler's order as if every microbatch took the likeliest recompute (``mixed.likely_kinds``)
-    first (where a limit binds, often the best start, and on a large problem the budget may not
-    reach it later), then the quick ones (one pass over each registry order), then the greedy's
-    other policy orders. Known cost: on the largest V problems (28.3B, p = 32, m >= 96, below 1F1B's
-    memory, 60 s) that first build takes the whole share and the quick ones, better there, are never
-    judged (docs/results.md, memory for time); the order should follow what the budget allows."""
+    """``recomputed_candidates``' schedules, built one after another (in a Worker), the cheapest
+    first: the quick ones (one pass over each registry order; on a large problem seconds in all),
+    then the greedy scheduler's orders as if every microbatch took one recompute, the likeliest
+    first (``mixed.likely_kinds``), each better order its search finds yielded as it goes (one
+    search takes tens of seconds on the largest problems; its first orders come in about one
+    scheduling pass, so a budget that ends mid-search still judges the best so far)."""
     kinds = problem.recomputes
-    greedy_build = lambda q: best_greedy(q, "zb-greedy")  # noqa: E731
-    if kinds:
-        yield from (s for _, s in policy_order(problem, greedy_build, likely_kinds(problem)[0]))
     plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
     for name, schedule in built:  # (one that fits with no policy fits as it is: fitting changes nothing)
         if not schedule.copy and kinds and not (name in fits and not schedule.policies()):
@@ -299,7 +294,12 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
             except SchedcError:
                 continue
     if kinds:
-        yield from (s for _, s in policy_orders(problem, greedy_build, skip=1))
+        yield from (s for _, s in policy_orders(problem, _greedy_orders))
+
+
+def _greedy_orders(problem: Problem) -> Iterator[Schedule]:
+    """The memory-aware greedy scheduler's orders on ``problem``, each better one as its search finds it."""
+    return (schedule for schedule, _ in greedy.greedy_search(problem, "zb-greedy"))
 
 
 POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polished``'s variants

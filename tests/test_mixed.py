@@ -143,7 +143,7 @@ def test_the_policy_orders_and_polished_variants_are_schedules_of_the_problem():
         ranks=3, microbatches=6, costs=dict(F=1.0, B=1.0, W=1.0), memory=dict(F=1.0, B=-0.5, limit=1.6),
         recompute=dict(keep=0.05, selective=dict(time=0.1, keep=0.4)),
     ))
-    made = list(policy_orders(problem, lambda q: best_greedy(q, "g")))
+    made = list(policy_orders(problem, lambda q: [best_greedy(q, "g")]))
     assert made
     fits = [simulate(problem, s) for _, s in made]
     assert any(t.fits for t in fits)
@@ -163,8 +163,26 @@ def test_the_likeliest_recompute_is_the_cheapest_that_lets_the_pipeline_fill(lim
     problem = Problem.parse(dict(ranks=4, microbatches=8, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=limit),
                                  recompute=dict(time=1.0, keep=keep, selective=dict(time=0.2, keep=0.4))))
     assert likely_kinds(problem) == [first, Kind.R if first is Kind.S else Kind.S]
-    name, _ = next(policy_orders(problem, lambda q: best_greedy(q, "g")))
+    name, _ = next(policy_orders(problem, lambda q: [best_greedy(q, "g")]))
     assert name == f"greedy-as-{first.value}"
+
+
+def test_each_order_a_search_improves_is_judged_as_it_comes_and_only_the_last_is_fitted():
+    """``policy_orders`` takes a search's orders as it finds them (a budget may end mid-search): each
+    is yielded with the kind everywhere, relaxed, in the search's order; the fitted variants follow
+    the last one only, and are built from it."""
+    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1.0, B=1.0, W=1.0),
+                                 memory=dict(F=1.0, B=-0.5, limit=1.6), recompute=dict(keep=0.05)))
+    orders = [unfuse(REGISTRY[name].build(problem)) for name in ("gpipe", "1f1b")]
+
+    def fb(schedule):  # the F and B order (a fit adds recomputes and moves W, a relax drops recomputes)
+        return [[(op.kind, op.stage, op.mb) for op in ops if op.kind in (Kind.F, Kind.B)] for ops in schedule.ranks]
+
+    made = list(policy_orders(problem, lambda q: orders))
+    first = [(name, s) for name, s in made if not name.startswith("greedy-as-R-deep")]  # (the transient counted)
+    assert [name for name, _ in first[:2]] == ["greedy-as-R"] * 2
+    assert [fb(s) for _, s in first[:2]] == [fb(o) for o in orders]
+    assert len(first) > 2 and all(name.startswith("greedy-as-R+fit") and fb(s) == fb(orders[1]) for name, s in first[2:])
 
 
 @pytest.mark.parametrize("kind", [Kind.R, Kind.S])
