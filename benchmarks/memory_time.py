@@ -3,7 +3,7 @@ decided together) against the schedules users run today, on the zero-bubble pape
 at memory limits from a quarter to twice 1F1B's activation memory.
 
     python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--jobs N] [--resume]
-    python benchmarks/memory_time.py --report [--write]   # the table again from a finished run's cells
+    python benchmarks/memory_time.py --report [--write] [--rebound]   # the table again from a finished run's cells
     python benchmarks/memory_time.py --problems   # only (re)write examples/problems/memory-time/
 
 Sources and the model (see benchmarks/zb_paper.py for the settings themselves):
@@ -49,8 +49,9 @@ from pathlib import Path
 
 import yaml
 
-from schedc import Problem
+from schedc import Problem, load_problem
 from schedc.kinds import Kind
+from schedc.solvers.bounds import lower_bound
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -216,7 +217,12 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="run nothing: the table (and with --write the figure) from the cells an earlier run "
                              "finished in --out, whatever its commit")
+    parser.add_argument("--rebound", action="store_true",
+                        help="with --report: each cell's bound (and gap) the larger of its solve's and this checkout's"
+                             " lower bound of its problem, for bounds proven better since the run (the spans stay)")
     args = parser.parse_args()
+    if args.rebound and not args.report:
+        parser.error("--rebound goes with --report")
     paths = write_problems()
     if args.problems:
         print(f"wrote {len(paths)} problems to {PROBLEM_DIR.relative_to(ROOT)}")
@@ -242,7 +248,7 @@ def main() -> None:
             kept = json.loads(saved.read_text())
             if args.report or (kept.get("commit") == commit and kept.get("time_limit") == args.time_limit):
                 commits[kept.get("commit", "unknown")] += 1
-                return cell, kept["result"]
+                return cell, (_rebound(kept["result"], path) if args.rebound else kept["result"])
         r = run_cell(path, args.time_limit, out_dir)
         saved.write_text(json.dumps({"commit": commit, "time_limit": args.time_limit, "result": r}))
         commits[commit] += 1
@@ -266,6 +272,9 @@ def main() -> None:
                + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
                + (f" --limits {args.limits}" if limits != set(LIMITS) else ""))
     ran = ", ".join(f"{c} ({n} cells)" if len(commits) > 1 else c for c, n in sorted(commits.items()))
+    if args.rebound:
+        command += " --rebound"
+        ran += f"; bounds (and gaps) as of {commit}"
     text = report(results, command, f"{machine()}. Commit: {ran}")
     print(text)
     if args.write and not args.only and limits == set(LIMITS):
@@ -275,6 +284,15 @@ def main() -> None:
         shown = ", ".join(f"{x:g}x" for x in sorted(limits))
         write_section(f"memory-time-{'-'.join(f'{x:g}' for x in sorted(limits))}",
                       f"### Memory for time at {shown} only\n\n" + text)
+
+
+def _rebound(r: dict, path: Path) -> dict:
+    """A finished cell with the larger of its solve's bound and this checkout's ``lower_bound`` of
+    its problem (a bound is the problem's alone), and the gap to it."""
+    if "span" not in r:
+        return r
+    bound = max(r.get("bound") or 0.0, lower_bound(load_problem(path)).value)
+    return {**r, "bound": bound, "gap": (r["span"] - bound) / r["span"]}
 
 
 def report(results: dict, command: str, machine: str) -> str:

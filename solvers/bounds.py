@@ -47,8 +47,9 @@ against the recompute and copy work a limit forces (``_forced``), how many micro
 may be in flight at once (``_in_flight``), and the per-rank and two-rank terms above with each
 knapsack re-derived for what each policy holds (``_policy_rank``): the warm-up with forwards that
 owe a recompute or wait for a copy out, the cool-down, and the W work memory lets a rank defer
-past its last backward (``mW`` per microbatch, whatever its policy), which on the zero-bubble
-paper's settings below 1F1B's memory is what binds.
+past its last backward (``mW`` per microbatch, whatever its policy, beside the whole activation
+that last backward holds: ``_deferred_w``), which on the zero-bubble paper's settings below 1F1B's
+memory is what binds.
 
 With ``data_parallel``, nothing waits for a gradient all-reduce but the rank's step, and a rank's
 last compute op is the last weight gradient of one of its stages (a W or BW ends each microbatch's
@@ -444,7 +445,7 @@ class _Rank:
     work: float
     knap_f: float  # forward work held at once
     knap_pend: float  # backward work held next to F(hi, i)'s activation
-    knap_w: float  # W work pending at once
+    knap_w: float  # W work the rank may run after its last backward (``_deferred_w``)
     knap_back: float  # backward work (B + W, or W alone) held at once
     all_forwards_fit: bool  # every forward of the rank may be held at once (then the windows may overlap)
     owed_all: float = 0.0  # the least extra work holding every forward at once forces (policies only)
@@ -468,10 +469,26 @@ def _rank(problem: Problem, r: int) -> _Rank:
         work=m * sum(F[s] + B[s] + W[s] for s in stages),
         knap_f=_knapsack([(F[s], mF[s], m) for s in stages], cap),
         knap_pend=_knapsack(pend, cap - mF[hi]),
-        knap_w=_knapsack([(W[s], mW[s], m) for s in stages], cap),
+        knap_w=_deferred_w(problem, stages, cap),
         knap_back=_knapsack(back, cap),
         all_forwards_fit=m * sum(mF[s] for s in stages) <= cap,
     )
+
+
+def _deferred_w(problem: Problem, stages: tuple[int, ...], cap: float) -> float:
+    """The most W work a rank holding ``stages`` may run after its last backward ends, B(lo, i) (fact
+    2; its B part if fused): every F and B of the rank has ended by then, so what follows is W
+    work (W(lo, i)'s own among it), each pending W holding mW from its B's end. Just before that
+    B ends, the rank holds mF(lo) for microbatch i (kept, recomputed or loaded back, its whole
+    activation is there for its B) beside the mW of every other W pending then, so those fit in
+    ``cap - mF(lo)``: W(lo) plus a knapsack over that room; and no more than the knapsack of all
+    the pending W over ``cap`` (their level once that B has ended)."""
+    W, mF = problem.cost[Kind.W], problem.mem[Kind.F]
+    mW = [-x for x in problem.mem[Kind.W]]
+    m, lo = problem.microbatches, stages[0]
+    pending = _knapsack([(W[s], mW[s], m) for s in stages], cap)
+    others = _knapsack([(W[s], mW[s], m - (s == lo)) for s in stages], max(0.0, cap - mF[lo]))
+    return min(pending, W[lo] + others)
 
 
 def _first_backward_wait(ch: _Chains, F: list[float], lo: int, hi: int, objective: str) -> float:
@@ -543,7 +560,8 @@ def _rank_bound(problem: Problem, ch: _Chains, k: _Rank, r: int, objective: str)
       only the larger of the two counts), and before the rank's last backward ends.
     - tail (makespan): let e be the end of the rank's last backward (stage lo, its B part if
       fused) and w the W work the rank runs after e. Then makespan >= e + max(w, down(lo)) and
-      e >= work - w + idle before e; w <= ``knap_W`` (pending W hold mW each at e). So makespan
+      e >= work - w + idle before e; w <= ``knap_W`` (``_deferred_w``: pending W hold mW each, beside
+      the last backward's activation until e). So makespan
       >= work + idle + max(0, down(lo) - knap_W).
     """
     idle, _, idle_parts = _idle(problem, ch, k, objective)
@@ -583,8 +601,8 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
 
     - c_q = the end of rank q's last backward, of stage lo(q) (fact 2; its B part if fused).
       Every F and every B of rank q ends by then (F(s, j) before B(s, j)), so what follows is W
-      work only, pending at c_q and holding mW each: ``after = knap_W`` (fused: the W part of
-      that one BW). Idle: warm-up and cool-down of ``_rank_bound`` (both end before c_q). The
+      work only, pending at c_q and holding mW each: ``after = knap_W`` (``_deferred_w``; fused:
+      the W part of that one BW). Idle: warm-up and cool-down of ``_rank_bound`` (both end before c_q). The
       same microbatch's input gradient goes down to stage t < lo(q) of rank r, then W(t):
       ``chain = max_t down(lo(q)) - down(t) + W(t)`` (a fused BW of t ends as late).
     - c_q = the end of rank q's last forward, of stage hi(q) (fact 2). What follows is backward
@@ -743,7 +761,14 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
     s ended and before the B and W of its own: T >= start + F(s) + |X| (O + L) + B(s) + W(s). A
     schedule picks |X|, so T >= the least over |X| = 0..m of the larger of the two (|X| = 0 where
     the problem does not offload). No term where kept and recomputed microbatches may keep nothing
-    (k(s) = 0) or K >= m - 1."""
+    (k(s) = 0) or K >= m - 1.
+
+    Where K = 0, the intervals I of N are pairwise disjoint (for i, j in N with F(s, i) first, J_j
+    lies outside I_i, so after it, and J_i outside I_j, so before it: I_i ends before I_j starts),
+    and each of X holds the whole activation from the start of its F to the end of its copy out
+    (>= F + O) and from the start of its copy back to the end of its B (>= L + B): inside those,
+    no member of N is inside its I (it would hold k(s) more) nor another of X in its own (2 mF(s)
+    > cap too). So all of them lie apart in the window: T >= start + |N| L + |X| (F + O + L + B) + W(s)."""
     c, a = problem.cost, problem.mem[Kind.F]
     cap, m = _cap(problem, r), problem.microbatches
     offload = Kind.O in problem.policies
@@ -758,10 +783,14 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
                 start = ch.head[s] if objective == "makespan" else 0.0
 
                 def offloading(x: int) -> float:  # the larger of the rest's rounds and x's copies
-                    rest = start + math.ceil((m - x) / (k + 1)) * length + c[Kind.W][s] if x < m else -math.inf
+                    copies = x * (c[Kind.O][s] + c[Kind.L][s]) if x else 0.0
+                    if k == 0:  # (each offloaded one apart from the rest too)
+                        whole = x * (c[Kind.F][s] + c[Kind.B][s]) + copies
+                        rest = start + (m - x) * length + whole + c[Kind.W][s]
+                    else:
+                        rest = start + math.ceil((m - x) / (k + 1)) * length + c[Kind.W][s] if x < m else -math.inf
                     if not x:
                         return rest
-                    copies = x * (c[Kind.O][s] + c[Kind.L][s])
                     return max(rest, start + c[Kind.F][s] + copies + c[Kind.B][s] + c[Kind.W][s])
 
                 x = min(range(m + 1 if offload else 1), key=offloading)
@@ -775,7 +804,12 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
     lead = f"start no earlier than {start:g} + " if start > 0 else ""
     text = (f"rank {r}: {lead}at most {k + 1} microbatches of stage {s} in flight (the room holds one whole and"
             f" {k} kept), so {rounds} rounds of forward, round trip and B ({length:g} each), then W")
-    if offload:
+    if offload and k == 0:
+        text += (f"; each of the {x} offloaded (the best split) holds the whole room from its F to its copy out and"
+                 " from its copy back to its B, apart from the rest" if x
+                 else "; offloading some costs more than it saves (each holds the whole room from its F to its copy"
+                 " out and from its copy back to its B)")
+    elif offload:
         text += (f"; offloading more of them costs each its copies on the copy lane (the best split offloads {x})"
                  if x else "; offloading some costs more on the copy lane than it saves")
     return Bound(value, text, r)
@@ -855,7 +889,8 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
       after its copy back, serial in the window). With the warm-up window the two never count
       the same recompute twice: one owed in the warm-up and run in the cool-down counts there only.
     - knap_back (after the last forward ends): the same pairs and recomputes over the whole room,
-      offloaded ones without a copy limit; knap_w as without policies.
+      offloaded ones without a copy limit; knap_w as without policies (``_deferred_w``: a recomputed
+      or offloaded activation is whole again during its B).
     - every forward held at once (the windows may overlap): possible when the least keeps fit, less
       what copies can take out; then the rank owes the least recompute over its microbatches that
       makes them fit (``owed_all``), or waits for copies out: with n offloaded the first backward
@@ -900,7 +935,7 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
         stages=stages, lo=lo, hi=hi, cap=cap,
         work=m * sum(F[s] + B[s] + W[s] for s in stages),
         knap_f=knap_f, knap_pend=knap_pend,
-        knap_w=_knapsack([(W[s], mW[s], m) for s in stages], cap),
+        knap_w=_deferred_w(problem, stages, cap),
         knap_back=knap_back,
         all_forwards_fit=owed_all < math.inf, owed_all=owed_all,
     )
