@@ -291,7 +291,11 @@ def _rebound(r: dict, path: Path) -> dict:
     its problem (a bound is the problem's alone), and the gap to it."""
     if "span" not in r:
         return r
-    bound = max(r.get("bound") or 0.0, lower_bound(load_problem(path)).value)
+    problem = load_problem(path)
+    bound = max(r.get("bound") or 0.0, lower_bound(problem).value)
+    if not problem.time_tol.ge(r["span"], bound):
+        raise RuntimeError(f"{path.name}: the bound {bound!r} is above the span of a schedule that fits, {r['span']!r}")
+    bound = min(bound, r["span"])  # (equal up to float noise: proven optimal)
     return {**r, "bound": bound, "gap": (r["span"] - bound) / r["span"]}
 
 
