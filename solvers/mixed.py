@@ -314,16 +314,14 @@ def as_if(problem: Problem, kind: Kind, transient: bool = True) -> Problem:
     return problem.with_changes(costs=costs, memory=memory, recompute=None, offload=None)
 
 
-def policy_orders(problem: Problem, builds: Callable[[Problem], Iterable[Schedule]],
-                  skip: int = 0) -> Iterator[tuple[str, Schedule]]:
+def policy_orders(problem: Problem, builds: Callable[[Problem], Iterable[Schedule]]) -> Iterator[tuple[str, Schedule]]:
     """For each recompute kind the problem allows (and with and without its transient counted),
     ``builds``' orders on ``as_if(problem, kind)`` with that kind everywhere, relaxed, and the last
     also fitted (``fit_mixed``, both ways) then relaxed: (name, schedule) pairs to judge, built
     lazily, in ``likely_kinds``' order (a large problem's budget may end after one), the transient
     counted first. ``builds`` yields orders as a search improves them (``greedy.greedy_search``'s
-    anytime results), so a caller short of time judges the best found so far. ``skip``: leave out
-    the first ``skip`` builds (a caller that took them already)."""
-    for kind, transient in [(k, t) for k in likely_kinds(problem) for t in (True, False)][skip:]:
+    anytime results), so a caller short of time judges the best found so far."""
+    for kind, transient in [(k, t) for k in likely_kinds(problem) for t in (True, False)]:
         yield from policy_order(problem, builds, kind, transient)
 
 
@@ -348,7 +346,7 @@ def likely_kinds(problem: Problem) -> list[Kind]:
 
 
 def policy_order(problem: Problem, builds: Callable[[Problem], Iterable[Schedule]], kind: Kind,
-                  transient: bool = True) -> Iterator[tuple[str, Schedule]]:
+                 transient: bool = True) -> Iterator[tuple[str, Schedule]]:
     """One build of ``policy_orders``: each of ``builds``' orders as if every microbatch took
     ``kind``, and the last one fitted."""
     name = f"greedy-as-{kind.value}{'' if transient else '-deep'}"
