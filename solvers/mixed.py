@@ -351,18 +351,24 @@ def policy_order(problem: Problem, builds: Callable[[Problem], Iterable[Schedule
     ``kind``, and the last one fitted."""
     name = f"greedy-as-{kind.value}{'' if transient else '-deep'}"
     uniform = None
-    try:
-        for order in builds(as_if(problem, kind, transient)):
-            uniform = with_policies(problem, plain(order), everywhere(problem, kind), name)
-            yield name, relax(problem, uniform)
-    except (SchedcError, RuntimeError, ValueError):  # (a search that stalls keeps what it found)
-        pass
+    for order in _until_stalled(lambda: builds(as_if(problem, kind, transient))):
+        uniform = with_policies(problem, plain(order), everywhere(problem, kind), name)
+        yield name, relax(problem, uniform)
     if uniform is None:
         return
     for pull in (False, True):
         fitted = fit_mixed(problem, uniform, f"{name}+fit{'-w' if pull else ''}", pull_w=pull)
         if fitted is not None:
             yield fitted.name, relax(problem, fitted)
+
+
+def _until_stalled(search: Callable[[], Iterable[Schedule]]) -> Iterator[Schedule]:
+    """``search()``'s orders until it ends or fails (a build that stalls or refuses the problem):
+    the orders found before are kept; only the search's own errors end it."""
+    try:
+        yield from search()
+    except (SchedcError, RuntimeError, ValueError):
+        return
 
 
 def fitted_orders(problem: Problem, schedule: Schedule, name: str) -> Iterator[tuple[str, Schedule]]:

@@ -182,7 +182,8 @@ def test_each_order_a_search_improves_is_judged_as_it_comes_and_only_the_last_is
     first = [(name, s) for name, s in made if not name.startswith("greedy-as-R-deep")]  # (the transient counted)
     assert [name for name, _ in first[:2]] == ["greedy-as-R"] * 2
     assert [fb(s) for _, s in first[:2]] == [fb(o) for o in orders]
-    assert len(first) > 2 and all(name.startswith("greedy-as-R+fit") and fb(s) == fb(orders[1]) for name, s in first[2:])
+    assert len(first) > 2
+    assert all(name.startswith("greedy-as-R+fit") and fb(s) == fb(orders[1]) for name, s in first[2:])
 
 
 @pytest.mark.parametrize("kind", [Kind.R, Kind.S])
