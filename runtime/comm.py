@@ -33,6 +33,7 @@ are dropped here once ``is_completed()``. Blocking happens in CUDA, under NCCL's
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import queue
 import threading
@@ -126,6 +127,9 @@ class Transport:
         complete when posted)."""
         return 0
 
+    def close(self) -> None:
+        """Stop whatever the transport runs beside the caller (may do nothing); it is not used again."""
+
     # Collectives on a process group of the caller's (every rank of it calls them in the same
     # order); by default torch.distributed's asynchronous ones, waited for with ``wait``.
 
@@ -158,6 +162,7 @@ class TorchTransport(Transport):
         self._lock = threading.Lock()
         self._send_queue: queue.SimpleQueue | None = None
         self._recv_queue: queue.SimpleQueue | None = None
+        self._helpers: list[threading.Thread] = []
 
     # ---- posting ----
 
@@ -236,12 +241,30 @@ class TorchTransport(Transport):
         if q is None:
             q = queue.SimpleQueue()
             setattr(self, name, q)
-            threading.Thread(target=loop, args=(q,), name=f"schedc{name}", daemon=True).start()
+            helper = threading.Thread(target=loop, args=(q,), name=f"schedc{name}", daemon=True)
+            helper.start()
+            if not self._helpers:  # ended before the interpreter's teardown, even where close() is never called
+                atexit.register(self.close)
+            self._helpers.append(helper)
         return q
 
+    def close(self) -> None:
+        """End the helper threads, each once the wait it is in (if any) is over; after a failure
+        (``stopped()``) they are not waited for. A helper left to the interpreter's teardown,
+        still holding the transport's works, can abort the process as it exits ("terminate
+        called without an active exception")."""
+        helpers, self._helpers = self._helpers, []
+        for name in ("_send_queue", "_recv_queue"):
+            if (q := getattr(self, name)) is not None:
+                q.put(None)
+                setattr(self, name, None)
+        for helper in helpers if not self.stopped() else ():
+            helper.join(self.timeout)
+        if helpers:
+            atexit.unregister(self.close)
+
     def _send_loop(self, q: queue.SimpleQueue) -> None:
-        while True:
-            pending, tensor, tag = q.get()
+        for pending, tensor, tag in iter(q.get, None):  # (None: close())
             self._wait_here(pending, signal=False)
             pending.work = None  # gloo's work holds the tensor too
             if self.release_on_caller:
@@ -251,8 +274,9 @@ class TorchTransport(Transport):
             pending.done.set()  # after the hand-over: a release() after flush() frees it
 
     def _recv_loop(self, q: queue.SimpleQueue) -> None:
-        while True:
-            self._wait_here(q.get())
+        for pending in iter(q.get, None):
+            self._wait_here(pending)
+            del pending  # (its work holds the receive's buffer: not kept while the next is awaited)
 
 
 # name -> transport class, for PipelineRuntime(..., transport=NAME)

@@ -299,3 +299,31 @@ def test_trace_records_every_instruction_and_show_draws_it(tmp_path):
     schedc.compile(problem(2, 2, "v", 4), "v-half").save(other)
     bad = CliRunner().invoke(main, ["show", str(other), "--measured", str(trace), "-o", str(tmp_path / "h.png")])
     assert bad.exit_code == 2 and "traces schedule 'zb-v', not 'v-half'" in bad.output
+
+
+def helpers_after_close(rank, world, path):
+    """The transport's helper threads alive after one step, then after ``rt.close()``."""
+    import threading
+
+    compiled = schedc.load(path)
+    prob = compiled.problem
+    mine = {s: mod for s, mod in enumerate(model(prob.n_stages)) if s in prob.rank_stages[rank]}
+    rt = PipelineRuntime(compiled, mine, lm_loss)
+    for x, y in token_batches(1, 2 * prob.microbatches):
+        rt.step(x, y)
+
+    def helpers():
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("schedc_"))
+
+    before = helpers()
+    rt.close()
+    return before, helpers()
+
+
+def test_close_ends_the_transports_helper_threads(tmp_path):
+    """On gloo the waits run on helper threads; close() (or the interpreter's exit) ends them, so
+    none is left in a wait as the process tears down (that aborted runs at exit)."""
+    path = tmp_path / "s.json"
+    schedc.compile(problem(2, 1, "loop", 4), "1f1b").save(path)
+    for before, after in run_local(helpers_after_close, 2, str(path), timeout=300):
+        assert before == ["schedc_recv_queue", "schedc_send_queue"] and after == []
