@@ -17,6 +17,7 @@ file costs scales with them). Two tools let the steps of a solve stop when their
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import os
@@ -24,6 +25,7 @@ import signal
 import sys
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
@@ -31,6 +33,7 @@ from schedc.problem import Problem
 
 LATE = object()  # Worker.next: the budget ran out before the item (the child has been stopped)
 END = object()  # Worker.next: the generator is exhausted
+PR_SET_PDEATHSIG = 1  # prctl(2)
 WORKER_OPS = 300  # above this many ops, schedules and models are built in a child process a budget can stop
 
 
@@ -121,7 +124,8 @@ class Worker:
     """``fn(*args)``, a generator, run in a child process (``child=True`` and Linux) or here.
 
     ``next(budget)`` returns its next item, ``END`` when it is exhausted, or ``LATE`` when
-    ``budget`` (None waits for ever) runs out first, in which case the child is killed. Run here,
+    ``budget`` (None waits for ever) runs out first, in which case the child is killed (or, with
+    ``pause=True``, paused until the next ``next``). Run here,
     ``next`` cannot stop an item half way and ignores ``budget``.
     An exception in the generator is raised again by ``next``. Use it as a context manager:
     leaving the block kills whatever is still running."""
@@ -129,16 +133,21 @@ class Worker:
     def __init__(self, fn: Callable[..., Iterator], args: tuple, *, child: bool):
         self._name = getattr(fn, "__name__", "worker")
         self._proc = self._conn = self._gen = None
+        self._paused = False
         if child and can_fork():
             ctx = multiprocessing.get_context("fork")
             self._conn, send = ctx.Pipe(duplex=False)
-            self._proc = ctx.Process(target=_child_main, args=(send, fn, args), daemon=True)
+            self._proc = ctx.Process(target=_child_main, args=(send, fn, args, os.getpid()), daemon=True)
             self._proc.start()
             send.close()
             try:  # also in the child: whichever runs first makes the group
                 os.setpgid(self._proc.pid, self._proc.pid)
             except OSError:
                 pass
+            # A Worker never stopped (an exception, an interpreter that exits) still kills its
+            # group: a paused one would otherwise outlive this process, and multiprocessing's
+            # own exit (SIGTERM, then join) would wait on it for ever.
+            self._finalizer = weakref.finalize(self, _to_group, self._proc.pid, signal.SIGKILL)
         else:
             self._gen = fn(*args)
 
@@ -146,14 +155,23 @@ class Worker:
     def in_child(self) -> bool:
         return self._proc is not None
 
-    def next(self, budget: Budget | None = None):
+    def next(self, budget: Budget | None = None, *, pause: bool = False):
+        """The next item; ``pause``: where ``budget`` runs out first, the child is paused, not
+        killed (SIGSTOP to its group), and the next call goes on where it stopped."""
         if self._gen is not None:
             return next(self._gen, END)
         if self._conn is None:
             return END
+        if self._paused:
+            _to_group(self._proc.pid, signal.SIGCONT)
+            self._paused = False
         wait = None if budget is None else budget.left()
         if not self._conn.poll(wait):
-            self.stop()
+            if pause:
+                _to_group(self._proc.pid, signal.SIGSTOP)
+                self._paused = True
+            else:
+                self.stop()
             return LATE
         try:
             tag, value = self._conn.recv()
@@ -173,14 +191,11 @@ class Worker:
             self._gen.close()
             self._gen = None
         if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except OSError:  # no such group: the child has not made it (then it started nothing)
-                pass
-            self._proc.kill()
+            _to_group(self._proc.pid, signal.SIGKILL)  # (a paused child too: SIGKILL needs no SIGCONT)
             self._proc.join()
             self._conn.close()
             self._proc = self._conn = None
+            self._finalizer.detach()
 
     def __enter__(self) -> Worker:
         return self
@@ -189,11 +204,21 @@ class Worker:
         self.stop()
 
 
-def _child_main(conn, fn, args) -> None:
+def _to_group(pid: int, signum: int) -> None:
+    """``signum`` to a worker's process group and to the worker (its group may not be made yet)."""
+    for send in (os.killpg, os.kill):
+        try:
+            send(pid, signum)
+        except OSError:  # no such group (or process): nothing there to signal
+            pass
+
+
+def _child_main(conn, fn, args, parent: int) -> None:
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
+    _die_with_parent(parent)
     try:
         for item in fn(*args):
             conn.send(("item", item))
@@ -205,3 +230,15 @@ def _child_main(conn, fn, args) -> None:
             conn.send(("error", RuntimeError(traceback.format_exc())))
     finally:
         conn.close()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process is killed when its parent (pid ``parent``) ends, however it ends
+    (PR_SET_PDEATHSIG), so that a solve killed from outside leaves no worker behind, paused or running."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl here: as before, the worker ends when its pipe breaks
+        return
+    if os.getppid() != parent:  # the parent ended before the request was made
+        os._exit(1)

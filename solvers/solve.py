@@ -121,6 +121,7 @@ class RegistryRun:
     built: list[tuple[str, Schedule]] = field(default_factory=list)  # every one built (backward split), fitting or not
     derived: set[str] = field(default_factory=set)  # the names in ``fitting`` that are no registry schedule's
     # nor a caller's candidate (mixed policies, W re-placed, a search cut short): the result's table leaves them out
+    searches: GreedySearches | None = None  # the greedy's searches the budget paused (``_anytime_greedy``)
 
 
 def evaluate_registry(
@@ -179,39 +180,78 @@ ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, a
 def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]) -> None:
     """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
     far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
-    one cut short joins as NAME+partial, and NAME as not evaluated. None on a sequence-chunked
-    problem: the greedy scheduler runs whole sequences (its schedules are n/a there)."""
+    one cut short joins as NAME+partial, and NAME as not evaluated, and the searches are left paused
+    in ``run.searches`` (``_resume_greedy`` goes on with them). None on a sequence-chunked problem:
+    the greedy scheduler runs whole sequences (its schedules are n/a there)."""
     if problem.seq_chunks > 1:
         return
-    latest: dict[str, Schedule] = {}
-    done: list[str] = []
-    fitted = bool(run.fitting)
-    with Worker(_greedy_searches, (problem,), child=in_child(problem)) as worker:
-        while not (fitted and budget.expired()):  # (run here, ``next`` cannot stop an item)
-            item = worker.next(budget if fitted else None)
-            if item is LATE or item is END:
-                break
+    searches = GreedySearches(problem)
+    searches.read(budget, bool(run.fitting))
+    for name in ANYTIME:
+        if name not in searches.latest:
+            run.not_evaluated.append(name)
+        else:
+            _judge_search(problem, run, searches, name, say)
+    if searches.over:
+        searches.stop()
+    else:
+        run.searches = searches
+
+
+class GreedySearches:
+    """The greedy scheduler's searches (``_greedy_searches``, in a Worker), read as they go: the
+    latest schedule of each, and the names whose search is done. A budget that runs out pauses
+    them, and the next ``read`` goes on where they stopped; ``stop`` ends them."""
+
+    def __init__(self, problem: Problem):
+        self.worker = Worker(_greedy_searches, (problem,), child=in_child(problem))
+        self.latest: dict[str, Schedule] = {}
+        self.done: set[str] = set()
+        self.over = False  # every search done (or the worker gone)
+
+    def read(self, budget: Budget, fitted: bool = True) -> None:
+        """What the searches find until ``budget`` runs out, once a schedule fits (``fitted``, or
+        one found; until then, for ever: the searches need no limit to end), or they end."""
+        while not self.over and not (fitted and budget.expired()):  # (run here, ``next`` cannot stop an item)
+            item = self.worker.next(budget if fitted else None, pause=True)
+            if item is LATE:
+                return
+            if item is END:
+                self.over = True
+                return
             name, schedule, fits = item
             if schedule is None:
-                done.append(name)
+                self.done.add(name)
             else:
-                latest[name], fitted = schedule, fitted or fits
-    for name in ANYTIME:
-        if name not in latest:
+                self.latest[name], fitted = schedule, fitted or fits
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.over = True
+
+
+def _judge_search(
+    problem: Problem, run: RegistryRun, searches: GreedySearches, name: str, say: Callable[[str], None],
+    step: str = "warm start",
+) -> Timeline:
+    """The latest schedule of ``name``'s search judged into ``run``: as NAME once the search is
+    done, else as NAME+partial (NAME is then not evaluated)."""
+    began = time.perf_counter()
+    schedule = searches.latest[name]
+    if name not in searches.done:
+        if name not in run.not_evaluated:
             run.not_evaluated.append(name)
-            continue
-        began = time.perf_counter()
-        schedule = latest[name]
-        if name not in done:
-            run.not_evaluated.append(name)
-            schedule = schedule.renamed(f"{name}+partial")
-            run.derived.add(schedule.name)
-        t = simulate(problem, schedule)
-        run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
-        say(f"warm start: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
-        run.built.append((schedule.name, schedule))
-        if t.fits:
-            run.fitting.append((schedule.name, t))
+        schedule = schedule.renamed(f"{name}+partial")
+        run.derived.add(schedule.name)
+    elif name in run.not_evaluated:
+        run.not_evaluated.remove(name)
+    t = simulate(problem, schedule)
+    run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
+    say(f"{step}: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
+    run.built.append((schedule.name, schedule))
+    if t.fits:
+        run.fitting.append((schedule.name, t))
+    return t
 
 
 def _greedy_searches(problem: Problem) -> Iterator[tuple[str, Schedule | None, bool]]:
@@ -515,30 +555,34 @@ def solve(
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
                             greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
                             later_budget=lambda: warm_budget.share(REGISTRY_SHARE))
-    run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
-    for step in (recomputed_candidates, polished_candidates):
-        derived = step(problem, run, warm_budget, clock.say)
-        run.fitting.extend(derived)
-        run.derived.update(name for name, _ in derived)
-    warm = best_registry_schedule(problem, run.fitting)
-    if warm is None and not run.built and not candidates:
-        raise SchedcError(
-            "no registry schedule applies to this problem, so solve has nothing to start from"
-            + (" (on a sequence-chunked problem only seq1f1b and seq1f1b-zb apply, and they need one chunk per"
-               f" rank: chunks is {problem.chunks})" if problem.seq_chunks > 1 else "")
-        )
-    if warm is None:
-        warm = _least_memory_start(problem, run, clock.say)
-    own = lower_bound(problem)
-    # What is left for the search: the budget less what the caller keeps and one simulation, to
-    # judge what the search found.
-    usable = budget.usable(run.simulate_seconds).less(run.simulate_seconds)
-    call = _Call(problem, solver, run, clock, torch)
-    local = budget.share(LOCAL_SEARCH_SHARE)  # of what the warm start left
-    out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
-    if problem.fused_cheaper:
-        _prefer_fused(call, out)
-    return _result(call, out, own)
+    try:
+        run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
+        for step in (recomputed_candidates, polished_candidates):
+            derived = step(problem, run, warm_budget, clock.say)
+            run.fitting.extend(derived)
+            run.derived.update(name for name, _ in derived)
+        warm = best_registry_schedule(problem, run.fitting)
+        if warm is None and not run.built and not candidates:
+            raise SchedcError(
+                "no registry schedule applies to this problem, so solve has nothing to start from"
+                + (" (on a sequence-chunked problem only seq1f1b and seq1f1b-zb apply, and they need one chunk per"
+                   f" rank: chunks is {problem.chunks})" if problem.seq_chunks > 1 else "")
+            )
+        if warm is None:
+            warm = _least_memory_start(problem, run, clock.say)
+        own = lower_bound(problem)
+        # What is left for the search: the budget less what the caller keeps and one simulation, to
+        # judge what the search found.
+        usable = budget.usable(run.simulate_seconds).less(run.simulate_seconds)
+        call = _Call(problem, solver, run, clock, torch)
+        local = budget.share(LOCAL_SEARCH_SHARE)  # of what the warm start left
+        out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
+        if problem.fused_cheaper:
+            _prefer_fused(call, out)
+        return _result(call, out, own)
+    finally:
+        if run.searches is not None:  # (paused: never left behind)
+            run.searches.stop()
 
 
 def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _Outcome:
@@ -578,9 +622,13 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         t = simulate(problem, out.found.schedule.renamed("ilp"))
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = t, False
-    # What the backend left (its search ended, or gave up on a problem too large for it): the best
+    # What the backend left (its search ended, or gave up on a problem too large for it): the
+    # greedy's searches the warm start paused, on to their end (``_resume_greedy``); then the best
     # polished again (``mixed.polished``), and the local search again from there (a new seed), until
     # the budget runs out or PATIENCE kicks find nothing.
+    if run.searches is not None and settings.budget.left() >= AGAIN_MIN_SECONDS \
+            and not meets(out.best.objective_value(), settings.lower):
+        _resume_greedy(call, settings.budget, out)
     if settings.budget.left() >= AGAIN_MIN_SECONDS and not meets(out.best.objective_value(), settings.lower):
         if out.best is not warm_t:
             for name, t in polished_candidates(problem, RegistryRun([("", out.best)], [], [], 0.0),
@@ -593,6 +641,28 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         if tol.lt(again.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = again, False
     return out
+
+
+def _resume_greedy(call: _Call, budget: Budget, out: _Outcome) -> None:
+    """The greedy's searches that the warm start paused (``run.searches``), on where they stopped,
+    within ``budget``. They are the registry's own (``schedc compare`` runs them to their end), and
+    on a large problem they go on improving where the backend gives up. Each that found more, or
+    ended, is judged again (``_judge_search``); the best that fits replaces ``out.best`` if shorter."""
+    run, problem = call.run, call.problem
+    searches = run.searches
+    before = dict(searches.latest)
+    reading = budget.less(len(ANYTIME) * run.simulate_seconds)  # (time kept to judge what they found)
+    call.clock.say(f"greedy searches: resumed, {reading.left():.1f} s left")
+    searches.read(reading)
+    for name in ANYTIME:
+        ended = name in searches.done and name in run.not_evaluated
+        if name in searches.latest and (ended or searches.latest[name] is not before.get(name)):
+            t = _judge_search(problem, run, searches, name, call.clock.say, "greedy searches")
+            if t.fits and problem.time_tol.lt(t.objective_value(), out.best.objective_value()):
+                out.best, out.from_registry = t, t.schedule.name == name
+    if searches.over:
+        searches.stop()
+        run.searches = None
 
 
 def _modelled(schedule: Schedule, solver: str) -> bool:

@@ -6,6 +6,7 @@ first step on. No test here asserts on wall-clock time; benchmarks/solve_time.py
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +44,16 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` ends within 5 s (a kill may take a moment to land); killed here if not."""
+    for _ in range(100):
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return False
 
 
 @pytest.fixture
@@ -195,13 +206,7 @@ def test_a_worker_group_is_killed_with_the_processes_it_started():
     with Worker(starts_a_process, (), child=True) as worker:
         grandchild = worker.next(Budget.seconds(30))
         assert worker.next(Budget.seconds(0.2)) is LATE
-    for _ in range(100):  # the kill is sent with the group's; it may take a moment to land
-        if not alive(grandchild):
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(grandchild, signal.SIGKILL)
-        pytest.fail("the grandchild outlived its worker")
+    assert gone(grandchild), "the grandchild outlived its worker"  # (killed with the worker's group)
 
 
 def test_fitting_registry_schedules_still_judges_every_schedule():
@@ -243,5 +248,92 @@ def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
     assert "zb-greedy+partial" in names and "zb-greedy" not in names
     assert {"zb-greedy", "zb-1p", "zb-2p"} <= set(run.not_evaluated)
     assert run.derived == {"zb-greedy+partial"}
+    assert run.searches is not None and not run.searches.over  # paused, for solve to resume
+    run.searches.stop()
     whole = evaluate_registry(problem)  # without a budget: every search to its end, as compare runs them
     assert "zb-greedy" in [name for name, _ in whole.fitting] and not whole.not_evaluated
+    assert whole.searches is None
+
+
+@pytest.mark.parametrize("where", [False, True], ids=["here", "child process"], indirect=True)
+def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_done(where, monkeypatch):
+    """The searches the warm start paused are resumed after the backend (``_resume_greedy``), not
+    restarted: they end with the registry's own schedules, judged under their names, and the best
+    is taken where it is shorter than the solve's."""
+    import schedc.solvers.greedy as greedy
+
+    real, started = greedy.greedy_search, []
+
+    def slow(problem, name):
+        started.append(name)
+        for k, step in enumerate(real(problem, name)):
+            if k:
+                time.sleep(0.3)
+            yield step
+
+    monkeypatch.setattr(greedy, "greedy_search", slow)
+    problem = Problem.parse(TIGHT)
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1))
+    assert "zb-greedy+partial" in [name for name, _ in run.fitting] and run.searches is not None
+    worst = max((t for _, t in run.fitting), key=lambda t: t.objective_value())
+    out = driver._Outcome(worst, ("w", worst))
+    call = driver._Call(problem, "cbc", run, driver._Clock(None))
+    driver._resume_greedy(call, Budget.seconds(120), out)
+    assert run.searches is None  # every search ended, and the worker with them
+    whole = evaluate_registry(problem)
+    assert not set(driver.ANYTIME) & set(run.not_evaluated)
+    ended = {name: t.objective_value() for name, t in run.fitting if name in driver.ANYTIME}
+    assert ended == {name: t.objective_value() for name, t in whole.fitting if name in driver.ANYTIME}
+    assert out.best.objective_value() == min(ended.values()) < worst.objective_value()
+    assert out.from_registry == (out.best.schedule.name in driver.ANYTIME)
+    if not where:  # (here, each search started once: the resumed generator went on)
+        assert started.count("zb-greedy") == 1
+
+
+def _counting():
+    yield 0
+    for k in range(1, 5):
+        time.sleep(0.3)
+        yield k
+
+
+def state(pid: int) -> str:
+    """The process's state letter in /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
+def test_a_paused_worker_is_stopped_and_goes_on_where_it_was():
+    with Worker(_counting, (), child=True) as worker:
+        pid = worker._proc.pid
+        assert worker.next(Budget.seconds(30)) == 0
+        assert worker.next(Budget.seconds(0.01), pause=True) is LATE
+        assert state(pid) == "T"
+        assert [worker.next(Budget.seconds(30)) for _ in range(4)] == [1, 2, 3, 4]
+        assert worker.next(None) is END
+    assert gone(pid)
+    worker = Worker(_counting, (), child=True)  # never stopped: paused, then dropped
+    pid = worker._proc.pid
+    assert worker.next(Budget.seconds(0.01), pause=True) in (0, LATE)
+    del worker
+    assert gone(pid)
+
+
+@pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
+def test_a_paused_worker_dies_with_its_parent():
+    script = (
+        "import os, signal, time\n"
+        "from schedc.solvers.deadline import Budget, Worker\n"
+        "def gen():\n"
+        "    yield 0\n"
+        "    time.sleep(600)\n"
+        "    yield 1\n"
+        "w = Worker(gen, (), child=True)\n"
+        "w.next(Budget.seconds(30))\n"
+        "w.next(Budget.seconds(0.01), pause=True)\n"
+        "print(w._proc.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    assert gone(int(run.stdout.split()[0])), "a paused worker outlived its parent"
