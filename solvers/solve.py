@@ -52,6 +52,7 @@ GREEDY_SHARE = 0.5  # of what the warm start has left then, at most, for the gre
 LOCAL_SEARCH_SHARE = 0.25  # of the budget, at most, for the local search before the backend's
 SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
 AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
+RESUME_TURN = 5.0  # seconds, at most, that each paused search runs in its turn after the backend (``_resume``)
 
 
 @dataclass
@@ -121,7 +122,7 @@ class RegistryRun:
     built: list[tuple[str, Schedule]] = field(default_factory=list)  # every one built (backward split), fitting or not
     derived: set[str] = field(default_factory=set)  # the names in ``fitting`` that are no registry schedule's
     # nor a caller's candidate (mixed policies, W re-placed, a search cut short): the result's table leaves them out
-    searches: GreedySearches | None = None  # the greedy's searches the budget paused (``_anytime_greedy``)
+    paused: list[Paused] = field(default_factory=list)  # searches the budget paused, for ``_resume``
 
 
 def evaluate_registry(
@@ -181,77 +182,110 @@ def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Cal
     """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
     far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
     one cut short joins as NAME+partial, and NAME as not evaluated, and the searches are left paused
-    in ``run.searches`` (``_resume_greedy`` goes on with them). None on a sequence-chunked problem:
-    the greedy scheduler runs whole sequences (its schedules are n/a there)."""
+    in ``run.paused``. None on a sequence-chunked problem: the greedy scheduler runs whole
+    sequences (its schedules are n/a there)."""
     if problem.seq_chunks > 1:
         return
-    searches = GreedySearches(problem)
-    searches.read(budget, bool(run.fitting))
+    searches = GreedySearches(problem, fitted=bool(run.fitting))
+    searches.read(budget)
     for name in ANYTIME:
         if name not in searches.latest:
             run.not_evaluated.append(name)
         else:
-            _judge_search(problem, run, searches, name, say)
-    if searches.over:
-        searches.stop()
-    else:
-        run.searches = searches
+            searches.judge(problem, run, name, say)
+    if not searches.over:
+        run.paused.append(searches)
 
 
-class GreedySearches:
-    """The greedy scheduler's searches (``_greedy_searches``, in a Worker), read as they go: the
-    latest schedule of each, and the names whose search is done. A budget that runs out pauses
-    them, and the next ``read`` goes on where they stopped; ``stop`` ends them."""
+class Paused:
+    """A search in a Worker (a generator), read as it goes: a budget that runs out pauses it
+    (``Worker.next(pause=True)``), the next read goes on where it stopped, ``stop`` ends it. A
+    solve resumes those its warm start paused once the backend is done (``_resume``)."""
 
-    def __init__(self, problem: Problem):
-        self.worker = Worker(_greedy_searches, (problem,), child=in_child(problem))
-        self.latest: dict[str, Schedule] = {}
-        self.done: set[str] = set()
-        self.over = False  # every search done (or the worker gone)
+    def __init__(self, fn: Callable[..., Iterator], args: tuple, child: bool):
+        self.worker = Worker(fn, args, child=child)
+        self.over = False  # it ended, failed or was stopped
+        self.best = math.inf  # the shortest objective among what it found that fits
+        self.stale = False  # its last turn (``_resume``) found nothing shorter
 
-    def read(self, budget: Budget, fitted: bool = True) -> None:
-        """What the searches find until ``budget`` runs out, once a schedule fits (``fitted``, or
-        one found; until then, for ever: the searches need no limit to end), or they end."""
-        while not self.over and not (fitted and budget.expired()):  # (run here, ``next`` cannot stop an item)
-            item = self.worker.next(budget if fitted else None, pause=True)
+    def items(self, budget: Budget, waiting: Callable[[], bool]) -> Iterator:
+        """Its items until ``budget`` runs out (not while ``waiting()``: until a schedule fits,
+        the search needs no limit to end) or it ends; an error ends it and is raised."""
+        while not self.over and (waiting() or not budget.expired()):  # (run here, ``next`` cannot stop an item)
+            try:
+                item = self.worker.next(None if waiting() else budget, pause=True)
+            except BaseException:
+                self.stop()
+                raise
             if item is LATE:
                 return
             if item is END:
                 self.over = True
                 return
-            name, schedule, fits = item
-            if schedule is None:
-                self.done.add(name)
-            else:
-                self.latest[name], fitted = schedule, fitted or fits
+            yield item
+
+    def resume(self, call: _Call, budget: Budget) -> list[tuple[str, Timeline]]:
+        """Go on within ``budget``: what it found since, judged, that fits."""
+        raise NotImplementedError
 
     def stop(self) -> None:
         self.worker.stop()
         self.over = True
 
 
-def _judge_search(
-    problem: Problem, run: RegistryRun, searches: GreedySearches, name: str, say: Callable[[str], None],
-    step: str = "warm start",
-) -> Timeline:
-    """The latest schedule of ``name``'s search judged into ``run``: as NAME once the search is
-    done, else as NAME+partial (NAME is then not evaluated)."""
-    began = time.perf_counter()
-    schedule = searches.latest[name]
-    if name not in searches.done:
-        if name not in run.not_evaluated:
-            run.not_evaluated.append(name)
-        schedule = schedule.renamed(f"{name}+partial")
-        run.derived.add(schedule.name)
-    elif name in run.not_evaluated:
-        run.not_evaluated.remove(name)
-    t = simulate(problem, schedule)
-    run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
-    say(f"{step}: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
-    run.built.append((schedule.name, schedule))
-    if t.fits:
-        run.fitting.append((schedule.name, t))
-    return t
+class GreedySearches(Paused):
+    """The greedy scheduler's searches (``_greedy_searches``): the latest schedule of each, and the
+    names whose search is done; ``fitted``: a schedule fits already (until then the searches run
+    without a limit)."""
+
+    def __init__(self, problem: Problem, fitted: bool):
+        super().__init__(_greedy_searches, (problem,), in_child(problem))
+        self.latest: dict[str, Schedule] = {}
+        self.done: set[str] = set()
+        self.fitted = fitted
+
+    def read(self, budget: Budget) -> None:
+        for name, schedule, fits in self.items(budget, lambda: not self.fitted):
+            if schedule is None:
+                self.done.add(name)
+            else:
+                self.latest[name], self.fitted = schedule, self.fitted or fits
+
+    def judge(self, problem: Problem, run: RegistryRun, name: str, say: Callable[[str], None],
+              step: str = "warm start") -> Timeline:
+        """The latest schedule of ``name``'s search judged into ``run``: as NAME once the search is
+        done, else as NAME+partial (NAME is then not evaluated)."""
+        began = time.perf_counter()
+        schedule = self.latest[name]
+        if name not in self.done:
+            if name not in run.not_evaluated:
+                run.not_evaluated.append(name)
+            schedule = schedule.renamed(f"{name}+partial")
+            run.derived.add(schedule.name)
+        elif name in run.not_evaluated:
+            run.not_evaluated.remove(name)
+        t = simulate(problem, schedule)
+        run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
+        say(f"{step}: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
+        run.built.append((schedule.name, schedule))
+        if t.fits:
+            run.fitting.append((schedule.name, t))
+            self.best = min(self.best, t.objective_value())
+        return t
+
+    def resume(self, call: _Call, budget: Budget) -> list[tuple[str, Timeline]]:
+        """Each search that found more, or ended, judged again (one that ends, under its registry name)."""
+        run = call.run
+        before = dict(self.latest)
+        self.read(budget.less(len(ANYTIME) * run.simulate_seconds))  # (time kept to judge what they found)
+        out = []
+        for name in ANYTIME:
+            ended = name in self.done and name in run.not_evaluated
+            if name in self.latest and (ended or self.latest[name] is not before.get(name)):
+                t = self.judge(call.problem, run, name, call.clock.say, "resumed")
+                if t.fits:
+                    out.append((t.schedule.name, t))
+        return out
 
 
 def _greedy_searches(problem: Problem) -> Iterator[tuple[str, Schedule | None, bool]]:
@@ -287,28 +321,48 @@ def recomputed_candidates(
     offload = Kind.O in problem.policies
     if not (kinds or offload) or problem.activation_room is None:
         return []
-    out: list[tuple[str, Timeline]] = []
-    seen: set = set()
-    with Worker(_policy_candidates, (problem, run.built, {name for name, _ in run.fitting}),
-                child=in_child(problem) and budget.limited) as worker:
-        while not (out and budget.expired()):
-            try:
-                schedule = worker.next(budget if out else None)
-            except (SchedcError, WorkerDied):
-                break
-            if schedule is END or schedule is LATE:
-                break
-            if (schedule.ranks, schedule.copy) in seen:  # (several registry orders are one order here)
-                continue
-            seen.add((schedule.ranks, schedule.copy))
-            try:
-                t = simulate(problem, schedule)
-            except SchedcError:
-                continue
-            if t.fits:
-                say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
-                out.append((t.schedule.name, t))
+    search = PolicyCandidates(problem, run, child=in_child(problem) and budget.limited)
+    out = search.read(budget, say, waiting=True)
+    if not search.over:
+        run.paused.append(search)
     return out
+
+
+class PolicyCandidates(Paused):
+    """``recomputed_candidates``' search: the orders ``_policy_candidates`` builds, each judged
+    (simulated) as it comes; those alike in order and policies judged once."""
+
+    def __init__(self, problem: Problem, run: RegistryRun, child: bool):
+        super().__init__(_policy_candidates, (problem, run.built, {name for name, _ in run.fitting}), child)
+        self.problem = problem
+        self.seen: set = set()
+
+    def read(self, budget: Budget, say: Callable[[str], None], waiting: bool = False,
+             step: str = "warm start") -> list[tuple[str, Timeline]]:
+        """What it finds within ``budget`` that fits (``waiting``: until one does, without a limit)."""
+        out: list[tuple[str, Timeline]] = []
+        try:
+            for schedule in self.items(budget, lambda: waiting and not out):
+                if (schedule.ranks, schedule.copy) in self.seen:  # (several registry orders are one order here)
+                    continue
+                self.seen.add((schedule.ranks, schedule.copy))
+                try:
+                    t = simulate(self.problem, schedule)
+                except SchedcError:
+                    continue
+                if t.fits:
+                    say(f"{step}: {t.schedule.name} {self.problem.objective} {t.objective_value():.6g}")
+                    out.append((t.schedule.name, t))
+                    self.best = min(self.best, t.objective_value())
+        except (SchedcError, WorkerDied):  # (the orders found before are kept)
+            pass
+        return out
+
+    def resume(self, call: _Call, budget: Budget) -> list[tuple[str, Timeline]]:
+        found = self.read(budget, call.clock.say, step="resumed")
+        call.run.fitting.extend(found)
+        call.run.derived.update(name for name, _ in found)
+        return found
 
 
 def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
@@ -581,8 +635,8 @@ def solve(
             _prefer_fused(call, out)
         return _result(call, out, own)
     finally:
-        if run.searches is not None:  # (paused: never left behind)
-            run.searches.stop()
+        for search in run.paused:  # (never left behind)
+            search.stop()
 
 
 def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _Outcome:
@@ -623,12 +677,10 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = t, False
     # What the backend left (its search ended, or gave up on a problem too large for it): the
-    # greedy's searches the warm start paused, on to their end (``_resume_greedy``); then the best
+    # searches the warm start paused, on to their end (``_resume``); then the best
     # polished again (``mixed.polished``), and the local search again from there (a new seed), until
     # the budget runs out or PATIENCE kicks find nothing.
-    if run.searches is not None and settings.budget.left() >= AGAIN_MIN_SECONDS \
-            and not meets(out.best.objective_value(), settings.lower):
-        _resume_greedy(call, settings.budget, out)
+    _resume(call, settings.budget, settings.lower, out)
     if settings.budget.left() >= AGAIN_MIN_SECONDS and not meets(out.best.objective_value(), settings.lower):
         if out.best is not warm_t:
             for name, t in polished_candidates(problem, RegistryRun([("", out.best)], [], [], 0.0),
@@ -643,26 +695,29 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
     return out
 
 
-def _resume_greedy(call: _Call, budget: Budget, out: _Outcome) -> None:
-    """The greedy's searches that the warm start paused (``run.searches``), on where they stopped,
-    within ``budget``. They are the registry's own (``schedc compare`` runs them to their end), and
-    on a large problem they go on improving where the backend gives up. Each that found more, or
-    ended, is judged again (``_judge_search``); the best that fits replaces ``out.best`` if shorter."""
-    run, problem = call.run, call.problem
-    searches = run.searches
-    before = dict(searches.latest)
-    reading = budget.less(len(ANYTIME) * run.simulate_seconds)  # (time kept to judge what they found)
-    call.clock.say(f"greedy searches: resumed, {reading.left():.1f} s left")
-    searches.read(reading)
-    for name in ANYTIME:
-        ended = name in searches.done and name in run.not_evaluated
-        if name in searches.latest and (ended or searches.latest[name] is not before.get(name)):
-            t = _judge_search(problem, run, searches, name, call.clock.say, "greedy searches")
-            if t.fits and problem.time_tol.lt(t.objective_value(), out.best.objective_value()):
-                out.best, out.from_registry = t, t.schedule.name == name
-    if searches.over:
-        searches.stop()
-        run.searches = None
+def _resume(call: _Call, budget: Budget, lower: float, out: _Outcome) -> None:
+    """The searches the warm start paused (``run.paused``: the greedy's, the policy orders'), on
+    where they stopped, a turn of at most RESUME_TURN seconds at a time until they end, ``budget``
+    runs out or ``out.best`` meets ``lower``; the best that fits of what they find replaces
+    ``out.best`` where shorter. Each turn goes to the search with the shortest schedule so far
+    among those whose last turn found a shorter one (when none did, among all). The greedy's are
+    the registry's own (``schedc compare`` runs them to their end), and on a large problem both go
+    on improving where the backend gives up."""
+    run, tol = call.run, call.problem.time_tol
+    if run.paused and budget.left() >= AGAIN_MIN_SECONDS:
+        call.clock.say(f"searches cut short: resumed, {budget.left():.1f} s left")
+    while run.paused and budget.left() >= AGAIN_MIN_SECONDS and not meets(out.best.objective_value(), lower):
+        if all(search.stale for search in run.paused):
+            for search in run.paused:
+                search.stale = False
+        search = min(run.paused, key=lambda s: (s.stale, s.best))
+        before = search.best
+        for name, t in search.resume(call, budget.at_most(RESUME_TURN)):
+            if tol.lt(t.objective_value(), out.best.objective_value()):
+                out.best, out.from_registry = t, name in REGISTRY
+        search.stale = not tol.lt(search.best, before)
+        if search.over:
+            run.paused.remove(search)
 
 
 def _modelled(schedule: Schedule, solver: str) -> bool:

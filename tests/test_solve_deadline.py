@@ -248,16 +248,17 @@ def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
     assert "zb-greedy+partial" in names and "zb-greedy" not in names
     assert {"zb-greedy", "zb-1p", "zb-2p"} <= set(run.not_evaluated)
     assert run.derived == {"zb-greedy+partial"}
-    assert run.searches is not None and not run.searches.over  # paused, for solve to resume
-    run.searches.stop()
+    [searches] = run.paused  # paused, for solve to resume
+    assert not searches.over
+    searches.stop()
     whole = evaluate_registry(problem)  # without a budget: every search to its end, as compare runs them
     assert "zb-greedy" in [name for name, _ in whole.fitting] and not whole.not_evaluated
-    assert whole.searches is None
+    assert not whole.paused
 
 
 @pytest.mark.parametrize("where", [False, True], ids=["here", "child process"], indirect=True)
 def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_done(where, monkeypatch):
-    """The searches the warm start paused are resumed after the backend (``_resume_greedy``), not
+    """The searches the warm start paused are resumed after the backend (``_resume``), not
     restarted: they end with the registry's own schedules, judged under their names, and the best
     is taken where it is shorter than the solve's."""
     import schedc.solvers.greedy as greedy
@@ -274,20 +275,20 @@ def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_
     monkeypatch.setattr(greedy, "greedy_search", slow)
     problem = Problem.parse(TIGHT)
     run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1))
-    assert "zb-greedy+partial" in [name for name, _ in run.fitting] and run.searches is not None
+    assert "zb-greedy+partial" in [name for name, _ in run.fitting] and len(run.paused) == 1
     worst = max((t for _, t in run.fitting), key=lambda t: t.objective_value())
     out = driver._Outcome(worst, ("w", worst))
     call = driver._Call(problem, "cbc", run, driver._Clock(None))
-    driver._resume_greedy(call, Budget.seconds(120), out)
-    assert run.searches is None  # every search ended, and the worker with them
+    driver._resume(call, Budget.seconds(120), 0.0, out)
+    assert not run.paused  # every search ended, and the worker with them
+    if not where:  # (here, each search started once: the resumed generator went on)
+        assert started.count("zb-greedy") == 1
     whole = evaluate_registry(problem)
     assert not set(driver.ANYTIME) & set(run.not_evaluated)
     ended = {name: t.objective_value() for name, t in run.fitting if name in driver.ANYTIME}
     assert ended == {name: t.objective_value() for name, t in whole.fitting if name in driver.ANYTIME}
     assert out.best.objective_value() == min(ended.values()) < worst.objective_value()
     assert out.from_registry == (out.best.schedule.name in driver.ANYTIME)
-    if not where:  # (here, each search started once: the resumed generator went on)
-        assert started.count("zb-greedy") == 1
 
 
 def _counting():
@@ -297,9 +298,13 @@ def _counting():
         yield k
 
 
-def state(pid: int) -> str:
-    """The process's state letter in /proc (T: stopped)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state T in /proc) within 5 s (a signal may take a moment to land)."""
+    for _ in range(100):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
@@ -308,7 +313,7 @@ def test_a_paused_worker_is_stopped_and_goes_on_where_it_was():
         pid = worker._proc.pid
         assert worker.next(Budget.seconds(30)) == 0
         assert worker.next(Budget.seconds(0.01), pause=True) is LATE
-        assert state(pid) == "T"
+        assert stopped(pid)
         assert [worker.next(Budget.seconds(30)) for _ in range(4)] == [1, 2, 3, 4]
         assert worker.next(None) is END
     assert gone(pid)
@@ -337,3 +342,30 @@ def test_a_paused_worker_dies_with_its_parent():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == -signal.SIGKILL, run.stderr
     assert gone(int(run.stdout.split()[0])), "a paused worker outlived its parent"
+
+
+def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
+    """The warm start's orders with policies (``recomputed_candidates``) that its budget cuts short
+    are paused in ``run.paused``; resumed turn by turn, they end with exactly the candidates an
+    unlimited run judges."""
+    real = driver._policy_candidates
+
+    def slow(*args):
+        for k, schedule in enumerate(real(*args)):
+            if k:
+                time.sleep(0.05)
+            yield schedule
+
+    monkeypatch.setattr(driver, "_policy_candidates", slow)
+    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
+                                 recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    whole = driver.recomputed_candidates(problem, evaluate_registry(problem), Budget.unlimited(), lambda note: None)
+    run = evaluate_registry(problem)
+    first = driver.recomputed_candidates(problem, run, Budget.seconds(0.01), lambda note: None)
+    [search] = run.paused
+    assert first and len(first) < len(whole) and isinstance(search, driver.PolicyCandidates)
+    call, found = driver._Call(problem, "cbc", run, driver._Clock(None)), list(first)
+    while not search.over:
+        found += search.resume(call, Budget.seconds(0.2))
+    assert [(name, t.objective_value()) for name, t in found] == [(name, t.objective_value()) for name, t in whole]
+    assert search.best == min(t.objective_value() for _, t in whole)
