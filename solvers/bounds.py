@@ -506,18 +506,23 @@ def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[floa
     lo, hi = k.lo, k.hi
     first_b = _first_backward_wait(ch, F, lo, hi, objective)
     warm = first_b - k.knap_f
+    staggered, by = _staggered(problem, ch, k, objective, first_b)
     cool = max(0.0, ch.rt[hi] - k.knap_pend)
     start = ch.head[lo] if objective == "makespan" else 0.0
+    after = "" if objective == "makespan" else " after its first op"
 
     parts = []
-    if start >= warm and start > 0:
+    if start >= max(warm, staggered) and start > 0:
         idle_warm = start
         parts.append(f"start no earlier than {start:g}")
+    elif staggered > max(warm, 0.0):
+        idle_warm = staggered
+        parts.append(f"warm-up idle {staggered:g} (by {by:g}{after} only so many of its forwards can have reached it)")
     elif warm > 0:
         idle_warm = warm
         parts.append(
-            f"warm-up idle {warm:g} (first B cannot start before {first_b:g}"
-            f"{'' if objective == 'makespan' else ' after its first op'}; memory admits forwards worth {k.knap_f:g})"
+            f"warm-up idle {warm:g} (first B cannot start before {first_b:g}{after};"
+            f" memory admits forwards worth {k.knap_f:g})"
         )
     else:
         idle_warm = 0.0
@@ -537,6 +542,30 @@ def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[floa
     if k.owed_all >= max(idle_warm, cool):
         return together, 0.0, [f"recompute {k.owed_all:g} (to hold every forward at once, else the windows are apart)"]
     return together, 0.0, [cool_text if cool > idle_warm else parts[0]]
+
+
+def _staggered(problem: Problem, ch: _Chains, k: _Rank, objective: str, first_b: float) -> tuple[float, float]:
+    """Idle before the rank's first backward from its forwards' arrivals: F(s, j) starts no sooner
+    than ``off(s)`` = head(s) - head(lo) after the rank's first op (span; that op is some F(lo, j),
+    and F(s, j) follows it along the forward chain) or head(s) from time 0 (makespan), and before
+    ``first_b`` (when the first backward can start) the rank runs only forwards, m per stage, and
+    recomputes (work not in ``work``, so not subtracted here). So by t <= first_b the rank has
+    idled at least ``t - min(cap, sum_s min(m F(s), max(0, t - off(s))))``, ``cap`` the forward work
+    memory admits at once (``knap_f``; with policies it weighs forwards differently, so none). On
+    the V (and interleaved) placements the rank's later stages arrive late: by head(hi) - head(lo)
+    only stage lo's m forwards can have run. ``(the largest over t, that t)``, at the corners."""
+    F, m = problem.cost[Kind.F], problem.microbatches
+    base = 0.0 if objective == "makespan" else ch.head[k.lo]
+    off = {s: ch.head[s] - base for s in k.stages}
+    cap = math.inf if problem.policies else k.knap_f
+    best = (0.0, 0.0)
+    for t in sorted({first_b, *off.values(), *(off[s] + m * F[s] for s in k.stages)}):
+        if t > first_b:
+            break
+        busy = min(cap, sum(min(m * F[s], max(0.0, t - off[s])) for s in k.stages))
+        if t - busy > best[0]:  # (the earliest t of the largest)
+            best = (t - busy, t)
+    return best
 
 
 def _rank_bound(problem: Problem, ch: _Chains, k: _Rank, r: int, objective: str) -> Bound:

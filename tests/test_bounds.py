@@ -398,6 +398,19 @@ def test_span_warm_up_counts_the_forward_chain_between_a_ranks_stages():
     assert lower_bound(problem).value <= best(problem, "span") + 1e-9
 
 
+def test_span_warm_up_counts_when_a_ranks_later_stage_can_arrive():
+    """V placement, p=2 (rank 0: stages 0 and 3), m=2, F=B=W=1, no limit: stage 3's forwards reach
+    rank 0 no sooner than 3 after its first op (the forward chain), and by then only its two
+    forwards of stage 0 can have run: idle >= 1, span >= 12 + 1 = 13, the optimum (the term
+    counted all four forwards against the first backward's wait of 4 before: 12)."""
+    problem = Problem.parse(dict(ranks=2, microbatches=2, chunks=2, placement="v", costs=dict(F=1, B=1, W=1),
+                                 objective="span"))
+    b = lower_bound(problem)
+    assert b.value == pytest.approx(13, abs=1e-12)
+    assert "rank 0: work 12 + warm-up idle 1 (by 3 after its first op only so many" in b.reason
+    assert exhaustive_optimum(problem)[0] == pytest.approx(13, abs=1e-9)
+
+
 def test_zero_bubble_paper_2p_optimum_is_certified():
     """The paper's 1.5B model at m=24, p=8, memory 2p (examples/problems/zb-paper): rank 7 starts
     >= 7 (F + comm) after rank 0, may defer all its 24 W past its last B, and from there the
