@@ -46,6 +46,22 @@ def alive(pid: int) -> bool:
         return False
 
 
+def slow_down(monkeypatch, module, name: str, seconds: float, calls: list | None = None) -> None:
+    """``module.name``, a generator function, made slow: each item after its first comes ``seconds``
+    later; ``calls`` (if given) records each call's arguments."""
+    real = getattr(module, name)
+
+    def slow(*args):
+        if calls is not None:
+            calls.append(args)
+        for k, item in enumerate(real(*args)):
+            if k:
+                time.sleep(seconds)
+            yield item
+
+    monkeypatch.setattr(module, name, slow)
+
+
 def gone(pid: int) -> bool:
     """Whether ``pid`` ends within 5 s (a kill may take a moment to land); killed here if not."""
     for _ in range(100):
@@ -233,15 +249,7 @@ def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
     NAME+partial and the registry names are not evaluated."""
     import schedc.solvers.greedy as greedy  # (the search the warm start runs, slowed down here)
 
-    real = greedy.greedy_search
-
-    def slow(problem, name):
-        for k, step in enumerate(real(problem, name)):
-            if k:
-                time.sleep(0.5)
-            yield step
-
-    monkeypatch.setattr(greedy, "greedy_search", slow)
+    slow_down(monkeypatch, greedy, "greedy_search", 0.5)
     problem = Problem.parse(TIGHT)
     run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.2))
     names = [name for name, _ in run.fitting]
@@ -263,16 +271,8 @@ def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_
     is taken where it is shorter than the solve's."""
     import schedc.solvers.greedy as greedy
 
-    real, started = greedy.greedy_search, []
-
-    def slow(problem, name):
-        started.append(name)
-        for k, step in enumerate(real(problem, name)):
-            if k:
-                time.sleep(0.3)
-            yield step
-
-    monkeypatch.setattr(greedy, "greedy_search", slow)
+    calls = []
+    slow_down(monkeypatch, greedy, "greedy_search", 0.3, calls)
     problem = Problem.parse(TIGHT)
     run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1))
     assert "zb-greedy+partial" in [name for name, _ in run.fitting] and len(run.paused) == 1
@@ -282,7 +282,7 @@ def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_
     driver._resume(call, Budget.seconds(120), 0.0, out)
     assert not run.paused  # every search ended, and the worker with them
     if not where:  # (here, each search started once: the resumed generator went on)
-        assert started.count("zb-greedy") == 1
+        assert [name for _, name in calls].count("zb-greedy") == 1
     whole = evaluate_registry(problem)
     assert not set(driver.ANYTIME) & set(run.not_evaluated)
     ended = {name: t.objective_value() for name, t in run.fitting if name in driver.ANYTIME}
@@ -348,15 +348,7 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
     """The warm start's orders with policies (``recomputed_candidates``) that its budget cuts short
     are paused in ``run.paused``; resumed turn by turn, they end with exactly the candidates an
     unlimited run judges."""
-    real = driver._policy_candidates
-
-    def slow(*args):
-        for k, schedule in enumerate(real(*args)):
-            if k:
-                time.sleep(0.05)
-            yield schedule
-
-    monkeypatch.setattr(driver, "_policy_candidates", slow)
+    slow_down(monkeypatch, driver, "_policy_candidates", 0.05)
     problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
                                  recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
     whole = driver.recomputed_candidates(problem, evaluate_registry(problem), Budget.unlimited(), lambda note: None)
