@@ -258,8 +258,9 @@ class TorchTransport(Transport):
             if (q := getattr(self, name)) is not None:
                 q.put(None)
                 setattr(self, name, None)
-        for helper in helpers if not self.stopped() else ():
-            helper.join(self.timeout)
+        if not self.stopped():
+            for helper in helpers:
+                helper.join(self.timeout)
         if helpers:
             atexit.unregister(self.close)
 

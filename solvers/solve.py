@@ -243,6 +243,7 @@ class GreedySearches(Paused):
         self.latest: dict[str, Schedule] = {}
         self.done: set[str] = set()
         self.fitted = fitted
+        self._last: Timeline | None = None  # the last judged (a capped search whose cap changes nothing repeats it)
 
     def read(self, budget: Budget) -> None:
         for name, schedule, fits in self.items(budget, lambda: not self.fitted):
@@ -264,8 +265,13 @@ class GreedySearches(Paused):
             run.derived.add(schedule.name)
         elif name in run.not_evaluated:
             run.not_evaluated.remove(name)
-        t = simulate(problem, schedule)
-        run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
+        last = self._last
+        if last is not None and last.schedule.ranks == schedule.ranks and last.schedule.copy == schedule.copy:
+            t = replace(last, schedule=schedule)  # (the same order: no second simulation)
+        else:
+            t = simulate(problem, schedule)
+            run.simulate_seconds = max(run.simulate_seconds, time.perf_counter() - began)
+        self._last = t
         say(f"{step}: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
         run.built.append((schedule.name, schedule))
         if t.fits:
