@@ -44,9 +44,10 @@ Where the problem allows recompute or offload (``Problem.policies``), a limit ca
 time, so the terms above that rest on what a microbatch holds are dropped and re-derived
 (``_policy_bounds``): the memory-free terms of the plain relaxation; per rank, memory-time weighed
 against the recompute and copy work a limit forces (``_forced``), how many microbatches of a stage
-may be in flight at once (``_in_flight``), and the per-rank and two-rank terms above with each
-knapsack re-derived for what each policy holds (``_policy_rank``): the warm-up with forwards that
-owe a recompute or wait for a copy out, the cool-down, and the W work memory lets a rank defer
+may be in flight at once (``_in_flight``; ``_windows`` where the policies keep different amounts),
+and the per-rank and two-rank terms above with each knapsack re-derived for what each policy holds
+(``_policy_rank``): the warm-up with forwards that owe a recompute or wait for a copy out, the
+cool-down, and the W work memory lets a rank defer
 past its last backward (``mW`` per microbatch, whatever its policy, beside the whole activation
 that last backward holds: ``_deferred_w``), which on the zero-bubble paper's settings below 1F1B's
 memory is what binds.
@@ -79,6 +80,7 @@ named as binding among equal ones (up to ``Problem.time_tol``) is the same in ev
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -89,6 +91,8 @@ from schedc.schedule import Op, comm_ops, producers
 BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.RG, Kind.SG, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS)  # the kinds the terms hold for
 POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
+WINDOW_EXACT = 16  # _windows: a policy that fits this many times or fewer in a window's room is counted exactly
+WINDOW_COMBOS = 256  # _windows: at most this many mixes of those are enumerated (the rest relaxed)
 
 
 @dataclass(frozen=True)
@@ -753,7 +757,9 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
     - Per rank, what the limit forces (``_forced``): memory-time (the activation held over time
       fits under the room) against recompute work on the compute lane and copy work on the copy
       lane, weighed together; each microbatch's policies must also let that microbatch alone fit
-      through the rank's stages."""
+      through the rank's stages.
+    - Per stage, how many microbatches may be in flight: with one keep (``_in_flight``) and with
+      the policies' keeps priced against their recompute (``_windows``)."""
     data = problem.model_dump(exclude_none=True)
     data.pop("recompute", None)
     data.pop("offload", None)
@@ -764,6 +770,7 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
         ch = _Chains(plain)
         out += [b for r in range(problem.ranks) if (b := _forced(problem, ch, r, objective)) is not None]
         out += [b for r in range(problem.ranks) if (b := _in_flight(problem, ch, r, objective)) is not None]
+        out += [b for r in range(problem.ranks) if (b := _windows(problem, ch, r, objective)) is not None]
         ranks = [_policy_rank(problem, ch, r, objective) for r in range(problem.ranks)]
         out += [_rank_bound(problem, ch, k, r, objective) for r, k in enumerate(ranks)]
         if objective == "span":
@@ -842,6 +849,139 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
         text += (f"; offloading more of them costs each its copies on the copy lane (the best split offloads {x})"
                  if x else "; offloading some costs more on the copy lane than it saves")
     return Bound(value, text, r)
+
+
+def _windows(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
+    """How many microbatches of a stage fit in flight when each may keep a different amount: the
+    backwards of stage s in windows of one round trip, few of the keeps that cost nothing per window.
+
+    For stage s of rank r let ``L = F + rt + B`` (the start of F(s, j) to the end of B(s, j), at
+    least) and ``e_1 < e_2 < ...`` the ends of s's backwards (one lane). Just before B(s, i) ends,
+    the rank holds all of s's activation for i, at least ``below = sum_{t<s} least_kept(t)`` for
+    i's lower stages on the rank (fact 2), and for every j whose backward ends in ``(e_i, e_i +
+    L)``: F(s, j) started by ``e_j - L < e_i`` and B(s, j) has not ended, so j holds at least what
+    its policy keeps, ``keep(j)``, plus ``below`` (F(t, j) started before, B(t, j) ends after);
+    an offloaded j may hold nothing. So ``sum keep(j) + below <= H = cap - mF(s) - below`` over
+    the kept or recomputed j of that window. Cut the ends into windows greedily: the first from
+    ``e_1``, each next from the first end ``L`` or more after the last window's first. q windows
+    end ``>= e_1 + (q - 1) L >= start + q L``, then the W of that last one: ``T >= start + q L + W``.
+
+    A window of n (not offloaded) costs the compute lane at least ``g(n)``: its first free (kept:
+    nothing), the other ``n - 1`` the least recompute time whose keeps fit H (exact over the
+    policies that keep more than ``H / WINDOW_EXACT``, a fractional knapsack over the rest). With
+    ``G`` the convex minorant of g (``G(0) = 0``), the windows cost ``>= q G((m - x) / q)``
+    (Jensen) where x are offloaded, so ``T >= head(lo) (makespan) + work + q G((m - x) / q)``; the x copy out
+    and back on the copy lane, ``T >= start + F + x (O + L) + B + W``. A schedule has some q and
+    x: the bound is the least over them of the largest of the three (the lane terms fall with q and
+    x, the others rise, so each least lies where they cross). ``_in_flight`` is the case of one keep."""
+    c = problem.cost
+    cap, m = _cap(problem, r), problem.microbatches
+    stages = problem.rank_stages[r]
+    work = m * sum(c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s] for s in stages)
+    copies = Kind.O in problem.policies
+    opens = ch.head[stages[0]] if objective == "makespan" else 0.0  # the rank's work starts no sooner
+    best, below = None, 0.0
+    for s in stages:
+        room = cap - problem.mem[Kind.F][s] - below
+        if room >= 0:
+            options = [(held + below, rc) for _, held, _, rc, cp in _policy_options(problem, ch, s) if not cp]
+            minorant = _window_costs(options, room, m)
+            start = ch.head[s] if objective == "makespan" else 0.0
+            length, tail = c[Kind.F][s] + ch.rt[s] + c[Kind.B][s], c[Kind.W][s]
+            copy = c[Kind.O][s] + c[Kind.L][s] if copies else math.inf
+
+            def rounds(x: int) -> tuple[float, int]:  # the least over q of chain and lane, x offloaded
+                def lane(q: int) -> float:
+                    return opens + work + q * _on_hull(minorant, (m - x) / q)
+                q = _first(1, m, lambda q: start + q * length + tail >= lane(q))
+                return min((max(start + k * length + tail, lane(k)), k) for k in (q - 1, q) if 1 <= k <= m)
+
+            def copied(x: int) -> float:
+                return start + c[Kind.F][s] + x * copy + c[Kind.B][s] + tail if x else -math.inf
+
+            most = m if copies else 0
+            x = _first(0, most, lambda x: copied(x) >= rounds(x)[0])
+            value, x, q = min((max(rounds(k)[0], copied(k)), k, rounds(k)[1]) for k in (x - 1, x) if 0 <= k <= most)
+            if best is None or value > best[0]:
+                best = (value, s, q, x, length, room)
+        below += problem.least_kept(s)
+    if best is None:
+        return None
+    value, s, q, x, length, room = best
+    text = (f"rank {r}: stage {s}'s backwards in windows of one round trip ({length:g}), the microbatches after"
+            f" each window's first keeping at most {room:g} together: {q} windows against the recompute the"
+            f" keeps cost")
+    if x:
+        text += f", {x} offloaded (copies on the copy lane)"
+    return Bound(value, text, r)
+
+
+def _window_costs(options: list[tuple[float, float]], room: float, m: int) -> list[tuple[float, float]]:
+    """``_windows``' G: the lower convex hull of ``(n, g(n))``, n = 0..m, where g(n) is the least
+    cost of n microbatches, the first free, the others each taking an option ``(keep, cost)`` with
+    their keeps summing to ``room`` or less (inf where none fit). Options keeping more than ``room /
+    WINDOW_EXACT`` are enumerated; the rest are relaxed to their hull (a lower bound on g)."""
+    big = sorted((o for o in options if o[0] * WINDOW_EXACT > room), reverse=True)
+    while math.prod(int(room / keep) + 1 for keep, _ in big) > WINDOW_COMBOS:
+        big.pop()  # the least keep among them goes to the relaxed ones
+    small = sorted(o for o in options if o not in big)
+    small = _lower_hull([o for i, o in enumerate(small) if all(o[1] < p[1] for p in small[:i])])  # cheaper with more keep
+    combos = [(0, 0.0, 0.0)]  # (count, keep, cost) over the big options
+    for keep, cost in big:
+        combos = [(k + t, held + t * keep, spent + t * cost) for k, held, spent in combos
+                  for t in range(int((room - held) / keep) + 1) if held + t * keep <= room]
+    free = min(cost for _, cost in options)
+    points = [(0.0, 0.0)]
+    for n in range(1, m + 1):
+        best = math.inf
+        for k, held, spent in combos:
+            if k == n - 1:
+                best = min(best, spent)
+            elif k < n - 1 and small:
+                each = (room - held) / (n - 1 - k)
+                if each >= small[0][0]:
+                    best = min(best, spent + (n - 1 - k) * _on_hull(small, each, flat=True))
+        if best < math.inf:
+            points.append((float(n), free + best))
+    return _lower_hull(points)
+
+
+def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The lower convex hull of ``points`` sorted by x (the convex minorant through them)."""
+    hull: list[tuple[float, float]] = []
+    for x, y in points:
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]) >= (y - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+            hull.pop()
+        if hull and hull[-1][0] == x:
+            if y >= hull[-1][1]:
+                continue
+            hull.pop()
+        hull.append((x, y))
+    return hull
+
+
+def _on_hull(hull: list[tuple[float, float]], x: float, flat: bool = False) -> float:
+    """The hull's value at x (linear between its points); past its last point inf, or with
+    ``flat`` its least value (an average keep above the largest needs no more than that)."""
+    xs = [p[0] for p in hull]
+    if x > xs[-1]:
+        return min(p[1] for p in hull) if flat else math.inf
+    i = bisect.bisect_left(xs, x)
+    if xs[i] == x or i == 0:
+        return hull[i][1]
+    (x0, y0), (x1, y1) = hull[i - 1], hull[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _first(lo: int, hi: int, reached) -> int:
+    """The least k in lo..hi with ``reached(k)`` (false then true as k rises), else hi + 1."""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if reached(mid):
+            hi = mid - 1
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _hull(items: list[tuple[list[tuple[float, float]], int]], forced: bool = False) -> tuple[float, float, list]:

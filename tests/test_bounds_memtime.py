@@ -182,3 +182,37 @@ def test_an_offloaded_forward_holds_nothing_only_once_its_copy_ran(copy):
     problem = two_ranks(offload=copy, selective=1.0)
     assert without == pytest.approx(12 + 1.8, abs=1e-9)
     assert warm(problem) == pytest.approx(without - 0.02 if copy > 3 else 12.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("offload", [None, 100.0, 0.1])
+def test_windows_of_one_round_trip_price_what_the_keeps_cost(offload):
+    """p = 2, m = 6, unit costs, a room of 1.5: while rank 0 runs a backward it holds that
+    microbatch whole (1), so the others in flight, every one whose backward ends within a round
+    trip (F + F + B + B = 4) after, keep 0.5 together at most: neither kept (1) nor selective (0.6)
+    fit there, only full recompute (0.05, time 1). So its backwards come in q windows of one round
+    trip, each of one free microbatch and the rest recomputed: T >= max(4 q + W, 18 + (6 - q))
+    = 20 at q = 4 (the other terms give 19; CP-SAT's optimum over every policy and order is 22).
+    Copies of 100 change nothing; copies of 0.1 let a microbatch hold nothing instead, so the term
+    takes the best number to offload (each copies out and back on the copy lane: 0.2): all, and
+    the term falls to the work."""
+    data = dict(ranks=2, microbatches=6, costs=dict(F=1, B=1, W=1), comm=0.0, objective="span",
+                memory=dict(F=1, B=-0.5, limit=1.5),
+                recompute=dict(time=1.0, keep=0.05, selective=dict(time=0.2, keep=0.6)))
+    if offload is not None:
+        data["offload"] = dict(time=offload)
+    problem = Problem.parse(data)
+    bounds = all_bounds(problem)
+    term = max((b for b in bounds if "windows of one round trip" in b.reason), key=lambda b: b.value)
+    others = max(b.value for b in bounds if b is not term)
+    if offload == 0.1:  # every one offloaded: the work, 18, against copies of 1 + 6 * 0.2 + 2 (no gain)
+        assert term.value == pytest.approx(18.0, abs=1e-9) and "offloaded" in term.reason
+        return
+    assert term.value == pytest.approx(20.0, abs=1e-9) and "4 windows" in term.reason
+    assert others == pytest.approx(19.0, abs=1e-9)
+    if offload is not None:
+        return
+    pytest.importorskip("ortools")
+    from schedc.solvers.solve import solve
+
+    result = solve(problem, solver="cpsat", time_limit=30, threads=1)
+    assert result.status == "optimal" and term.value <= result.objective + 1e-6
