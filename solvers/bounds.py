@@ -870,8 +870,8 @@ def _windows(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | N
     nothing), the other ``n - 1`` the least recompute time whose keeps fit H (exact over the
     policies that keep more than ``H / WINDOW_EXACT``, a fractional knapsack over the rest). With
     ``G`` the convex minorant of g (``G(0) = 0``), the windows cost ``>= q G((m - x) / q)``
-    (Jensen) where x are offloaded, so ``T >= head(lo) (makespan) + work + q G((m - x) / q)``; the x copy out
-    and back on the copy lane, ``T >= start + F + x (O + L) + B + W``. A schedule has some q and
+    (Jensen) where x are offloaded, so ``T >= head(lo) (makespan) + work + q G((m - x) / q)``; the
+    x copy out and back on the copy lane, ``T >= start + F + x (O + L) + B + W``. A schedule has some q and
     x: the bound is the least over them of the largest of the three (the lane terms fall with q and
     x, the others rise, so each least lies where they cross). ``_in_flight`` is the case of one keep."""
     c = problem.cost
@@ -925,7 +925,7 @@ def _window_costs(options: list[tuple[float, float]], room: float, m: int) -> li
     while math.prod(int(room / keep) + 1 for keep, _ in big) > WINDOW_COMBOS:
         big.pop()  # the least keep among them goes to the relaxed ones
     small = sorted(o for o in options if o not in big)
-    small = _lower_hull([o for i, o in enumerate(small) if all(o[1] < p[1] for p in small[:i])])  # cheaper with more keep
+    small = _lower_hull([o for i, o in enumerate(small) if all(o[1] < p[1] for p in small[:i])])  # more keep, cheaper
     combos = [(0, 0.0, 0.0)]  # (count, keep, cost) over the big options
     for keep, cost in big:
         combos = [(k + t, held + t * keep, spent + t * cost) for k, held, spent in combos
@@ -950,7 +950,10 @@ def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The lower convex hull of ``points`` sorted by x (the convex minorant through them)."""
     hull: list[tuple[float, float]] = []
     for x, y in points:
-        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]) >= (y - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (y1 - y0) * (x - x0) < (y - y0) * (x1 - x0):  # (x1, y1) lies below the chord: keep it
+                break
             hull.pop()
         if hull and hull[-1][0] == x:
             if y >= hull[-1][1]:

@@ -59,6 +59,7 @@ KICK_MOVES = 4  # at most this many random moves per kick
 KICK_REACH = 6  # each by at most this many places
 KICK_POLICY = 0.3  # the chance that a kick's move changes a policy (where the problem allows recompute)
 KICK_PAIR = 0.3  # the chance that a kick's move makes or breaks an overlapped pair (where a pair is faster)
+REPAIR_PULLS = 3  # a policy move over the room may pull this many weight gradients earlier to fit
 
 Orders = list[list[int]]  # per rank, op ids in order
 Score = tuple[float, float]
@@ -110,6 +111,8 @@ class _Evaluator:
         self.pairable = not self.recompute and (problem.overlap_time is not None or any(schedule.pairs))
         self.pair_moves = self.pairable and problem.overlap_cheaper
         self.is_f = [op.kind is Kind.F for op in self.ops]
+        self.is_w = [op.kind is Kind.W for op in self.ops]
+        self.b_of_w = {k: index[Op(Kind.B, op.stage, op.mb)] for k, op in enumerate(self.ops) if op.kind is Kind.W}
         self.is_back = [op.kind in BACKWARDS for op in self.ops]
         self.mem += self.mem  # an id + n: its forward's
         self.deps += self.deps
@@ -292,6 +295,35 @@ def _policy_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
                     yield r, i, None, ev.partner[k]
 
 
+def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
+    """Rank r's order brought within its room by pulling weight gradients earlier: where the
+    level first passes the room, the first W after that point whose B comes before it moves there
+    (it frees its share sooner), up to ``REPAIR_PULLS`` times; None when that does not do it. What
+    lets a policy move that keeps more (a recompute dropped, R for S) fit where a W runs late."""
+    room = ev.room[r]
+    held = {k for ks in orders for k in ks if k in ev.recompute}
+    ks = orders[r]
+    for _ in range(REPAIR_PULLS + 1):
+        level, over = 0.0, None
+        for i, k in enumerate(ks):
+            for x in (k, *(x for x in ev.after_f.get(k, ()) if x not in held)):
+                if level + max(ev.mem[x], 0.0) > room:
+                    over = i
+                    break
+                level += ev.mem[x]
+            if over is not None:
+                break
+        if over is None:
+            return orders
+        before = set(ks[:over])
+        pull = next((j for j in range(over + 1, len(ks)) if ev.is_w[ks[j]] and ev.b_of_w[ks[j]] in before), None)
+        if pull is None:
+            return None
+        orders = _moved(orders, r, pull, over)
+        ks = orders[r]
+    return None
+
+
 def _pair_moves(ev: _Evaluator, orders: Orders, ranks, reach: int) -> Iterator[Move]:
     """On ``ranks``: break each overlapped pair; pair each other forward with a backward after it,
     within ``reach`` places (that backward moved right after it)."""
@@ -363,6 +395,9 @@ def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: boo
                 break
             trial = _apply(ev, orders, move)
             out = ev.run(trial)
+            if out is None and move[0] != "pair" and move[2] is None and ev.room is not None:
+                trial = _repaired(ev, trial, move[0])  # a policy move that keeps more: make room for it
+                out = None if trial is None else ev.run(trial)
             if out is not None and _better(out[0], s, ev.tol):
                 orders, (s, start, end), improved = trial, out, True
                 if found:

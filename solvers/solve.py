@@ -11,7 +11,8 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/common.py``: CBC and HiGHS in
    ``solvers/ilp.py``, CP-SAT in ``solvers/cpsat.py``), given ``Settings`` and returning
-   ``Found``; what it found is judged by the simulator, the one judge;
+   ``Found``; what it found is judged by the simulator, the one judge; beside it, on a core to
+   spare, the local search goes on in a child process (``_beside``);
 4. the status, from the objective against the larger of the backend's bound and schedc's own
    independent one (``solvers/bounds.py``): "optimal" only when the objective meets it.
 
@@ -26,6 +27,7 @@ included, passes through that one step, losing nothing.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
@@ -38,7 +40,7 @@ from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
 from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
-from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
+from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, can_fork, in_child
 from schedc.solvers import greedy
 from schedc.solvers.localsearch import improve
 from schedc.solvers.memtime import everywhere, least_memory, with_policies
@@ -52,6 +54,8 @@ GREEDY_SHARE = 0.5  # of what the warm start has left then, at most, for the gre
 LOCAL_SEARCH_SHARE = 0.25  # of the budget, at most, for the local search before the backend's
 SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
 AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
+BESIDE_MIN_SECONDS = 2.0  # the local search runs beside the backend (on another core) when this much is left
+BESIDE_TURN = 2.0  # seconds: that search restarts from its best with a new seed this often
 RESUME_TURN = 5.0  # seconds, at most, that each paused search runs in its turn after the backend (``_resume``)
 
 
@@ -675,7 +679,16 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
             clock.say(f"search: {out.found.note}")
             return out
         start = min(plain, key=lambda t: t.objective_value())
-    out.found = BACKENDS[call.solver](problem, start, settings)
+    beside = _beside(call, settings, out.best)
+    try:
+        out.found = BACKENDS[call.solver](problem, start, settings)
+    finally:
+        found_beside = _collected(beside)
+    if found_beside is not None:
+        t = simulate(problem, found_beside)
+        if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
+            out.best, out.from_registry = t, False
+            clock.say(f"local search beside {call.solver}: {problem.search_objective} {t.objective_value():g}")
     if out.found.note:
         clock.say(f"search: {call.solver}: {' '.join(out.found.note.split())[:120]}")
     if out.found.schedule is not None:
@@ -699,6 +712,51 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         if tol.lt(again.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = again, False
     return out
+
+
+def _beside(call: _Call, settings: Settings, best: Timeline) -> Worker | None:
+    """The local search again (``_searching_beside``) in a child process on another core while
+    the backend runs, where the machine has one to spare: two or more cores this process may run
+    on, and ``threads`` left to the backend's default (one thread for CBC; a caller who names a
+    number of threads has said what the solve may use). None where it does not run."""
+    if (settings.threads is not None or _cores() < 2 or not can_fork() or best.schedule.copy
+            or settings.budget.left() < BESIDE_MIN_SECONDS):
+        return None
+    return Worker(_searching_beside, (call.problem, best.schedule, settings.budget, settings.lower), child=True)
+
+
+def _searching_beside(problem: Problem, start: Schedule, budget: Budget, lower: float) -> Iterator[Schedule]:
+    """The local search from ``start`` in turns of BESIDE_TURN seconds, each from the best so far
+    with a new seed, until ``budget`` runs out or the bound is met: yields each better schedule."""
+    best = simulate(problem, start)
+    seed = 2  # (the local searches before and after the backend take seeds 0 and 1)
+    while not budget.expired() and not meets(best.objective_value(), lower):
+        t = improve(problem, best, budget.at_most(BESIDE_TURN), enough=lower, seed=seed, patience=None)
+        seed += 1
+        if problem.time_tol.lt(t.objective_value(), best.objective_value()):
+            best = t
+            yield t.schedule
+
+
+def _collected(worker: Worker | None) -> Schedule | None:
+    """The last schedule the search beside the backend sent (None: none), the search stopped."""
+    if worker is None:
+        return None
+    last = None
+    with worker:
+        try:
+            while (item := worker.next(Budget.seconds(0.0))) not in (END, LATE):
+                last = item
+        except WorkerDied:  # (killed from outside: what it sent before still counts)
+            pass
+    return last
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
 
 
 def _resume(call: _Call, budget: Budget, lower: float, out: _Outcome) -> None:

@@ -361,3 +361,44 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
         found += search.resume(call, Budget.seconds(0.2))
     assert [(name, t.objective_value()) for name, t in found] == [(name, t.objective_value()) for name, t in whole]
     assert search.best == min(t.objective_value() for _, t in whole)
+
+
+def test_the_local_search_beside_the_backend_sends_each_better_schedule():
+    """Run here (its generator), the search beside the backend starts from the schedule given (the
+    slowest registry schedule that fits) and yields only schedules that fit and are each shorter
+    than the last, none shorter than the bound."""
+    problem = Problem.parse(TIGHT)
+    start = simulate(problem, registry.REGISTRY["1f1b"].build(problem))
+    assert start.fits
+    lower = lower_bound(problem).value
+    found = list(driver._searching_beside(problem, start.schedule, Budget.seconds(3.0), lower))
+    spans = [simulate(problem, s).objective_value() for s in found]
+    assert found and all(simulate(problem, s).fits for s in found)
+    assert spans == sorted(spans, reverse=True) and len(set(spans)) == len(spans)
+    assert spans[0] < start.objective_value() and spans[-1] >= lower - 1e-9
+
+
+def test_the_search_beside_the_backend_runs_only_with_a_core_to_spare(monkeypatch):
+    """It takes a core of its own: not where this process may run on one core, nor where the
+    caller named the backend's threads; where it runs, its child is gone once collected."""
+    from types import SimpleNamespace
+
+    problem = Problem.parse(TIGHT)
+    call = SimpleNamespace(problem=problem)
+    best = simulate(problem, registry.REGISTRY["1f1b"].build(problem))
+    lower = lower_bound(problem).value
+    monkeypatch.setattr(driver, "_cores", lambda: 4)
+    assert driver._beside(call, Settings(Budget.seconds(10), 1e-4, 2, lower), best) is None  # threads named
+    assert driver._beside(call, Settings(Budget.seconds(1), 1e-4, None, lower), best) is None  # too little time
+    monkeypatch.setattr(driver, "_cores", lambda: 1)
+    assert driver._beside(call, Settings(Budget.seconds(10), 1e-4, None, lower), best) is None
+    if not can_fork():
+        return
+    monkeypatch.setattr(driver, "_cores", lambda: 2)
+    worker = driver._beside(call, Settings(Budget.seconds(10), 1e-4, None, lower), best)
+    assert worker is not None and worker.in_child
+    pid = worker._proc.pid
+    time.sleep(1.0)
+    last = driver._collected(worker)
+    assert last is None or simulate(problem, last).objective_value() < best.objective_value()
+    assert not alive(pid)
