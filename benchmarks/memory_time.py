@@ -117,15 +117,17 @@ def write_problems(directory: Path = PROBLEM_DIR) -> list[Path]:
     return paths
 
 
-def run_cell(path: Path, time_limit: float, out_dir: Path) -> dict:
-    """The baselines (compare) and solve's answer on one problem file."""
+def run_cell(path: Path, time_limit: float, out_dir: Path, shared: bool = False) -> dict:
+    """The baselines (compare) and solve's answer on one problem file; ``shared``: other cells run
+    at the same time, so the solve takes one core (``--threads 1``: no local search beside its
+    backend on a second core, which another cell is using)."""
     compared, _, err = run_json(["compare", str(path)], timeout=1800)
     if compared is None:
         return {"error": f"compare: {err}"}
     baselines = {row["schedule"]: row["span"] for row in compared["results"] if row.get("applies") and row["fits"]}
     output = out_dir / f"{path.stem}.json"
-    solved, wall, err = run_json(["solve", str(path), "-o", str(output), "--time-limit", str(time_limit), "-q"],
-                                 timeout=10 * time_limit + 120)
+    solved, wall, err = run_json(["solve", str(path), "-o", str(output), "--time-limit", str(time_limit), "-q"]
+                                 + (["--threads", "1"] if shared else []), timeout=10 * time_limit + 120)
     if solved is None:
         return {"error": f"solve: {err}", "baselines": baselines, "wall": wall}
     sim, _, err = run_json(["simulate", str(output)], timeout=600)
@@ -208,7 +210,7 @@ def main() -> None:
     parser.add_argument("--problems", action="store_true", help="only (re)write examples/problems/memory-time/")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
     parser.add_argument("--only", default="", help="run the cells whose problem name contains this")
-    parser.add_argument("--jobs", type=int, default=1, help="cells run at once (each solve uses one thread)")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at once (above 1, each solve is given one thread: --threads 1)")
     parser.add_argument("--limits", default=",".join(f"{x:g}" for x in LIMITS),
                         help="the limits to run, as multiples of 1F1B's activation memory (default all)")
     parser.add_argument("--out", default="out/memory-time", help="where the solved schedule files go")
@@ -249,7 +251,7 @@ def main() -> None:
             if args.report or (kept.get("commit") == commit and kept.get("time_limit") == args.time_limit):
                 commits[kept.get("commit", "unknown")] += 1
                 return cell, (_rebound(kept["result"], path) if args.rebound else kept["result"])
-        r = run_cell(path, args.time_limit, out_dir)
+        r = run_cell(path, args.time_limit, out_dir, shared=args.jobs > 1)
         saved.write_text(json.dumps({"commit": commit, "time_limit": args.time_limit, "result": r}))
         commits[commit] += 1
         print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)

@@ -79,7 +79,9 @@ def cells() -> tuple[list[tuple], list[str]]:
     return out, left_out
 
 
-def run_cell(cell: tuple, out_dir: Path, cbc: float, cpsat: float) -> dict:
+def run_cell(cell: tuple, out_dir: Path, cbc: float, cpsat: float, shared: bool = False) -> dict:
+    """Both solves of one cell; ``shared``: other cells run at the same time, so each solve is
+    given one thread (``--threads 1``; no local search beside CBC on a second core)."""
     model, mp, p, m, limit, v = cell
     problem = small_problem(model, mp, p, m, limit, v)
     path = out_dir / f"{problem.name}.yaml"
@@ -87,7 +89,8 @@ def run_cell(cell: tuple, out_dir: Path, cbc: float, cpsat: float) -> dict:
     out = {"name": problem.name, "ops": 3 * problem.n_stages * m, "bound": lower_bound(problem).value}
     for solver, limit_s in (("cbc", cbc), ("cpsat", cpsat)):
         res, wall, err = run_json(["solve", str(path), "-o", str(out_dir / f"{problem.name}.{solver}.json"),
-                                   "--solver", solver, "--time-limit", f"{limit_s:g}", "-q"],
+                                   "--solver", solver, "--time-limit", f"{limit_s:g}", "-q"]
+                                  + (["--threads", "1"] if shared else []),
                                   timeout=10 * limit_s + 120)
         out[solver] = ({"span": res["span"], "bound": res["bound"], "status": res["status"], "wall": wall}
                        if res else {"error": err, "wall": wall})
@@ -152,7 +155,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
-    ap.add_argument("--jobs", type=int, default=1, help="cells run at once (each solve uses one thread)")
+    ap.add_argument("--jobs", type=int, default=1, help="cells run at once (above 1, each solve is given one thread: --threads 1)")
     ap.add_argument("--cbc-limit", type=float, default=20.0, help="seconds of `schedc solve` (CBC) per cell")
     ap.add_argument("--cpsat-limit", type=float, default=60.0, help="seconds of `schedc solve --solver cpsat` per cell")
     ap.add_argument("--only", default="", help="run the cells whose problem name contains this")
@@ -165,7 +168,7 @@ def main() -> None:
     began = time.perf_counter()
 
     def one(cell):
-        r = run_cell(cell, out_dir, args.cbc_limit, args.cpsat_limit)
+        r = run_cell(cell, out_dir, args.cbc_limit, args.cpsat_limit, shared=args.jobs > 1)
         print(r["name"], json.dumps({k: v for k, v in r.items() if k != "name"}), flush=True)
         return cell, r
 
