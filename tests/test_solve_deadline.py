@@ -364,9 +364,9 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
 
 
 def test_the_local_search_beside_the_backend_sends_each_better_schedule():
-    """Run here (its generator), the search beside the backend starts from the schedule given (the
-    slowest registry schedule that fits) and yields only schedules that fit and are each shorter
-    than the last, none shorter than the bound."""
+    """Run here (its generator), the search beside the backend starts from the schedule given
+    (1F1B, which fits here and is far from the best) and yields only schedules that fit and are
+    each shorter than the last, none shorter than the bound."""
     problem = Problem.parse(TIGHT)
     start = simulate(problem, registry.REGISTRY["1f1b"].build(problem))
     assert start.fits

@@ -50,7 +50,9 @@ def time_budget(time_limit: float, started: float) -> Budget:
               help="Stop when (objective - bound) / objective is below this.")
 @click.option("--solver", type=Registered(BACKENDS), default="cbc", show_default=True,
               help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools).")
-@click.option("--threads", type=click.IntRange(min=1), help="Solver threads (default: the solver's).")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Solver threads (default: the solver's, and with two or more cores a local search"
+                   " beside the solver on another).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 @click.option("-q", "--quiet", is_flag=True, help="No live progress on stderr.")
 @click.option("--torch", "with_torch", is_flag=True,
