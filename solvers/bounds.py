@@ -901,7 +901,8 @@ def _windows(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | N
 
             most = m if copies else 0
             x = _first(0, most, lambda x: copied(x) >= rounds(x)[0])
-            value, x, q = min((max(rounds(k)[0], copied(k)), k, rounds(k)[1]) for k in (x - 1, x) if 0 <= k <= most)
+            value, x, q = min((max(least, copied(k)), k, q) for k in (x - 1, x) if 0 <= k <= most
+                              for least, q in (rounds(k),))
             if best is None or value > best[0]:
                 best = (value, s, q, x, length, room)
         below += problem.least_kept(s)

@@ -189,16 +189,17 @@ class _Evaluator:
 
     def fits(self, orders: Orders) -> bool:
         """Whether the (expanded) orders keep every rank within its room."""
-        if self.room is None:
-            return True
-        for r, ks in enumerate(orders):
-            level, room = 0.0, self.room[r]
-            for k in ks:
-                delta = self.mem[k]
-                if level + max(delta, 0.0) > room:
-                    return False
-                level += delta
-        return True
+        return self.room is None or all(self.over(ks, r) is None for r, ks in enumerate(orders))
+
+    def over(self, ks: list[int], r: int) -> int | None:
+        """Where rank r's (expanded) order ``ks`` first passes its room (None: it never does)."""
+        level, room = 0.0, self.room[r]
+        for i, k in enumerate(ks):
+            delta = self.mem[k]
+            if level + max(delta, 0.0) > room:
+                return i
+            level += delta
+        return None
 
     def run(self, orders: Orders):
         """``(score, start, end)`` of the replayed orders (times aligned with ``orders``), or None
@@ -300,21 +301,14 @@ def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
     level first passes the room, the first W after that point whose B comes before it moves there
     (it frees its share sooner), up to ``REPAIR_PULLS`` times; None when that does not do it. What
     lets a policy move that keeps more (a recompute dropped, R for S) fit where a W runs late."""
-    room = ev.room[r]
-    held = {k for ks in orders for k in ks if k in ev.recompute}
     ks = orders[r]
     for _ in range(REPAIR_PULLS + 1):
-        level, over = 0.0, None
-        for i, k in enumerate(ks):
-            for x in (k, *(x for x in ev.after_f.get(k, ()) if x not in held)):
-                if level + max(ev.mem[x], 0.0) > room:
-                    over = i
-                    break
-                level += ev.mem[x]
-            if over is not None:
-                break
-        if over is None:
+        full = ev.expanded([ks])[0]  # (a rank's recompute ops are its own: its order alone expands it)
+        j = ev.over(full, r)
+        if j is None:
             return orders
+        own = set(ks)
+        over = sum(x in own for x in full[:j + 1]) - 1  # the op of ks at that point, or whose F it follows
         before = set(ks[:over])
         pull = next((j for j in range(over + 1, len(ks)) if ev.is_w[ks[j]] and ev.b_of_w[ks[j]] in before), None)
         if pull is None:
