@@ -3,10 +3,12 @@
 The ops of a schedule form a DAG: an edge from each producer to its consumer (the data
 dependencies of ``schedc.schedule.producers``, plus ``comm`` when they sit on different ranks:
 ``schedc.simulate.dependencies``) and from each op to the next one on its lane (each lane of a rank,
-the compute lane and the copy lane of its offloads and reloads, runs its ops in order). ``simulate`` starts every op as soon as its predecessors in that DAG allow, so the
-end of an op is the longest path into it, weighted by op durations and latencies, and the
-makespan is the DAG's longest path. ``op_graph`` builds the DAG (networkx), ``critical_path``
-takes its longest path into the op that ends the objective:
+the compute lane and the copy lane of its offloads and reloads, runs its ops in order).
+``simulate`` starts every op as soon as its predecessors in that DAG allow, so the end of an op
+is the longest path into it, weighted by op durations and latencies, and the makespan is the
+DAG's longest path. ``waits_of`` gives each op's predecessors; ``critical_path`` walks back from
+the op that ends the objective, each step to a predecessor that held the op until its start (so
+the chain is a longest path into that op, found in one pass over it, no graph library needed):
 
 - makespan: the op that ends last (the lowest rank among ties), so the chain starts at time 0 and
   its durations and latencies add up to the makespan;
@@ -22,24 +24,20 @@ the op before it (an op whose previous op on its lane is also its producer waite
 chain may run through the copy lane: a backward that waited for its reload L, the reload for the
 copy lane busy with other copies. ``compute`` counts the chain's time on compute lanes, ``copy``
 on copy lanes. Where
-both bound at once (the rank got free the moment a producer's result arrived) the longest path
-takes the rank's order (networkx keeps the first of equal predecessors, and the rank's edges are
-added first), so a chain stays on a busy rank rather than hopping between ranks for a tie; float
-noise in sums of costs can tip such a tie either way, and either choice is a critical chain.
+both bound at once (the rank got free the moment a producer's result arrived) the chain takes the
+rank's order (the lane's predecessor comes first), so it stays on a busy rank rather than hopping
+between ranks for a tie; float noise in sums of costs can tip such a tie either way, and either
+choice is a critical chain.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from schedc.kinds import ROWS
 from schedc.schedule import Op
 from schedc.simulate import Timeline, dependencies, durations, together
-
-if TYPE_CHECKING:  # networkx is loaded where a critical path is computed, not by every command that imports this
-    import networkx as nx
-
 
 @dataclass(frozen=True)
 class Wait:
@@ -155,39 +153,39 @@ class CriticalPath:
         }
 
 
-def op_graph(timeline: Timeline) -> nx.DiGraph:
-    """The DAG of the timeline's ops, every lane's: an edge from each op to the next on its rank's
-    lane (``wait`` "rank") and from each producer to its consumer (``wait`` "data", ``latency`` comm
-    across ranks; an edge that is both is "data"), and from the compute op a copy op is issued after
-    to it (``wait`` "issue"). ``weight`` is the latency plus the consumer's
-    duration, so a path's weight plus its first op's duration is the time from that op's start
-    to the last op's end when nothing else waits."""
-    import networkx as nx  # heavy (0.15 s): loaded only where a critical path is computed
+class _Itself(dict):
+    """An index that maps each op to itself: ``dependencies`` then names the ops, not positions."""
 
+    def __missing__(self, op: Op) -> Op:
+        return op
+
+
+def waits_of(timeline: Timeline) -> Callable[[Op], dict[Op, Wait]]:
+    """``before(op)``: the ops ``op`` waits for in the timeline's DAG, each with how: the op before
+    it on its rank's lane ("rank"), the compute op a copy op is issued after ("issue"), a
+    collective's members on other ranks ("together"), and its producers ("data", ``latency`` comm
+    across ranks; an edge that is both is "data"), in that order, the lane's first (among
+    predecessors that bind at once the chain takes the first). Worked out per op when asked, so a
+    chain costs what it is long, not what the schedule is."""
     problem, schedule = timeline.problem, timeline.schedule
     where = schedule.locate()
     lanes = [lane_ops for per_rank in timeline.lanes.values() for lane_ops in per_rank]
-    ops = [op for lane_ops in lanes for op in lane_ops]
-    index = {op: k for k, op in enumerate(ops)}
+    previous = {b: a for lane_ops in lanes for a, b in zip(lane_ops, lane_ops[1:])}
     paired = schedule.paired() if schedule.pairs else {}
-    dur = durations(problem, ops, paired)
-    graph = nx.DiGraph()
-    for k, op in enumerate(ops):
-        graph.add_node(op, duration=dur[k])
-    for lane_ops in lanes:  # first: among equal predecessors the longest path keeps the first
-        for a, b in zip(lane_ops, lane_ops[1:]):
-            graph.add_edge(a, b, wait="rank", latency=0.0, weight=dur[index[b]])
     anchors = timeline.anchors()
-    for op, anchor in anchors.items():
-        graph.add_edge(anchor, op, wait="issue", latency=0.0, weight=dur[index[op]])
-    for op, waits in together(problem, timeline.comm, anchors).items():  # a collective waits for its members
-        for d in waits:
-            if not graph.has_edge(d, op):
-                graph.add_edge(d, op, wait="together", latency=0.0, weight=dur[index[op]])
-    for k, deps in enumerate(dependencies(problem, ops, index, where, {}, paired=paired)):
-        for d, latency in deps:
-            graph.add_edge(ops[d], ops[k], wait="data", latency=latency, weight=latency + dur[k])
-    return graph
+    joint = together(problem, timeline.comm, anchors)  # a collective waits for its members
+
+    def before(op: Op) -> dict[Op, Wait]:
+        out = {previous[op]: Wait("rank", 0.0)} if op in previous else {}
+        if op in anchors:
+            out[anchors[op]] = Wait("issue", 0.0)
+        for d in joint.get(op, ()):
+            out.setdefault(d, Wait("together", 0.0))
+        for d, latency in dependencies(problem, [op], _Itself(), where, {}, paired=paired)[0]:
+            out[d] = Wait("data", latency)  # (a lane's edge keeps its place)
+        return out
+
+    return before
 
 
 def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalPath:
@@ -208,22 +206,26 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
         spans = timeline.rank_span
         rank = max(range(len(spans)), key=spans.__getitem__)
         window = (timeline.start[rank][0], ends[rank])
-    last = timeline.last_op(rank)
-    graph = op_graph(timeline)
-    import networkx as nx  # heavy: loaded only where a critical path is computed (op_graph has loaded it)
-
-    # Every op that leads to ``last`` (all weights are positive, so a longest path ends there).
-    into = graph.subgraph(nx.ancestors(graph, last) | {last})
-    chain = nx.dag_longest_path(into, weight="weight")
-    waits: list[Wait | None] = [None]
-    for a, b in zip(chain, chain[1:]):
-        edge = graph.edges[a, b]
-        waits.append(Wait(edge["wait"], edge["latency"]))
+    before = waits_of(timeline)
     times = timeline.op_times()
     tol = timeline.problem.time_tol
-    length = graph.nodes[chain[0]]["duration"] + nx.path_weight(graph, chain, "weight")
+    # ``simulate`` starts each op when the last of its predecessors lets it: back from the last op,
+    # each step to a predecessor that ends (plus its latency) just as the op starts is a longest
+    # path, and it reaches an op that starts at 0.
+    chain, waits = [timeline.last_op(rank)], []
+    while not tol.eq(start := times[chain[-1]][1], 0.0):
+        step = next(((op, w) for op, w in before(chain[-1]).items() if tol.eq(times[op][2] + w.latency, start)), None)
+        if step is None:
+            raise ValueError(f"{timeline.schedule.name}: {chain[-1]} starts at {start:g}, when none of the ops it waits"
+                             " for lets it: critical_path needs the times simulate() gives, not measured ones")
+        chain.append(step[0])
+        waits.append(step[1])
+    chain.reverse()
+    waits = [None, *reversed(waits)]
+    paired = timeline.schedule.paired() if timeline.schedule.pairs else {}
+    length = sum(durations(timeline.problem, chain, paired)) + sum(w.latency for w in waits[1:])
     if not tol.eq(length, ends[rank]):
-        raise ValueError(f"{timeline.schedule.name}: the longest path into {last} takes {length:g} but it ends at"
+        raise ValueError(f"{timeline.schedule.name}: the chain into {chain[-1]} takes {length:g} but it ends at"
                          f" {ends[rank]:g}: critical_path needs the times simulate() gives, not measured ones")
     # Keep what lies in the window: ops, or the transfer before them, that end after it opens.
     keep = next(k for k, op in enumerate(chain) if tol.gt(times[op][2], window[0]))

@@ -621,7 +621,7 @@ def _list_options() -> list[tuple[str, str]]:
     from schedc.app.cli import main
     from schedc.app.cli_base import NameList
 
-    return sorted((name, p.opts[-1]) for name, cmd in main.commands.items() for p in cmd.params
+    return sorted((name, p.opts[-1]) for name, cmd in main.all_commands().items() for p in cmd.params
                   if isinstance(p.type, NameList)
                   or re.search(r"comma[- ]separated|separated by commas", getattr(p, "help", None) or "", re.I))
 
@@ -633,7 +633,7 @@ def test_every_list_option_is_a_checked_name_list():
     found = _list_options()
     assert ("compare", "--schedules") in found
     for command, option in found:
-        param = next(p for p in main.commands[command].params if option in p.opts)
+        param = next(p for p in main.all_commands()[command].params if option in p.opts)
         assert isinstance(param.type, NameList), f"{command} {option} splits a list without NameList"
         assert command in LIST_OPTION_ARGS, f"add {command}'s arguments to LIST_OPTION_ARGS"
 
@@ -641,7 +641,7 @@ def test_every_list_option_is_a_checked_name_list():
 def _names(command: str, option: str) -> list[str]:
     from schedc.app.cli import main
 
-    return list(next(p for p in main.commands[command].params if option in p.opts).type.registry)
+    return list(next(p for p in main.all_commands()[command].params if option in p.opts).type.registry)
 
 
 @pytest.mark.parametrize("key", sorted(BAD_LISTS))

@@ -319,17 +319,17 @@ def test_bitpipe_refuses_what_it_cannot_run():
 def test_the_critical_path_knows_that_a_sum_waits_for_its_copies():
     """The DAG the critical path is read from links each RS to what its members on other ranks wait
     for (their issue points and lane), so the chain explains the whole makespan."""
-    from schedc.critical import critical_path, op_graph
+    from schedc.critical import critical_path, waits_of
 
     for sync in (0.5, [3, 0.5]):
         p = Problem.parse({"ranks": 2, "microbatches": 2, "costs": {"F": [1, 2], "B": 1, "W": 1},
                            "replicas": {"count": 2, "sync": sync}})
         for name in ("bidir-zb", "chimera"):
             t = simulate(p, build(name, p))
-            graph = op_graph(t)
+            before = waits_of(t)
             for op in (Op("RS", s, 0) for s in range(4)):
                 partner = members(p, op)[0]
-                together = [a for a, _, w in graph.in_edges(op, data="wait") if w == "together"]
+                together = [a for a, w in before(op).items() if w.kind == "together"]
                 assert t.anchors()[partner] in together
             chain = critical_path(t)
             assert chain.value == pytest.approx(t.makespan) and chain.ops[-1].kind is Kind.RS

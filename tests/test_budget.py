@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from schedc import Problem
 from schedc.app.cli import main
-from schedc.app.cli_solve import ProgramStart
+from schedc.app.cli_base import ProgramStart
 from schedc.solvers.deadline import Budget
 
 HOUR = 3600.0

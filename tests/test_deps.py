@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Loaded only by the commands that use them: torch (profile, the runtime), pulp (solve's ILP),
-# matplotlib (a plot), networkx (a critical path), ortools / highspy (optional solvers).
+# matplotlib (a plot), networkx (tests/test_architecture.py's import graph), ortools / highspy (optional solvers).
 HEAVY = ("torch", "pulp", "matplotlib", "networkx", "ortools", "highspy", "numpy")
 
 
@@ -37,15 +37,44 @@ def test_schedc_help_loads_no_heavy_library():
     assert out.stdout.splitlines()[-1].split() == ["LOADED"]
 
 
-def test_a_critical_path_loads_networkx_when_computed():
-    code = ("import sys; from schedc.critical import critical_path; from schedc.problem import load_problem; "
-            "from schedc.simulate import simulate; from schedc.solvers.registry import build; "
-            "before = 'networkx' in sys.modules; "
-            f"p = load_problem({str(ROOT / 'examples/problems/uniform.yaml')!r}); "
-            "path = critical_path(simulate(p, build('1f1b', p))); print(before, 'networkx' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+# What a command that runs must not load (`python -X importtime` lists every module a run imports):
+# the heavy libraries it does not use, the ablation layer, and another command's module.
+NOT_FOR = {
+    "solve": ("networkx", "matplotlib", "torch", "schedc.app.ablate", "schedc.app.cli_schedules",
+              "schedc.app.cli_profile"),
+    "simulate": ("networkx", "matplotlib", "torch", "pulp", "schedc.app.ablate", "schedc.app.cli_solve"),
+    "check": ("networkx", "matplotlib", "torch", "pulp", "schedc.app.ablate", "schedc.app.cli_solve"),
+}
+
+
+def _imported(args: list[str], cwd: Path) -> set[str]:
+    """The modules a `schedc ARGS` run imports, read from ``python -X importtime``'s report."""
+    code = "import sys; from schedc.app.cli import main; sys.exit(main(sys.argv[1:]))"
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args], capture_output=True, text=True,
+                         timeout=300, cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["False", "True"]
+    lines = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    assert "schedc.app.cli" in lines  # the report is what it claims
+    return set(lines)
+
+
+def test_each_command_loads_only_what_it_uses(tmp_path):
+    """`schedc solve`, `simulate` and `check`, run for real: none loads networkx, matplotlib, the
+    ablation layer or another command's code (the CLI loads a command's module when it runs)."""
+    problem = str(ROOT / "examples/problems/uniform.yaml")
+    runs = {"solve": ["solve", problem, "--time-limit", "3", "-o", "s.json", "-q"],
+            "simulate": ["simulate", "s.json"], "check": ["check", "s.json"]}
+    for command, args in runs.items():
+        loaded = _imported(args, tmp_path)
+        assert f"schedc.app.{'cli_solve' if command == 'solve' else 'cli_schedules'}" in loaded
+        assert not {m for m in loaded for bad in NOT_FOR[command] if m == bad or m.startswith(bad + ".")}, command
+
+
+def test_every_command_is_loaded_by_its_name():
+    """``cli_base.COMMANDS`` names every command's module: each loads, and no command is left out."""
+    from schedc.app.cli_base import COMMANDS, main
+
+    assert set(main.all_commands()) == set(COMMANDS)
 
 
 def _make(target: str, venv: Path) -> str:

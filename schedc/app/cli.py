@@ -1,5 +1,6 @@
 """The ``schedc`` command line: the command group (``cli_base``) with its commands, one module per
-job (``cli_schedules``, ``cli_solve``, ``cli_profile``, ``cli_ablate``), and the console script."""
+job (``cli_schedules``, ``cli_solve``, ``cli_profile``, ``cli_ablate``, each loaded when one of its
+commands runs: ``cli_base.COMMANDS``), and the console script."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from schedc.app import cli_ablate, cli_profile, cli_schedules, cli_solve  # noqa: F401  (register the commands)
-from schedc.app.cli_base import main
-from schedc.app.cli_solve import ProgramStart
+from schedc.app.cli_base import ProgramStart, main
 
 __all__ = ["main", "program"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -19,9 +20,47 @@ from schedc.schedule import Schedule
 from schedc.simulate import Timeline
 
 
+# command -> the module of schedc.app that defines it, imported when the command runs (or when the
+# help lists every command), so that a command loads what it uses and no other command's code:
+# `schedc solve` no ablation layer or plotting, `schedc simulate` no solver (tests/test_deps.py).
+COMMANDS = {
+    **dict.fromkeys(("schedules", "simulate", "compare", "bubble", "show", "export", "compile", "check", "schema",
+                     "import"), "cli_schedules"),
+    "solve": "cli_solve",
+    "profile": "cli_profile",
+    "ablate": "cli_ablate",
+}
+
+
+@dataclass(frozen=True)
+class ProgramStart:
+    """What the `schedc` console script hands its commands (as click's ``obj``): the
+    ``time.perf_counter()`` reading at which its process started, so that ``--time-limit`` counts
+    the interpreter's start and the imports too."""
+
+    at: float
+
+
 class Group(click.Group):
     """Every mistake in input, in a file or on the command line, and a file the system will not
-    read or write: one line on stderr, exit status 2."""
+    read or write: one line on stderr, exit status 2. Commands are loaded when asked for
+    (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            # Its commands register on ``main``. (``__import__``, the import statement's own path:
+            # ``python -X importtime`` lists it, as it does not what importlib.import_module loads.)
+            __import__(f"schedc.app.{COMMANDS[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
+
+    def all_commands(self) -> dict[str, click.Command]:
+        """Every command, each module loaded: name -> command."""
+        for name in COMMANDS:
+            self.get_command(click.Context(self), name)
+        return self.commands
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

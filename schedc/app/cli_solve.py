@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 
 import click
 
 from schedc.app.cli_base import (
-    Finite, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem, timeline_table,
+    Finite, ProgramStart, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem, timeline_table,
 )
 from schedc.schedfile import CompiledSchedule
 from schedc.solvers.common import BACKENDS
@@ -19,15 +18,6 @@ from schedc.solvers.solve import solve as solve_ilp
 # Lowering and writing a schedule file takes about 4 to 5 times as long as simulating the schedule
 # (p = 32, m = 256): solve() leaves that much of the time limit unused.
 _WRITE_SIMULATIONS = 6.0
-
-
-@dataclass(frozen=True)
-class ProgramStart:
-    """What the `schedc` console script hands its commands (as click's ``obj``): the
-    ``time.perf_counter()`` reading at which its process started, so that ``--time-limit`` counts
-    the interpreter's start and the imports too."""
-
-    at: float
 
 
 def time_budget(time_limit: float, started: float) -> Budget:

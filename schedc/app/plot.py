@@ -17,7 +17,7 @@ from schedc.errors import SchedcError
 from schedc.kinds import ROWS, in_order
 from schedc.simulate import Timeline
 
-if TYPE_CHECKING:  # only a type here: schedc.critical loads networkx when a path is computed
+if TYPE_CHECKING:  # only a type here
     from schedc.critical import CriticalPath
 
 KIND_COLORS = {k: row.color for k, row in ROWS.items()}  # from the kinds' rows (schedc.kinds)
