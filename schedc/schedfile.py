@@ -43,6 +43,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,10 +285,22 @@ def timeline_summary(timeline: Timeline, version: int) -> dict:
 
 
 def save(compiled, path: str | Path) -> None:
+    """Write the schedule file whole or not at all: into a temporary file beside it, then renamed
+    over it (a run stopped mid-write leaves the old file, or none); a path that is not a plain file
+    (a pipe, /dev/stdout) is written directly."""
     path = Path(path)
+    text = dump(compiled) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dump(compiled) + "\n")
+        if path.exists() and not path.is_file():
+            path.write_text(text)
+            return
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        try:
+            part.write_text(text)
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
     except OSError as e:
         raise ScheduleFileError(f"{path}: cannot write: {e.strerror or e}") from None
 

@@ -4,7 +4,8 @@ CBC checks its ``-sec`` limit only between nodes of its search, so root processi
 by minutes. ``run_cbc`` therefore runs it as a subprocess: when the budget runs out CBC is
 interrupted (it then stops searching and writes its incumbent) and, if it has not stopped shortly
 after, killed. A killed CBC writes no solution: the caller keeps its warm start and says "time
-limit". ``parse_log`` reads the incumbents and bounds CBC reported as it went, for the live
+limit". CBC dies with the process that started it (``deadline.dies_with_parent``), so a solve
+killed from outside leaves none running. ``parse_log`` reads the incumbents and bounds CBC reported as it went, for the live
 progress and the bound.
 """
 
@@ -17,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from schedc.solvers.common import Progress
-from schedc.solvers.deadline import Budget
+from schedc.solvers.deadline import Budget, dies_with_parent
 
 INTERRUPT_GRACE = 1.0  # seconds between interrupting CBC and killing it (at most 20% of the time left)
 MIN_SECONDS = 0.5  # CBC is not started with less time than this left
@@ -59,7 +60,7 @@ def run_cbc(lp, cmd, budget: Budget, log: Path) -> str:
     args += ["-solve", "-printingOptions", "all", "-solution", str(sol)]
     stopped = ""
     with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=dies_with_parent())
         try:
             proc.wait(timeout=budget.less(grace).left())
         except subprocess.TimeoutExpired:

@@ -218,6 +218,7 @@ def _child_main(conn, fn, args, parent: int) -> None:
         os.setpgid(0, 0)
     except OSError:
         pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (not the `schedc` program's handler, which ends a solve cleanly)
     _die_with_parent(parent)
     try:
         for item in fn(*args):
@@ -232,13 +233,33 @@ def _child_main(conn, fn, args, parent: int) -> None:
         conn.close()
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl(2), looked up once (None where there is none: not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl() if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: this process is killed when its parent (pid ``parent``) ends, however it ends
     (PR_SET_PDEATHSIG), so that a solve killed from outside leaves no worker behind, paused or running."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # no prctl here: as before, the worker ends when its pipe breaks
+    if _PRCTL is None:  # no prctl here: as before, the worker ends when its pipe breaks
         return
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent ended before the request was made
         os._exit(1)
+
+
+def dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen`` that makes the program it starts (CBC) die with
+    this process, however it ends (Linux; None elsewhere): killed from outside, this process leaves
+    no solver running. What runs in the child between fork and exec is one call to the prctl
+    looked up beforehand (nothing that takes a lock another thread may hold at the fork)."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+    return lambda: _die_with_parent(parent)

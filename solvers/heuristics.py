@@ -57,7 +57,8 @@ def _single_stage(problem: Problem, rank: int) -> int:
 # ---- fused backward ----
 
 
-@register("gpipe", "all forwards, then all backwards (fused B+W)", split_backward=False, requires=one_chunk)
+@register("gpipe", "all forwards, then all backwards (fused B+W)", split_backward=False, requires=one_chunk,
+          holds_every_microbatch=True)
 def gpipe(problem: Problem) -> Schedule:
     return looped_bfs(problem).renamed("gpipe")
 
@@ -106,6 +107,7 @@ def interleaved_1f1b(problem: Problem) -> Schedule:
     "breadth-first: every chunk's forwards for all microbatches, then backwards in reverse chunk order",
     split_backward=False,
     requires=any_placement,
+    holds_every_microbatch=True,
 )
 def looped_bfs(problem: Problem) -> Schedule:
     per_rank = []

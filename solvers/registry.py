@@ -30,6 +30,9 @@ class ScheduleSpec:
     bidirectional: bool = False  # runs the pipelines of a problem with replicas (else one pipeline)
     synchronous: bool = True  # False: weight versions (Schedule.rounds > 1), outside the synchronous search
     sequence: bool = False  # runs the chunks of a sequence in their order (Problem.sequence_chunks)
+    # Every forward of a rank before its first backward: at that point it holds every microbatch
+    # of each of its stages (so ``evaluate`` can tell, unbuilt, where that cannot fit: ``_holds_too_much``).
+    holds_every_microbatch: bool = False
 
     def why_not(self, problem: Problem) -> str | None:
         if problem.seq_chunks > 1 and not self.sequence:
@@ -51,12 +54,13 @@ SEARCHES: dict[str, Callable[..., Any]] = {}
 
 
 def register(name: str, summary: str, *, split_backward: bool, requires: Callable[[Problem], str | None],
-             bidirectional: bool = False, synchronous: bool = True, sequence: bool = False):
+             bidirectional: bool = False, synchronous: bool = True, sequence: bool = False,
+             holds_every_microbatch: bool = False):
     def wrap(fn: Builder) -> Builder:
         if name in REGISTRY:
             raise ValueError(f"schedule {name!r} registered twice")
         REGISTRY[name] = ScheduleSpec(name, fn, summary, split_backward, requires, bidirectional, synchronous,
-                                      sequence)
+                                      sequence, holds_every_microbatch)
         return fn
 
     return wrap
@@ -119,7 +123,7 @@ def evaluate(
     ``warm_start`` judges them as the solver starts from them: with the backward split (a fused
     BW as B then W), each fused one also as built where a fused backward is cheaper than B + W
     (``as_built``, kept when it fits), and one that clearly cannot fit is not simulated (reason
-    NO_FIT). ``budget`` (None: no limit) stops the pass: once one schedule fits, no further one
+    NO_FIT), nor built where that is clear beforehand (``_holds_too_much``). ``budget`` (None: no limit) stops the pass: once one schedule fits, no further one
     is judged unless judging it (one more simulation, the longest so far) ends within what the
     budget leaves usable (``Budget.usable``: less the simulations it keeps for the caller); those
     left out come back with reason NOT_EVALUATED. Once the budget has run out the pass goes on
@@ -130,10 +134,15 @@ def evaluate(
     specs = [get(n) for n in (REGISTRY if names is None else names)]
     reasons = {spec.name: ASYNCHRONOUS if warm_start and not spec.synchronous else spec.why_not(problem)
                for spec in specs}
+    if warm_start:
+        reasons.update((spec.name, NO_FIT) for spec in specs
+                       if reasons[spec.name] is None and spec.holds_every_microbatch and _holds_too_much(problem))
     applies = [name for name, reason in reasons.items() if reason is None]
     out = {name: Evaluated(name, reason, None, None, 0.0) for name, reason in reasons.items() if reason}
     if warm_start:
-        say(f"warm start: evaluating {len(applies)} registry schedules")
+        unbuilt = [name for name, reason in reasons.items() if reason == NO_FIT]
+        say(f"warm start: evaluating {len(applies)} registry schedules"
+            + (f" ({', '.join(unbuilt)} not built: every microbatch in flight passes the limit)" if unbuilt else ""))
     budget = budget or Budget.unlimited()
     sim = 0.0  # the longest simulation so far
     with Worker(_build, (problem, applies), child=child and budget.limited) as worker:
@@ -212,6 +221,19 @@ def shown_name(name: str, timeline: Timeline) -> str:
     """How a schedule judged for a warm start under ``name`` is shown: ``name+split`` where
     ``split_named`` split its fused backwards, else ``name``."""
     return timeline.schedule.name if timeline.schedule.name == name + SPLIT else name
+
+
+def _holds_too_much(problem: Problem) -> bool:
+    """Some rank cannot hold every microbatch of each of its stages at once, even each keeping the
+    least any policy keeps (``Problem.least_kept``; nothing where offload is allowed): a schedule
+    that runs every forward of a rank before its first backward (``holds_every_microbatch``)
+    passes the limit there, whatever else it does."""
+    rooms = problem.activation_room
+    if rooms is None:
+        return False
+    clearly = Tolerance.of(problem.memory_scale, 1e-6)
+    return any(problem.microbatches * sum(problem.least_kept(s) for s in stages) > room + clearly.eps
+               for stages, room in zip(problem.rank_stages, rooms))
 
 
 def _cannot_fit(problem: Problem, schedule: Schedule) -> bool:

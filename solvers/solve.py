@@ -142,14 +142,15 @@ def evaluate_registry(
     recompute or offload come last, within ``later_budget`` (made then; default ``budget``)."""
     say = say or (lambda note: None)
     if greedy_budget is None:
-        return _registry_run(evaluate(problem, warm_start=True, budget=budget, child=in_child(problem), say=say))
+        return _in_registry_order(_registry_run(evaluate(problem, sorted(REGISTRY, key=_warm_rank), warm_start=True,
+                                                         budget=budget, child=in_child(problem), say=say)))
     # The schedules that need no policy section first, then the greedy's searches, then those that
     # recompute or offload (their budget stops them once anything fits: on a large problem where no
     # plain schedule fits, ZB-V's offloads alone can take minutes to place).
     plain = problem.with_changes(recompute=None, offload=None, memory={"limit": None}) if problem.policies else problem
     needs = {name for name in REGISTRY if REGISTRY[name].why_not(problem) is None
              and REGISTRY[name].why_not(plain) is not None}
-    first = [name for name in REGISTRY if name not in ANYTIME and name not in needs]
+    first = sorted((name for name in REGISTRY if name not in ANYTIME and name not in needs), key=_warm_rank)
     run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say))
     _anytime_greedy(problem, run, greedy_budget(), say)
     if needs:
@@ -162,11 +163,27 @@ def evaluate_registry(
         run.not_evaluated += later.not_evaluated
         run.built += later.built
         run.simulate_seconds = max(run.simulate_seconds, later.simulate_seconds)
+    return _in_registry_order(run)
+
+
+def _in_registry_order(run: RegistryRun) -> RegistryRun:
+    """``run``'s lists in the registry's order, however they were judged (the first of equals wins)."""
     order = {name: k for k, name in enumerate(REGISTRY)}
-    for items in (run.fitting, run.fused, run.built):  # (registry order: the first of equals wins)
+    for items in (run.fitting, run.fused, run.built):
         items.sort(key=lambda nt: order.get(nt[0], len(order)))
     run.not_evaluated.sort(key=order.__getitem__)
     return run
+
+
+# Judged first in a warm start, in this order: the registry's schedules that are best on most
+# problems and cheap to build (the zero-bubble ones, then 1F1B's), so that a budget that leaves
+# time for few schedules (a large problem, a loaded machine) has judged these; the rest follow in
+# the registry's order (gpipe, which holds every microbatch, last of all).
+WARM_FIRST = ("zb-h1", "zb-v", "dualpipev", "zb-h2", "v-half", "v-min", "1f1b", "interleaved-1f1b")
+
+
+def _warm_rank(name: str) -> int:
+    return WARM_FIRST.index(name) if name in WARM_FIRST else len(WARM_FIRST)
 
 
 def _registry_run(judged: list) -> RegistryRun:

@@ -183,6 +183,27 @@ def test_solved_schedule_round_trips_with_its_statistics(tmp_path):
     assert schedc.load(tmp_path / "s.json") == compiled
 
 
+def test_a_save_stopped_mid_write_leaves_the_old_file(tmp_path, monkeypatch):
+    """The file is written beside and renamed over: stopped half way (Ctrl-C, SIGTERM), the old
+    file stays whole and no part is left behind."""
+    problem = schedc.load_problem(next(p for p in EXAMPLES if p.stem == "uniform"))
+    path = tmp_path / "s.json"
+    first = schedc.compile(problem, "1f1b")
+    first.save(path)
+    real = Path.write_text
+
+    def stopped(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        schedc.compile(problem, "gpipe").save(path)
+    monkeypatch.undo()
+    assert schedc.load(path) == first
+    assert [f.name for f in tmp_path.iterdir()] == ["s.json"]
+
+
 @pytest.fixture
 def saved(tmp_path):
     problem = schedc.load_problem(next(p for p in EXAMPLES if p.stem == "v_shape"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import schedc.solvers.cbc as cbc
 import schedc.solvers.deadline as deadline
@@ -26,7 +27,9 @@ from schedc.solvers.bounds import lower_bound
 from schedc.solvers.common import Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, can_fork
 from schedc.solvers.solve import best_registry_schedule, evaluate_registry, solve
-from tests.strategies import small_problems
+from schedc.kinds import Kind
+from schedc.solvers.memtime import everywhere, with_policies
+from tests.strategies import pipeline_problems, small_problems
 
 # gpipe and looped-bfs hold every microbatch's activations: they do not fit here, 1f1b does.
 TIGHT = dict(ranks=3, microbatches=6, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]),
@@ -87,7 +90,7 @@ def test_the_deadline_stops_registry_evaluation_but_a_fitting_schedule_is_return
     problem = Problem.parse(TIGHT)
     everything = evaluate_registry(problem)
     assert not everything.not_evaluated
-    first_fit = everything.fitting[0][0]
+    first_fit = min(everything.fitting, key=lambda nt: driver._warm_rank(nt[0]))[0]  # (judged first that fits)
     notes = []
     run = evaluate_registry(problem, Budget(time.perf_counter() - 1), say=notes.append)  # already run out
     assert [name for name, _ in run.fitting] == [first_fit]  # judged past the deadline: nothing fitted before
@@ -180,7 +183,8 @@ def test_solve_cli_reports_the_warm_start_as_it_goes(tmp_path):
     lines = result.stderr.splitlines()
     assert lines[0].startswith("solving tight with cbc (time limit 20 s)")
     assert "warm start: evaluating" in lines[1] and "warm start: 1f1b+split makespan" in result.stderr
-    assert "gpipe+split does not fit the memory limit" in result.stderr
+    assert "zb-h2 does not fit the memory limit" in result.stderr
+    assert "(gpipe, looped-bfs not built: every microbatch in flight passes the limit)" in lines[1]
     assert "not evaluated" not in result.output  # 20 s is plenty here
 
 
@@ -241,6 +245,44 @@ def test_the_quick_memory_test_only_rejects_schedules_the_simulator_rejects(prob
             schedule = registry.unfuse(spec.build(problem))
             if registry._cannot_fit(problem, schedule):
                 assert not simulate(problem, schedule).fits, spec.name
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipeline_problems(max_microbatches=12), st.floats(0.2, 3), st.booleans())
+def test_a_schedule_left_unbuilt_for_holding_every_microbatch_cannot_fit(problem, limit, recompute):
+    """The warm start does not build gpipe or looped-bfs where a rank cannot hold every microbatch
+    of its stages (``registry._holds_too_much``): each such schedule, built anyway, runs every
+    forward of a rank before its first backward, and does not fit, not even with every microbatch
+    recomputed under any policy the problem allows."""
+    f = max(problem.mem[Kind.F])
+    if recompute:
+        problem = problem.with_changes(recompute={"keep": 0.1 * f, "selective": {"time": 0.2, "keep": 0.5 * f}})
+    problem = problem.with_changes(memory={"limit": [max(limit * problem.ranks * f, problem.min_memory(r))
+                                                     for r in range(problem.ranks)]})
+    for spec in registry.REGISTRY.values():
+        if not spec.holds_every_microbatch or spec.why_not(problem) is not None:
+            continue
+        schedule = registry.unfuse(spec.build(problem))
+        for ops in schedule.ranks:
+            first_backward = next(k for k, op in enumerate(ops) if op.kind is not Kind.F)
+            assert all(op.kind is not Kind.F for op in ops[first_backward:]), spec.name
+        if registry._holds_too_much(problem):
+            assert not simulate(problem, schedule).fits, spec.name
+            for kind in problem.recomputes:
+                assert not simulate(problem, with_policies(problem, schedule, everywhere(problem, kind))).fits
+
+
+def test_the_warm_start_judges_the_zero_bubble_schedules_first():
+    """Under a budget that leaves time for few schedules, those judged first are the ones that are
+    good on most problems (``WARM_FIRST``), not the registry's listing order, which starts with gpipe."""
+    problem = Problem.parse(dict(ranks=4, microbatches=16, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=6)))
+    said = []
+    evaluate_registry(problem, Budget.seconds(60), said.append, greedy_budget=lambda: Budget.seconds(60))
+    judged = [line.split()[2].removesuffix("+split") for line in said[1:]]
+    assert judged[:4] == ["zb-h1", "zb-h2", "1f1b", "interleaved-1f1b"]
+    assert "gpipe" not in judged and "looped-bfs" not in judged
+    assert said[0] == ("warm start: evaluating 6 registry schedules (gpipe, looped-bfs not built: every microbatch"
+                       " in flight passes the limit)")
 
 
 def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
@@ -402,3 +444,74 @@ def test_the_search_beside_the_backend_runs_only_with_a_core_to_spare(monkeypatc
     last = driver._collected(worker)
     assert last is None or simulate(problem, last).objective_value() < best.objective_value()
     assert not alive(pid)
+
+
+def _session(sid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process in session ``sid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append((int(entry.name), cmdline))
+    return out
+
+
+@pytest.mark.skipif(not can_fork() or not Path("/proc/self/stat").exists(), reason="needs Linux")
+@pytest.mark.parametrize("in_worker", [False, True], ids=["cbc from the solve", "cbc from its worker"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["TERM", "INT", "KILL"])
+def test_a_solve_ended_from_outside_leaves_no_process_behind(tmp_path, signum, in_worker):
+    """`schedc solve` ended while CBC runs (a stand-in that sleeps), by SIGTERM (as `timeout` ends
+    it), Ctrl-C or SIGKILL: no process it started outlives it, whether CBC runs from the solve's
+    process (a small problem) or from a worker (a large one, where the workers' own children are
+    CBC's parents), with the local search beside it on another core where there is one."""
+    fake = tmp_path / "cbc"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    problem = tmp_path / "binding.json"
+    problem.write_text(Problem.parse(BINDING).model_dump_json(exclude_none=True))
+    script = (
+        "import schedc.solvers.cbc as cbc, schedc.solvers.deadline as deadline, schedc.solvers.solve as driver\n"
+        "real = cbc.cbc\n"
+        "def stand_in(**options):\n"
+        "    cmd = real(**options)\n"
+        f"    cmd.path = {str(fake)!r}\n"
+        "    return cmd\n"
+        "cbc.cbc = stand_in\n"
+        "driver.LOCAL_SEARCH_SHARE = 0.0\n"  # (to the backend at once)
+        + ("deadline.WORKER_OPS = 0\n" if in_worker else "")
+        + f"import sys; sys.argv = ['schedc', 'solve', {str(problem)!r}, '--time-limit', '300', '-o', 'out.json']\n"
+        "from schedc.app.cli import program\n"
+        "program()\n"
+    )
+    log = tmp_path / "solve.log"
+    with open(log, "w") as out:
+        solve_proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=out, stderr=out,
+                                      start_new_session=True)
+    try:
+        for _ in range(1200):  # until the stand-in runs
+            if any("sleep 600" in cmd for _, cmd in _session(solve_proc.pid)) or solve_proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert solve_proc.poll() is None, log.read_text()[-2000:]
+        assert any("sleep 600" in cmd for _, cmd in _session(solve_proc.pid)), log.read_text()[-2000:]
+        os.kill(solve_proc.pid, signum)
+        code = solve_proc.wait(timeout=60)
+        assert code == {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 1, signal.SIGKILL: -signal.SIGKILL}[signum]
+        for _ in range(100):
+            if not _session(solve_proc.pid):
+                break
+            time.sleep(0.05)
+        assert _session(solve_proc.pid) == [], "left behind"
+    finally:
+        for pid, _ in _session(solve_proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        solve_proc.kill()
+        solve_proc.wait()
+    if signum != signal.SIGKILL:
+        assert not list(tmp_path.glob(".out.json*")) and not (tmp_path / "out.json").exists()

@@ -5,6 +5,7 @@ commands runs: ``cli_base.COMMANDS``), and the console script."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,8 +26,17 @@ def _process_age() -> float | None:
     return max(0.0, uptime - started)
 
 
+def _ended(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def program() -> None:
-    """The `schedc` console script: the CLI as its own process, so time limits count from its start."""
+    """The `schedc` console script: the CLI as its own process, so time limits count from its start.
+    Ended from outside (SIGTERM, as `timeout` and job schedulers send it, or SIGHUP), it exits as
+    Ctrl-C does: what it started (a solver, its workers) is stopped and its temporary files removed
+    on the way out, and the exit status is 128 + the signal's number."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _ended)
     age = _process_age()
     sys.exit(main(obj=None if age is None else ProgramStart(time.perf_counter() - age)))
 
