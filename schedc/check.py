@@ -131,47 +131,47 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
 
 
 def _check_fields(problem: Problem, r: int, k: int, instr: Instr, rounds: int) -> None:
-    where = f"rank {r} instruction {k} ({instr})"
+    where = lambda: f"rank {r} instruction {k} ({instr})"  # noqa: E731  (written out only for an error)
     n, m = problem.n_stages, problem.units * rounds
     stage_rank = problem.stage_rank
     if isinstance(instr.op, Kind) and instr.op not in CHECKED:
         raise ProgramError(f"rank {r} instruction {k}: {unsupported(instr.op, 'the checker', in_order(CHECKED))}")
     if instr.op is Opcode.STEP:
         if (instr.stage, instr.mb, instr.tensor, instr.peer, instr.peer_stage) != (-1, -1, "", -1, -1):
-            raise ProgramError(f"{where}: STEP takes no stage, microbatch, tensor or peer")
+            raise ProgramError(f"{where()}: STEP takes no stage, microbatch, tensor or peer")
         return
     if instr.op is Opcode.UPDATE:
         if rounds == 1:
-            raise ProgramError(f"{where}: UPDATE is the step of an asynchronous program, and this one is synchronous"
+            raise ProgramError(f"{where()}: UPDATE is the step of an asynchronous program, and this one is synchronous"
                                " (one round): the two do not mix")
         if not (0 <= instr.stage < n and 0 <= instr.mb < rounds) or (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
-            raise ProgramError(f"{where}: UPDATE takes a stage and a round (of {rounds}), no tensor or peer")
+            raise ProgramError(f"{where()}: UPDATE takes a stage and a round (of {rounds}), no tensor or peer")
         if stage_rank[instr.stage] != r:
-            raise ProgramError(f"{where}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
+            raise ProgramError(f"{where()}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
         return
     if not (0 <= instr.stage < n and 0 <= instr.mb < m):
-        raise ProgramError(f"{where}: stage or microbatch outside {n} stages x {m} microbatches")
+        raise ProgramError(f"{where()}: stage or microbatch outside {n} stages x {m} microbatches")
     if stage_rank[instr.stage] != r:
-        raise ProgramError(f"{where}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
+        raise ProgramError(f"{where()}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
     if isinstance(instr.op, Kind):
         if (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
-            raise ProgramError(f"{where}: a compute instruction has no tensor or peer")
+            raise ProgramError(f"{where()}: a compute instruction has no tensor or peer")
         if ROWS[instr.op].per_stage and instr.mb != 0:
-            raise ProgramError(f"{where}: {ROWS[instr.op].title} is one op per stage, written with microbatch 0")
+            raise ProgramError(f"{where()}: {ROWS[instr.op].title} is one op per stage, written with microbatch 0")
         return
     if instr.tensor not in TENSORS:
-        raise ProgramError(f"{where}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
+        raise ProgramError(f"{where()}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
     msg = instr.message
     depth = problem.pipeline_stages
     if not 0 <= instr.peer_stage < n or msg.dst != msg.src + DIRECTION[msg.tensor] or msg.dst // depth != msg.src // depth:
-        raise ProgramError(f"{where}: {msg.tensor} goes from stage s to s{DIRECTION[msg.tensor]:+d} of its pipeline")
+        raise ProgramError(f"{where()}: {msg.tensor} goes from stage s to s{DIRECTION[msg.tensor]:+d} of its pipeline")
     peer_rank = stage_rank[instr.peer_stage]
     if instr.op is Opcode.LOCAL:
         if peer_rank != r or instr.peer != -1:
-            raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank"
+            raise ProgramError(f"{where()}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank"
                                " (peer -1)")
     elif instr.peer != peer_rank or instr.peer == r:
-        raise ProgramError(f"{where}: stage {instr.peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
+        raise ProgramError(f"{where()}: stage {instr.peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
 
 
 def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None) -> None:
@@ -289,7 +289,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
     Returns, per rank, compute index -> index of the RECV that brings its input."""
     n, chunks = problem.pipeline_stages, problem.seq_chunks
     held = {i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)}  # every op it runs
-    moved: dict[Message, str] = {}
+    moved: dict[Message, Instr] = {}
     feeds: list[dict[int, int]] = []
     for r, instrs in enumerate(program.ranks):
         done: set[Op] = set()
@@ -300,7 +300,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                 msg = instr.message
                 if msg in moved:
                     raise ProgramError(f"rank {r}: {msg} is moved twice ({moved[msg]} and {instr})")
-                moved[msg] = str(instr)
+                moved[msg] = instr
                 maker = _maker(msg, done)
                 if maker is None:
                     raise ProgramError(f"rank {r}: {instr} comes before the op that computes it")

@@ -147,8 +147,9 @@ def read_data(path: str | Path, *, error: type[SchedcError] = SchedcError, what:
 
 def checked(data: Any, *, source: str, error: type[SchedcError] = SchedcError, budget: int = 10**7) -> Any:
     """``data`` after a walk that bounds its depth and its number of values (``budget``; aliases
-    count each time they are reached) and refuses non-finite or huge numbers."""
-    stack: list[tuple[Any, int, str]] = [(data, 0, "")]
+    count each time they are reached) and refuses non-finite or huge numbers. Where a value sits
+    is kept as a chain of (parent, key) and written out only for an error."""
+    stack: list[tuple[Any, int, tuple | None]] = [(data, 0, None)]
     seen = 0
     while stack:
         value, depth, where = stack.pop()
@@ -157,23 +158,30 @@ def checked(data: Any, *, source: str, error: type[SchedcError] = SchedcError, b
             raise error(f"{_name(source)}: expands to more than {budget} values, far more than its size"
                         " (YAML aliases?)")
         if depth > MAX_DEPTH:
-            raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels (at {where or 'the top'})")
+            raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels (at {_where(where) or 'the top'})")
         if isinstance(value, dict):
-            for key, item in value.items():
-                stack.append((item, depth + 1, f"{where}.{shorten(key, 30)}" if where else shorten(key, 30)))
+            stack.extend((item, depth + 1, (where, key)) for key, item in value.items())
         elif isinstance(value, list):
-            for i, item in enumerate(value):
-                stack.append((item, depth + 1, f"{where}[{i}]"))
+            stack.extend((item, depth + 1, (where, i)) for i, item in enumerate(value))
         elif isinstance(value, bool) or value is None or isinstance(value, str):
             continue
         elif isinstance(value, int):
             if abs(value) > MAX_INT:
-                raise error(f"{_name(source)}: {where or 'value'}: integer {shorten(value)} is out of range"
+                raise error(f"{_name(source)}: {_where(where) or 'value'}: integer {shorten(value)} is out of range"
                             f" (at most {MAX_INT:.0e})")
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise error(f"{_name(source)}: {where or 'value'}: must be a finite number, got {value}")
+                raise error(f"{_name(source)}: {_where(where) or 'value'}: must be a finite number, got {value}")
     return data
+
+
+def _where(chain: tuple | None) -> str:
+    """A (parent, key) chain of ``checked`` as a path: ``memory.F[2]`` (keys shortened)."""
+    parts: list[str] = []
+    while chain is not None:
+        chain, key = chain
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{shorten(key, 30)}")
+    return "".join(reversed(parts)).removeprefix(".")
 
 
 class _Refused(ValueError):

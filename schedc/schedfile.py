@@ -45,18 +45,18 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, Field
 
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
-from schedc.check import check
+from schedc.check import CheckReport, check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
 from schedc.kinds import POLICIES, ROWS, Kind
 from schedc.problem import Boundary, Problem, load_problem
-from schedc.program import OPCODES, Header, Instr, Program, lower
+from schedc.program import OPCODES, Header, Program, lower
 from schedc.schedule import MAX_ROUNDS, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.tolerance import meets
@@ -79,6 +79,8 @@ class CompiledSchedule:
     timeline: Timeline
     solver: dict[str, Any] | None  # the ILP's statistics; None for a named schedule
     provenance: dict[str, str]  # schedc version, command, created (UTC, ISO 8601)
+    # What ``check`` found when the file was read (``load`` checks it once; None: made here, not read)
+    report: CheckReport | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -367,11 +369,11 @@ def from_data(data: Any, path: str | Path = "schedule file"):
             f"{path}: inconsistent: schedule format version {version} cannot hold {what} (recompute and offload"
             f" need version {version_of(schedule)}): write the file again with this schedc"
         )
-    program = Program.from_lists([[Instr(**i.model_dump()) for i in instrs] for instrs in model.program],
-                                 Header.of(problem, schedule))
+    program = Program.from_lists([[(i.op, i.stage, i.mb, i.tensor, i.peer, i.peer_stage) for i in instrs]
+                                  for instrs in model.program], Header.of(problem, schedule))
     try:
         timeline = simulate(problem, schedule)
-        check(problem, program, schedule, issue=version >= 3)
+        report = check(problem, program, schedule, issue=version >= 3)
     except (ScheduleError, ProgramError) as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
     summary = timeline_summary(timeline, version)
@@ -380,7 +382,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
     if model.solver is not None:
         solver = model.solver.model_dump(exclude_none=True)  # policies only where the file has them
         _same_solver(path, solver, timeline)
-    return CompiledSchedule(problem, schedule, program, timeline, solver, model.provenance.model_dump())
+    return CompiledSchedule(problem, schedule, program, timeline, solver, model.provenance.model_dump(), report)
 
 
 def _same(path, field: str, stored: dict, actual: dict, keys) -> None:
