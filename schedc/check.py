@@ -288,14 +288,15 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
     """Every message moves exactly once, after its producer ran, and reaches its consumer first.
     Returns, per rank, compute index -> index of the RECV that brings its input."""
     n, chunks = problem.pipeline_stages, problem.seq_chunks
-    held = {i.compute for instrs in program.ranks for i in instrs if isinstance(i.op, Kind)}  # every op it runs
+    ops_of = [[i.compute if isinstance(i.op, Kind) else None for i in instrs] for instrs in program.ranks]
+    held = {op for ops in ops_of for op in ops if op is not None}  # every op it runs
     moved: dict[Message, Instr] = {}
     feeds: list[dict[int, int]] = []
     for r, instrs in enumerate(program.ranks):
         done: set[Op] = set()
         arrived: dict[Message, int] = {}  # -> index of its RECV, or -1 for a LOCAL
         feeds.append({})
-        for k, instr in enumerate(instrs):
+        for k, (instr, op) in enumerate(zip(instrs, ops_of[r])):
             if instr.op is Opcode.SEND or instr.op is Opcode.LOCAL:
                 msg = instr.message
                 if msg in moved:
@@ -308,8 +309,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                     arrived[msg] = -1
             elif instr.op is Opcode.RECV:
                 arrived[instr.message] = k
-            elif isinstance(instr.op, Kind):
-                op = instr.compute
+            elif op is not None:
                 need = consumed(op, n)
                 if need is not None and need not in arrived:
                     raise ProgramError(f"rank {r}: {op} needs {need}, which no earlier RECV or LOCAL on rank {r} brings")
@@ -327,7 +327,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                     if need_op not in done:
                         raise ProgramError(f"rank {r}: {op} runs before {need_op}")
                 done.add(op)
-    expected = {msg for ops in program.compute_order() for op in ops if (msg := produced(op, n)) is not None}
+    expected = {msg for op in held if (msg := produced(op, n)) is not None}
     missing = expected - moved.keys()
     if missing:
         raise ProgramError(f"{min(missing)} is computed but never sent or handed off")

@@ -108,7 +108,7 @@ def parse_json(text: str, *, source: str, error: type[SchedcError] = SchedcError
     """Strict JSON: no duplicate keys, no NaN/Infinity, bounded depth, numbers and size."""
     try:
         data = json.loads(text, object_pairs_hook=_json_object, parse_constant=_json_constant,
-                          parse_int=_json_int)
+                          parse_int=_json_int, parse_float=_json_float)
     except _Refused as e:
         raise error(f"{_name(source)}: {e}") from None
     except json.JSONDecodeError as e:
@@ -118,7 +118,9 @@ def parse_json(text: str, *, source: str, error: type[SchedcError] = SchedcError
         raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:
         raise error(f"{_name(source)}: not valid JSON ({one_line(e, 120)})") from None
-    return checked(data, source=source, error=error, budget=len(text) + 64)
+    # JSON has no aliases, and its parser has checked every number: only the depth is left to bound.
+    _within_depth(data, source, error)
+    return data
 
 
 def parse_yaml(text: str, *, source: str, error: type[SchedcError] = SchedcError) -> Any:
@@ -175,6 +177,17 @@ def checked(data: Any, *, source: str, error: type[SchedcError] = SchedcError, b
     return data
 
 
+def _within_depth(data: Any, source: str, error: type[SchedcError]) -> None:
+    """Refuse ``data`` nested deeper than MAX_DEPTH: a walk over its containers only."""
+    level, depth = [data] if isinstance(data, (dict, list)) else [], 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels")
+        level = [item for value in level for item in (value.values() if isinstance(value, dict) else value)
+                 if isinstance(item, (dict, list))]
+
+
 def _where(chain: tuple | None) -> str:
     """A (parent, key) chain of ``checked`` as a path: ``memory.F[2]`` (keys shortened)."""
     parts: list[str] = []
@@ -203,6 +216,13 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict:
 
 def _json_constant(name: str) -> Any:
     raise _Refused(f"{name} is not a number schedc accepts (numbers must be finite)")
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"{shorten(text)} is not a number schedc accepts (numbers must be finite)")
+    return value
 
 
 def _json_int(text: str) -> int:

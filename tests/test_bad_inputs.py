@@ -253,6 +253,8 @@ JSON_PROBLEMS: dict[str, tuple[str | bytes, str]] = {
     "json-infinity": ('{"ranks": 2, "microbatches": 4, "costs": {"F": Infinity, "B": 1, "W": 1}}', "Infinity"),
     "json-dup": ('{"ranks": 2, "ranks": 3, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}}', "duplicate"),
     "json-deep": ('{"ranks": ' + "[" * 5000 + "]" * 5000 + "}", "nested"),
+    "json-65-deep": ('{"ranks": ' + "[" * 65 + "]" * 65 + "}", "nested deeper than 64 levels"),
+    "json-huge-float": ('{"ranks": 2, "microbatches": 4, "costs": {"F": 1e999, "B": 1, "W": 1}}', "1e999"),
     "json-bigint": ('{"ranks": ' + "9" * 5000 + "}", "range"),
     "json-trailing": (_problem() + " garbage", "JSON"),
     "json-list": ("[1, 2]", "mapping"),
