@@ -188,8 +188,11 @@ class ListScheduler:
     """The list scheduler of one policy under the problem's memory limit: all ranks at once, in
     time order, the earliest free rank advancing first (``build``)."""
 
-    def __init__(self, problem: Problem, policy: Policy) -> None:
+    def __init__(self, problem: Problem, policy: Policy, deps: dict[Op, list[Op]] | None = None) -> None:
+        """``deps``: each op's producers, filled as asked (``producers_of``); the passes of one
+        search share it, so the rule is applied once per op, not once per op and pass."""
         self.problem, self.policy = problem, policy
+        self.deps = {} if deps is None else deps
         self.tol, self.mtol = problem.time_tol, problem.memory_tol
         self.n, self.m = problem.n_stages, problem.microbatches
         self.depth = problem.pipeline_stages
@@ -428,9 +431,15 @@ class ListScheduler:
             heapq.heappush(self.heap, (self.ranks[r].clock, r))
             return
         for op in wakers:
-            for d in producers(op, self.depth):
+            for d in self.producers_of(op):
                 if d not in self.finish:
                     self.waiters.setdefault(d, []).append(r)
+
+    def producers_of(self, op: Op) -> list[Op]:
+        deps = self.deps.get(op)
+        if deps is None:
+            deps = self.deps[op] = producers(op, self.depth)
+        return deps
 
     def arrival(self, op: Op, r: int) -> float:
         """When ``op``'s inputs are all on rank r, its own (inf while a producer is unscheduled)."""
@@ -438,7 +447,7 @@ class ListScheduler:
         if t is not None:
             return t
         t, finish, comm, stage_rank = 0.0, self.finish, self.comm, self.stage_rank
-        for d in producers(op, self.depth):
+        for d in self.producers_of(op):
             done = finish.get(d)
             if done is None:
                 return math.inf
@@ -622,11 +631,12 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
     seen: dict[Policy, tuple] = {}  # policy -> (over the limit, objective, makespan, schedule)
     judged: dict[tuple, tuple] = {}  # a schedule's ops -> its (over, objective, makespan)
     inert: dict[Policy, frozenset[str]] = {}  # policy -> the switches whose flip builds the same pass
+    deps: dict[Op, list[Op]] = {}  # each op's producers, for every pass
     tol = problem.time_tol
 
     def score(policy: Policy) -> tuple:
         if policy not in seen:
-            scheduler = ListScheduler(problem, policy)
+            scheduler = ListScheduler(problem, policy, deps)
             try:
                 schedule = scheduler.build(name)
             except RuntimeError:  # a variant stalled (as lean reservations can): not a candidate

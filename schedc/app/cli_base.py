@@ -22,7 +22,8 @@ from schedc.simulate import Timeline
 
 # command -> the module of schedc.app that defines it, imported when the command runs (or when the
 # help lists every command), so that a command loads what it uses and no other command's code:
-# `schedc solve` no ablation layer or plotting, `schedc simulate` no solver (tests/test_deps.py).
+# `schedc solve` no ablation layer, plotting or networkx, `schedc simulate` and `check` none of
+# those nor solve's command module (tests/test_deps.py).
 COMMANDS = {
     **dict.fromkeys(("schedules", "simulate", "compare", "bubble", "show", "export", "compile", "check", "schema",
                      "import"), "cli_schedules"),

@@ -1,0 +1,226 @@
+"""Solve at the sizes people train at: wall time, CPU per op and gap of each command, from a few
+thousand to 400 000 ops.
+
+    python benchmarks/scale.py [--write] [--time-limit S] [--only TEXT[,TEXT...]] [--jobs N] [--max-ops N] [--out DIR]
+
+Cells (issue 40):
+
+- the grid p in {8, 16, 32, 64}, v in {1, 2} (loop placement, V placement), m in {4p, 8p, 16p};
+  each stage's F, B, W drawn uniformly within +-30 % of 1, 1.1 and 0.9 (seeded by p, v, m), the
+  last stage's times 1.5x (the LM head and loss), comm 0.05, each chunk's activation 1/v, B frees
+  half of it; the memory limit 1.0x and 1.5x of 1F1B's activation memory (p microbatches through
+  each rank's stages: ``greedy.reference_limit``), objective makespan;
+- the zero-bubble paper's 28.3B setting (benchmarks/zb_paper.py) at m = 96, 128, 256, loop and V,
+  at 1x and 2x of its memory (the paper's ZB-1p and ZB-2p limits).
+
+Per cell, each command runs as a subprocess (so the figures are the command's: interpreter
+start-up, imports, reading, writing):
+
+- `schedc compare PROBLEM --json`: the best registry schedule that fits, as compare judges it;
+- `schedc solve PROBLEM --time-limit S --json` (``--threads 1`` when cells run at once): wall
+  time, the result, the proven bound, the gap, and whether the search ran (its log says
+  "search:") where the warm start was not already proven optimal;
+- `schedc compile PROBLEM -s zb-h1|zb-v`, `schedc simulate FILE --json` and `schedc check FILE
+  --json` on the solved file: CPU time per op, the start-up (`schedc --version`, measured once)
+  taken off.
+
+CPU time is user + system of the command and every process it started. The machine may be shared:
+the load average is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _results import machine, write_section  # noqa: E402
+from solve_time import schedc_command  # noqa: E402
+from zb_paper import paper_problem  # noqa: E402
+
+from schedc import Problem  # noqa: E402
+from schedc.solvers.greedy import reference_limit  # noqa: E402
+
+GRID_P = (8, 16, 32, 64)
+GRID_V = (1, 2)
+GRID_M = (4, 8, 16)  # x p
+LIMITS = (1.0, 1.5)  # x 1F1B's activation memory
+PAPER_M = (96, 128, 256)
+PAPER_K = (1, 2)  # the paper's ZB-1p and ZB-2p memory
+MEANS = {"F": 1.0, "B": 1.1, "W": 0.9}
+
+
+def grid_problem(p: int, v: int, m: int, limit: float) -> Problem:
+    n = p * v
+    rng = random.Random(f"scale-{p}-{v}-{m}")
+    costs = {kind: [round(mean / v * rng.uniform(0.7, 1.3) * (1.5 if s == n - 1 else 1.0), 6) for s in range(n)]
+             for kind, mean in MEANS.items()}
+    problem = Problem.parse(dict(
+        name=f"scale-p{p}-v{v}-m{m}-{limit:g}x", ranks=p, microbatches=m, chunks=v,
+        placement="v" if v == 2 else "loop", costs=costs, comm=0.05, memory=dict(F=1.0 / v, B=-0.5 / v),
+        objective="makespan",
+    ))
+    room = reference_limit(problem, p)
+    return problem.with_changes(memory={"limit": [round(max(limit * x, problem.min_memory(r)), 9)
+                                                  for r, x in enumerate(room)]})
+
+
+def cells() -> list[Problem]:
+    out = [grid_problem(p, v, k * p, limit) for p in GRID_P for v in GRID_V for k in GRID_M for limit in LIMITS]
+    for v_shape in (False, True):
+        for m in PAPER_M:
+            for k in PAPER_K:
+                problem = paper_problem("28.3B", m, k, v_shape=v_shape)
+                out.append(problem.with_changes(name=f"zb-28.3B-m{m}-{k}p" + ("-v" if v_shape else "")))
+    return out
+
+
+def ops(problem: Problem) -> int:
+    return 3 * problem.n_stages * problem.microbatches
+
+
+def timed(args: list[str], cwd: Path) -> tuple[float, float, str, str]:
+    """(wall seconds, CPU seconds of it and its children, stdout, stderr) of a `schedc` command."""
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        began = time.perf_counter()
+        proc = subprocess.Popen([*schedc_command(), *args], cwd=cwd, stdout=out_file, stderr=err_file)
+        _, status, usage = os.wait4(proc.pid, 0)  # (this child's CPU and its children's, not other cells')
+        wall = time.perf_counter() - began
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
+    if code != 0:
+        raise RuntimeError(f"schedc {' '.join(args)} failed ({code}): {err[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, out, err
+
+
+def run_cell(problem: Problem, time_limit: float, threads: int | None, out_dir: Path) -> dict:
+    here = out_dir / problem.name
+    here.mkdir(parents=True, exist_ok=True)
+    path = here / "problem.json"
+    path.write_text(problem.model_dump_json(exclude_none=True))
+    _, compare_cpu, out, _ = timed(["compare", str(path), "--json"], here)
+    fitting = [r[problem.objective] for r in json.loads(out)["results"] if r.get("applies") and r.get("fits")]
+    best = min(fitting) if fitting else None
+    solve = ["solve", str(path), "-o", "solved.json", "--time-limit", f"{time_limit:g}", "--json"]
+    wall, solve_cpu, out, err = timed(solve + (["--threads", str(threads)] if threads else []), here)
+    result = json.loads(out)
+    named = "zb-v" if problem.chunks == 2 else "zb-h1"
+    _, compile_cpu, _, _ = timed(["compile", str(path), "-s", named, "-o", "compiled.json"], here)
+    _, simulate_cpu, _, _ = timed(["simulate", "solved.json", "--json"], here)
+    _, check_cpu, _, _ = timed(["check", "solved.json", "--json"], here)
+    proven = result["status"] == "optimal" and result["warm_objective"] <= result["objective"] + 1e-9
+    return dict(
+        name=problem.name, ops=ops(problem), time_limit=time_limit, wall=wall, best_registry=best,
+        objective=result["objective"], bound=result["bound"], gap=result["gap"], status=result["status"],
+        warm_start=result["warm_start"], not_evaluated=result["not_evaluated"],
+        searched="search:" in err, warm_optimal=proven,
+        cpu={"compare": compare_cpu, "solve": solve_cpu, "compile": compile_cpu, "simulate": simulate_cpu,
+             "check": check_cpu},
+    )
+
+
+def startup(cwd: Path) -> float:
+    """CPU seconds of `schedc --version`: the interpreter and the CLI's imports (best of three)."""
+    return min(timed(["--version"], cwd)[1] for _ in range(3))
+
+
+def report(rows: list[dict], start_cpu: float, command: str, loads: tuple[float, float]) -> str:
+    per_op = lambda r, c: 1e6 * max(0.0, r["cpu"][c] - start_cpu) / r["ops"]  # noqa: E731
+    lines = [
+        "## Scale: solve and the other commands from thousands to hundreds of thousands of ops",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}; load average {loads[0]:.1f} at the start, {loads[1]:.1f} at the end  ",
+        f"Start-up (`schedc --version`, CPU): {start_cpu:.2f} s, taken off each command's CPU before dividing by"
+        " the ops. Gap: (solve - its proven bound) / solve. Best registry: the best schedule `schedc compare`"
+        " finds that fits. Search: the log shows the search ran (\"-\" where the warm start was already proven"
+        " optimal).",
+        "",
+        "| cell | ops | solve wall (s) | best registry | solve | bound | gap | status | search | ≤ registry"
+        " | compare µs/op | compile µs/op | simulate µs/op | check µs/op |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        within = "-" if r["best_registry"] is None else ("yes" if r["objective"] <= r["best_registry"] * (1 + 1e-9) else "NO")
+        lines.append(
+            f"| {r['name']} | {r['ops']} | {r['wall']:.1f} | "
+            + (f"{r['best_registry']:.6g}" if r["best_registry"] is not None else "-")
+            + f" | {r['objective']:.6g} | {r['bound']:.6g} | {100 * r['gap']:.2f} % | {r['status']} | "
+            + ("-" if r["warm_optimal"] else ("yes" if r["searched"] else "no"))
+            + f" | {within} | {per_op(r, 'compare'):.0f} | {per_op(r, 'compile'):.0f} | {per_op(r, 'simulate'):.0f}"
+            f" | {per_op(r, 'check'):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], start_cpu: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    by_ops = sorted(rows, key=lambda r: r["ops"])
+    x = [r["ops"] for r in by_ops]
+    for command in ("compare", "compile", "simulate", "check"):
+        left.plot(x, [max(1e-3, r["cpu"][command] - start_cpu) for r in by_ops], "o-", ms=3, label=command)
+    left.plot(x, [r["wall"] for r in by_ops], "k^--", ms=4, label="solve (wall)")
+    left.set(xscale="log", yscale="log", xlabel="ops", ylabel="seconds (CPU less start-up; solve: wall)",
+             title="time against size")
+    left.legend(fontsize=8)
+    right.plot(x, [max(1e-4, 100 * r["gap"]) for r in by_ops], "o", ms=4)
+    right.set(xscale="log", yscale="log", xlabel="ops", ylabel="gap to the proven bound (%)", title="solve's gap")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--time-limit", type=float, default=60.0, help="solve's --time-limit per cell (60)")
+    ap.add_argument("--only", default="", help="cells whose name contains this text (comma-separated: any of them)")
+    ap.add_argument("--max-ops", type=int, default=None, help="skip cells of more ops than this")
+    ap.add_argument("--jobs", type=int, default=1, help="cells at once (each solve then gets --threads 1)")
+    ap.add_argument("--out", default="out/scale", help="where the problem and schedule files go")
+    ap.add_argument("--write", action="store_true", help="write RESULTS.md's section and benchmarks/scale.png")
+    args = ap.parse_args()
+    wanted = [text for text in args.only.split(",") if text] or [""]
+    chosen = [c for c in cells()
+              if any(text in c.name for text in wanted) and (args.max_ops is None or ops(c) <= args.max_ops)]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        start_cpu = startup(Path(tmp))
+    loads = [os.getloadavg()[0]]
+    threads = 1 if args.jobs > 1 else None
+
+    def one(problem: Problem) -> dict:
+        row = run_cell(problem, args.time_limit, threads, out_dir)
+        print(f"{row['name']}: {row['ops']} ops, solve {row['objective']:.6g} ({row['status']}, gap"
+              f" {100 * row['gap']:.2f} %, wall {row['wall']:.1f} s), best registry {row['best_registry']}", flush=True)
+        (out_dir / problem.name / "row.json").write_text(json.dumps(row, indent=1))
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, chosen))
+    loads.append(os.getloadavg()[0])
+    command = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
+    text = report(rows, start_cpu, command.strip(), tuple(loads))
+    print(text)
+    if args.write:
+        write_section("scale", text)
+        plot(rows, start_cpu, Path(__file__).with_name("scale.png"))
+
+
+if __name__ == "__main__":
+    main()
