@@ -2,6 +2,7 @@
 thousand to 400 000 ops.
 
     python benchmarks/scale.py [--write] [--time-limit S] [--only TEXT[,TEXT...]] [--jobs N] [--max-ops N] [--out DIR]
+    python benchmarks/scale.py --report [--write] [--out DIR]   # the table again from a run's cells
 
 Cells (issue 40):
 
@@ -164,23 +165,32 @@ def report(rows: list[dict], start_cpu: float, command: str, loads: tuple[float,
     return "\n".join(lines) + "\n"
 
 
+def _chunks(name: str) -> int:
+    """v of a cell, from its name (``cells``: "-v2-" in the grid's, "-v" at the end of the paper's V cells)."""
+    return 2 if "-v2-" in name or name.endswith("-v") else 1
+
+
 def plot(rows: list[dict], start_cpu: float, path: Path) -> None:
+    """Left: each command's time against the ops (log-log; CPU less start-up, solve's wall), a marker
+    per cell. Right: solve's gap against the ops (ops on a log scale; 0 where proven optimal)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    by_ops = sorted(rows, key=lambda r: r["ops"])
-    x = [r["ops"] for r in by_ops]
-    for command in ("compare", "compile", "simulate", "check"):
-        left.plot(x, [max(1e-3, r["cpu"][command] - start_cpu) for r in by_ops], "o-", ms=3, label=command)
-    left.plot(x, [r["wall"] for r in by_ops], "k^--", ms=4, label="solve (wall)")
+    x = [r["ops"] for r in rows]
+    for command, marker in (("compare", "o"), ("compile", "v"), ("simulate", "s"), ("check", "D")):
+        left.scatter(x, [max(1e-3, r["cpu"][command] - start_cpu) for r in rows], marker=marker, s=18, label=command)
+    left.scatter(x, [r["wall"] for r in rows], marker="^", color="k", s=22, label="solve (wall)")
     left.set(xscale="log", yscale="log", xlabel="ops", ylabel="seconds (CPU less start-up; solve: wall)",
              title="time against size")
     left.legend(fontsize=8)
-    right.plot(x, [max(1e-4, 100 * r["gap"]) for r in by_ops], "o", ms=4)
-    right.set(xscale="log", yscale="log", xlabel="ops", ylabel="gap to the proven bound (%)", title="solve's gap")
+    for v, marker in ((1, "o"), (2, "s")):
+        mine = [r for r in rows if _chunks(r["name"]) == v]
+        right.scatter([r["ops"] for r in mine], [100 * r["gap"] for r in mine], marker=marker, label=f"v = {v}")
+    right.set(xscale="log", xlabel="ops", ylabel="gap to the proven bound (%)", title="solve's gap (0: proven optimal)")
+    right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -193,7 +203,15 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="cells at once (each solve then gets --threads 1)")
     ap.add_argument("--out", default="out/scale", help="where the problem and schedule files go")
     ap.add_argument("--write", action="store_true", help="write RESULTS.md's section and benchmarks/scale.png")
+    ap.add_argument("--report", action="store_true", help="only the table, from the cells a run left in --out")
     args = ap.parse_args()
+    if args.report:
+        saved = [json.loads(f.read_text()) for f in sorted(Path(args.out).glob("*/row.json"))]
+        rows = sorted((r for r in saved if r.get("run")), key=lambda r: r["ops"])
+        if not rows:
+            raise SystemExit(f"no finished cells in {args.out}")
+        finish(rows, rows[0]["run"]["startup"], rows[0]["run"]["command"], tuple(rows[0]["run"]["loads"]), args.write)
+        return
     wanted = [text for text in args.only.split(",") if text] or [""]
     chosen = [c for c in cells()
               if any(text in c.name for text in wanted) and (args.max_ops is None or ops(c) <= args.max_ops)]
@@ -214,10 +232,17 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(one, chosen))
     loads.append(os.getloadavg()[0])
-    command = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
-    text = report(rows, start_cpu, command.strip(), tuple(loads))
+    command = ("python benchmarks/scale.py " + " ".join(sys.argv[1:])).strip()
+    for row in rows:  # (what --report needs to write the table again)
+        row["run"] = {"startup": start_cpu, "command": command, "loads": loads}
+        (out_dir / row["name"] / "row.json").write_text(json.dumps(row, indent=1))
+    finish(rows, start_cpu, command, tuple(loads), args.write)
+
+
+def finish(rows: list[dict], start_cpu: float, command: str, loads: tuple[float, float], write: bool) -> None:
+    text = report(rows, start_cpu, command, loads)
     print(text)
-    if args.write:
+    if write:
         write_section("scale", text)
         plot(rows, start_cpu, Path(__file__).with_name("scale.png"))
 
