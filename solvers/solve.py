@@ -4,8 +4,8 @@ ablation study call ``solve`` (registered as the search "ilp").
 
 The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 
-1. warm start: the registry's schedules judged with the backward split (``registry.evaluate``),
-   plus any candidates the caller gives, plus (where the problem allows recompute or offload)
+1. warm start: a re-solve's ``start`` first, then the registry's schedules judged with the
+   backward split (``registry.evaluate``), plus any candidates the caller gives, plus (where the problem allows recompute or offload)
    every registry order with the fewest recomputes that fit, or everything offloaded
    (``recomputed_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
@@ -132,6 +132,7 @@ class RegistryRun:
 def evaluate_registry(
     problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None,
     greedy_budget: Callable[[], Budget] | None = None, later_budget: Callable[[], Budget] | None = None,
+    found: bool = False,
 ) -> RegistryRun:
     """The registry's schedules judged for a warm start within ``budget`` (see
     ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``).
@@ -139,7 +140,9 @@ def evaluate_registry(
     scheduler's searches (``ANYTIME``) come after the schedules that need no policy section, and as
     they go (``_anytime_greedy``): on a large problem, where the search outlasts its budget, the best
     variant found by then is a candidate (named NAME+partial; NAME is not evaluated); those that
-    recompute or offload come last, within ``later_budget`` (made then; default ``budget``)."""
+    recompute or offload come last, within ``later_budget`` (made then; default ``budget``).
+    ``found``: a schedule from elsewhere fits already (a re-solve's start), so every budget stops
+    its step from the start, not only once a registry schedule fits."""
     say = say or (lambda note: None)
     if greedy_budget is None:
         return _in_registry_order(_registry_run(evaluate(problem, sorted(REGISTRY, key=_warm_rank), warm_start=True,
@@ -151,13 +154,14 @@ def evaluate_registry(
     needs = {name for name in REGISTRY if REGISTRY[name].why_not(problem) is None
              and REGISTRY[name].why_not(plain) is not None}
     first = sorted((name for name in REGISTRY if name not in ANYTIME and name not in needs), key=_warm_rank)
-    run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say))
-    _anytime_greedy(problem, run, greedy_budget(), say)
+    run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say,
+                                 found=found))
+    _anytime_greedy(problem, run, greedy_budget(), say, found)
     if needs:
         later = _registry_run(evaluate(problem, [name for name in REGISTRY if name in needs], warm_start=True,
                                        budget=later_budget() if later_budget else budget,
                                        child=in_child(problem), say=say,
-                                       found=bool(run.fitting)))
+                                       found=found or bool(run.fitting)))
         run.fitting += later.fitting
         run.fused += later.fused
         run.not_evaluated += later.not_evaluated
@@ -199,7 +203,8 @@ def _registry_run(judged: list) -> RegistryRun:
 ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, as it goes, in a solve's warm start
 
 
-def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]) -> None:
+def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None],
+                    found: bool = False) -> None:
     """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
     far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
     one cut short joins as NAME+partial, and NAME as not evaluated, and the searches are left paused
@@ -207,7 +212,7 @@ def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Cal
     sequences (its schedules are n/a there)."""
     if problem.seq_chunks > 1:
         return
-    searches = GreedySearches(problem, fitted=bool(run.fitting))
+    searches = GreedySearches(problem, fitted=found or bool(run.fitting))
     searches.read(budget)
     for name in ANYTIME:
         if name not in searches.latest:
@@ -511,6 +516,18 @@ def best_registry_schedule(
     return best
 
 
+def _refuse_foreign_start(problem: Problem, start: Schedule) -> Schedule:
+    """``start`` if it is a schedule of ``problem`` (its ops, on its ranks), else a SchedcError
+    that says what differs."""
+    try:
+        start.check_complete(problem)
+    except ScheduleError as e:
+        raise SchedcError(f"the start schedule {start.name!r} is not a schedule of this problem ({e}): a re-solve"
+                          " starts from a schedule of a problem with the same ranks, chunks, placement and"
+                          " microbatches") from None
+    return start
+
+
 def _judge_candidates(
     problem: Problem, candidates: Sequence[tuple[str, Schedule]], say: Callable[[str], None]
 ) -> list[tuple[str, Timeline]]:
@@ -601,6 +618,7 @@ def solve(
     progress: Callable[[Progress], None] | None = None,
     candidates: Sequence[tuple[str, Schedule]] = (),
     torch: bool = False,
+    start: Schedule | None = None,
 ) -> SolveResult:
     """Search the fastest split-backward schedule that fits ``problem``'s memory limit.
 
@@ -614,7 +632,10 @@ def solve(
     and fits joins the registry's for the warm start, so the result is never worse than any of
     them either. ``torch``: the result is for torch.distributed.pipelining's runtime, its
     microbatches numbered in the order its last stage runs their forwards (see the module notes);
-    a problem torch cannot run (replicas, sequence chunks, recompute or offload) is refused first."""
+    a problem torch cannot run (replicas, sequence chunks, recompute or offload) is refused first.
+    ``start``: a re-solve's head start, a schedule of this problem (e.g. the one solved before the
+    costs changed): judged first, as the candidate "start"; where it fits, each step of the warm
+    start keeps to its share of the budget from the outset, leaving the search more time."""
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
@@ -622,7 +643,7 @@ def solve(
         _refuse_untorchable_problem(problem)
     if problem.objective == "steady":  # the makespan over the microbatches: the same search, rescaled
         found = solve(problem.with_changes(objective="makespan"), solver=solver, time_limit=time_limit, gap=gap,
-                      threads=threads, progress=progress, candidates=candidates, torch=torch)
+                      threads=threads, progress=progress, candidates=candidates, torch=torch, start=start)
         return per_microbatch(found, problem)
     clock = _Clock(progress)
     budget = time_limit if isinstance(time_limit, Budget) else Budget.seconds(time_limit)
@@ -633,11 +654,12 @@ def solve(
     # The registry's schedules (the greedy scheduler's searches as they go, with half of what is left,
     # before those that need a policy section), then the candidates with mixed policies: each step
     # stops at its share once a schedule fits.
+    started = _judge_candidates(problem, [("start", _refuse_foreign_start(problem, start))], clock.say) if start else []
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
                             greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
-                            later_budget=lambda: warm_budget.share(REGISTRY_SHARE))
+                            later_budget=lambda: warm_budget.share(REGISTRY_SHARE), found=bool(started))
     try:
-        run.fitting.extend(_judge_candidates(problem, candidates, clock.say))
+        run.fitting.extend(started + _judge_candidates(problem, candidates, clock.say))
         for step in (recomputed_candidates, polished_candidates):
             derived = step(problem, run, warm_budget, clock.say)
             run.fitting.extend(derived)

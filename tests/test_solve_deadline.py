@@ -515,3 +515,38 @@ def test_a_solve_ended_from_outside_leaves_no_process_behind(tmp_path, signum, i
         solve_proc.wait()
     if signum != signal.SIGKILL:
         assert not list(tmp_path.glob(".out.json*")) and not (tmp_path / "out.json").exists()
+
+
+def test_a_re_solve_starts_from_the_schedule_solved_before_the_costs_changed(tmp_path):
+    """``solve(start=...)`` and ``schedc solve --start OLD.json``: the old schedule is judged first
+    (as "start") and the result is never worse than it on the new costs; a schedule of another
+    shape is refused with one line that says what differs."""
+    old_problem = Problem.parse(dict(BINDING, name="before"))
+    old = solve(old_problem, time_limit=10)
+    new_problem = old_problem.with_changes(
+        name="after", costs={k: [round(x * f, 3) for x, f in zip(old_problem.cost[k], (1.04, 0.96, 1.05))]
+                             for k in ("F", "B", "W")})
+    events = []
+    again = solve(new_problem, time_limit=10, start=old.schedule, progress=events.append)
+    on_new = simulate(new_problem, old.schedule).objective_value()
+    assert again.objective <= on_new + 1e-9 and again.timeline.fits
+    notes = [e.note for e in events if e.note]
+    assert notes[0] == f"warm start: start {new_problem.objective} {on_new:.6g}"  # (judged first, as "start")
+    other = Problem.parse(dict(TIGHT))
+    with pytest.raises(SchedcError, match="is not a schedule of this problem"):
+        solve(other, time_limit=5, start=old.schedule)
+
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(old_problem.model_dump_json())
+    after.write_text(new_problem.model_dump_json())
+    first = CliRunner().invoke(main, ["solve", str(before), "-o", str(tmp_path / "old.json"), "--time-limit", "10"])
+    assert first.exit_code == 0, first.output
+    result = CliRunner().invoke(main, ["solve", str(after), "-o", str(tmp_path / "new.json"), "--time-limit", "10",
+                                       "--start", str(tmp_path / "old.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[1].split()[1:4] == ["warm", "start:", "start"]
+    uniform = str(Path(__file__).resolve().parent.parent / "examples/problems/uniform.yaml")
+    refused = CliRunner().invoke(main, ["solve", uniform, "-o", str(tmp_path / "u.json"), "--start",
+                                        str(tmp_path / "old.json")])
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines()[-1].startswith("error: the start schedule 'ilp' is not a schedule of this problem")

@@ -10,7 +10,7 @@ import click
 from schedc.app.cli_base import (
     Finite, ProgramStart, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem, timeline_table,
 )
-from schedc.schedfile import CompiledSchedule
+from schedc.schedfile import CompiledSchedule, load
 from schedc.solvers.common import BACKENDS
 from schedc.solvers.deadline import Budget
 from schedc.solvers.solve import solve as solve_ilp
@@ -49,19 +49,24 @@ def time_budget(time_limit: float, started: float) -> Budget:
               help="For torch.distributed.pipelining's runtime: also start from torch's schedules (slow to build for"
                    " large p x m), and number the microbatches in the order the last stage runs their forwards, as"
                    " torch's runtime assumes (the same schedule).")
+@click.option("--start", "start_file", type=click.Path(dir_okay=False), metavar="OLD.json",
+              help="Re-solve: start from the schedule of this schedule file (one solved before the costs changed;"
+                   " its problem must have the same ranks, chunks, placement and microbatches).")
 def solve(problem: str, memory_limit, objective, output: str, time_limit: float, gap: float, solver: str,
-          threads: int | None, as_json: bool, quiet: bool, with_torch: bool) -> None:
+          threads: int | None, as_json: bool, quiet: bool, with_torch: bool, start_file: str | None) -> None:
     """Find the fastest zero-bubble schedule for PROBLEM under its memory limit (ILP), with a
     proven lower bound, and write it to a schedule file.
 
     The search starts from the best registry schedule that fits (with --torch, also torch's
     schedules), so the result is never worse; a local search improves it, then the exact search.
     With --torch, the schedule is written for torch's runtime (`schedc export`, `torch_pipeline`).
+    With --start OLD.json, OLD.json's schedule is the first candidate (a re-solve after the costs changed).
     A memory limit no schedule can meet exits with status 2 and the smallest feasible limit.
     """
 
     started = time.perf_counter()
     prob = read_problem(problem, memory_limit, objective)
+    start = load(start_file).schedule if start_file is not None else None
 
     def show_progress(event) -> None:
         if quiet:
@@ -86,7 +91,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
 
         candidates = [(name, schedule) for name, schedule, _ in torch_schedules(prob) if schedule is not None]
     result = solve_ilp(prob, solver=solver, time_limit=time_budget(time_limit, started), gap=gap, threads=threads,
-                       progress=show_progress, candidates=candidates, torch=with_torch)
+                       progress=show_progress, candidates=candidates, torch=with_torch, start=start)
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
         click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary(),
