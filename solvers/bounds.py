@@ -553,20 +553,30 @@ def _staggered(problem: Problem, ch: _Chains, k: _Rank, objective: str, first_b:
     than ``off(s)`` = head(s) - head(lo) after the rank's first op (span; that op is some F(lo, j),
     and F(s, j) follows it along the forward chain) or head(s) from time 0 (makespan), and before
     ``first_b`` (when the first backward can start) the rank runs only forwards, m per stage, and
-    recomputes (work not in ``work``, so not subtracted here). So by t <= first_b the rank has
-    idled at least ``t - min(cap, sum_s min(m F(s), max(0, t - off(s))))``, ``cap`` the forward work
-    memory admits at once (``knap_f``; with policies it weighs forwards differently, so none). On
-    the V (and interleaved) placements the rank's later stages arrive late: by head(hi) - head(lo)
-    only stage lo's m forwards can have run. ``(the largest over t, that t)``, at the corners."""
+    recomputes (work not in ``work``, so not subtracted here). By t <= first_b it has done at most
+    ``x(s) = min(m F(s), max(0, t - off(s)))`` of stage s's forward work, and the forwards it has
+    started hold their activations (nothing is freed before a backward): at least x(s) / F(s) of
+    them, mF(s) each, within the room. So it has idled at least t less the most forward work those
+    allow, a fractional knapsack over the stages (work per activation F(s) / mF(s), at most x(s)
+    each; with policies a forward may hold less, so only the sum of the x(s)). On the V (and
+    interleaved) placements the rank's later stages arrive late: by head(hi) - head(lo) only stage
+    lo's forwards can have run, and only as many as the room holds. ``(the largest over t, that
+    t)``, at the corners."""
     F, m = problem.cost[Kind.F], problem.microbatches
+    mF = problem.mem[Kind.F]
     base = 0.0 if objective == "makespan" else ch.head[k.lo]
     off = {s: ch.head[s] - base for s in k.stages}
-    cap = math.inf if problem.policies else k.knap_f
+    cap = math.inf if problem.policies else k.cap
     best = (0.0, 0.0)
     for t in sorted({first_b, *off.values(), *(off[s] + m * F[s] for s in k.stages)}):
         if t > first_b:
             break
-        busy = min(cap, sum(min(m * F[s], max(0.0, t - off[s])) for s in k.stages))
+        done = {s: min(m * F[s], max(0.0, t - off[s])) for s in k.stages}
+        busy = sum(done.values())
+        if cap < math.inf and busy > 0:
+            free = sum(done[s] for s in k.stages if mF[s] <= 0)  # (a forward that holds nothing)
+            held = sorted(((F[s] / mF[s], s) for s in k.stages if mF[s] > 0 and done[s] > 0), reverse=True)
+            busy = min(busy, free + _fill([(F[s], mF[s], done[s] / F[s]) for _, s in held], cap))
         if t - busy > best[0]:  # (the earliest t of the largest)
             best = (t - busy, t)
     return best

@@ -440,3 +440,43 @@ def test_span_bound_is_cheap_at_the_largest_paper_setting():
     t0 = time.perf_counter()
     lower_bound(problem)
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_the_warm_up_counts_what_the_room_holds_of_the_forwards_that_have_arrived():
+    """V placement, p = 2 (rank 0 holds stages 0 and 3), F = 1, 1, 1, 3, B = W = 1, room for two
+    activations, m = 3. Stage 3's first forward reaches rank 0 at 3; until then only stage 0's
+    forwards can run, and only two of them fit: idle 1 by 3. By 6 (the earliest the first backward,
+    B(3, 0), can start) the rank has run at most one F(3) (3) and one more F(0) (the room holds two
+    forwards): busy 4, idle 2, so the makespan is at least its work 24 + 2 = 26 (the exhaustive
+    optimum is 31). Counting the room in forward work instead (two F(3), 6) saw no idle at all."""
+    problem = Problem.parse(dict(ranks=2, microbatches=3, chunks=2, placement="v", costs=dict(F=[1, 1, 1, 3], B=1, W=1),
+                                 memory=dict(F=1, B=-0.5, limit=2)))
+    bound = lower_bound(problem, "makespan")
+    assert bound.value == pytest.approx(26) and "warm-up idle 2 (by 6 only so many" in bound.reason
+    assert exhaustive_optimum(problem, objective="makespan")[0] == pytest.approx(31)
+
+
+@st.composite
+def heavy_last_stage_problems(draw):
+    """p = 2, V or loop, m 2-3, a heavier last stage and room for one to three activations: the
+    memory the warm-up fills before the later stages' forwards arrive binds."""
+    v = draw(st.sampled_from([1, 2]))
+    n = 2 * v
+    cost = st.sampled_from([0.5, 1, 2])
+    f = [draw(cost) for _ in range(n - 1)] + [draw(st.sampled_from([2, 3, 4]))]
+    problem = Problem.parse(dict(
+        ranks=2, microbatches=draw(st.sampled_from([2, 3])), chunks=v, placement="v" if v == 2 else "loop",
+        costs=dict(F=f, B=[draw(cost) for _ in range(n)], W=[draw(cost) for _ in range(n)]),
+        comm=draw(st.sampled_from([0, 0.5])), memory=dict(F=1, B=-draw(st.sampled_from([0.5, 1]))),
+        objective=draw(st.sampled_from(["makespan", "span"])),
+    ))
+    room = draw(st.sampled_from([0, 1, 2]))
+    return problem.with_changes(memory={"limit": max(problem.min_memory(r) for r in range(2)) + room})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(heavy_last_stage_problems())
+def test_the_warm_up_term_stays_below_the_exhaustive_optimum(problem):
+    best = exhaustive_optimum(problem, time_budget=120)[0]
+    for b in all_bounds(problem):
+        assert b.value <= best + 1e-9, b
