@@ -289,12 +289,12 @@ def timeline_summary(timeline: Timeline, version: int) -> dict:
 def save(compiled, path: str | Path) -> None:
     """Write the schedule file whole or not at all: into a temporary file beside it, then renamed
     over it (a run stopped mid-write leaves the old file, or none); a path that is not a plain file
-    (a pipe, /dev/stdout) is written directly."""
+    (a pipe, /dev/stdout) or is a link is written directly (through the link)."""
     path = Path(path)
     text = dump(compiled) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and not path.is_file():
+        if path.is_symlink() or (path.exists() and not path.is_file()):
             path.write_text(text)
             return
         part = path.with_name(f".{path.name}.{os.getpid()}.part")

@@ -5,8 +5,8 @@ by minutes. ``run_cbc`` therefore runs it as a subprocess: when the budget runs 
 interrupted (it then stops searching and writes its incumbent) and, if it has not stopped shortly
 after, killed. A killed CBC writes no solution: the caller keeps its warm start and says "time
 limit". CBC dies with the process that started it (``deadline.dies_with_parent``), so a solve
-killed from outside leaves none running. ``parse_log`` reads the incumbents and bounds CBC reported as it went, for the live
-progress and the bound.
+killed from outside leaves none running. ``parse_log`` reads the incumbents and bounds CBC
+reported as it went, for the live progress and the bound.
 """
 
 from __future__ import annotations

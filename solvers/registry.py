@@ -123,7 +123,8 @@ def evaluate(
     ``warm_start`` judges them as the solver starts from them: with the backward split (a fused
     BW as B then W), each fused one also as built where a fused backward is cheaper than B + W
     (``as_built``, kept when it fits), and one that clearly cannot fit is not simulated (reason
-    NO_FIT), nor built where that is clear beforehand (``_holds_too_much``). ``budget`` (None: no limit) stops the pass: once one schedule fits, no further one
+    NO_FIT), nor built where that is clear beforehand (``_holds_too_much``). ``budget`` (None: no
+    limit) stops the pass: once one schedule fits, no further one
     is judged unless judging it (one more simulation, the longest so far) ends within what the
     budget leaves usable (``Budget.usable``: less the simulations it keeps for the caller); those
     left out come back with reason NOT_EVALUATED. Once the budget has run out the pass goes on

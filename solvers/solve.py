@@ -5,7 +5,8 @@ ablation study call ``solve`` (registered as the search "ilp").
 The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 
 1. warm start: a re-solve's ``start`` first, then the registry's schedules judged with the
-   backward split (``registry.evaluate``), plus any candidates the caller gives, plus (where the problem allows recompute or offload)
+   backward split (``registry.evaluate``, those best on most problems first: ``WARM_FIRST``),
+   plus any candidates the caller gives, plus (where the problem allows recompute or offload)
    every registry order with the fewest recomputes that fit, or everything offloaded
    (``recomputed_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;

@@ -202,6 +202,10 @@ def test_a_save_stopped_mid_write_leaves_the_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert schedc.load(path) == first
     assert [f.name for f in tmp_path.iterdir()] == ["s.json"]
+    link = tmp_path / "link.json"  # (a link is written through, not replaced by a file)
+    link.symlink_to(path)
+    schedc.compile(problem, "gpipe").save(link)
+    assert link.is_symlink() and schedc.load(path).name == "gpipe"
 
 
 @pytest.fixture
