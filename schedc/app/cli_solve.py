@@ -8,7 +8,8 @@ import time
 import click
 
 from schedc.app.cli_base import (
-    Finite, ProgramStart, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem, timeline_table,
+    Finite, ProgramStart, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem,
+    timeline_table,
 )
 from schedc.schedfile import CompiledSchedule, load
 from schedc.solvers.common import BACKENDS
