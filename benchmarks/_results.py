@@ -22,6 +22,21 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
+def commit() -> str:
+    """The checked-out commit (with "+changes" where the tree differs from it), or "unknown"."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     """Replace (or append) the section between ``<!-- name:begin -->`` and ``<!-- name:end -->``."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"

@@ -55,6 +55,7 @@ from schedc.solvers.bounds import lower_bound
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from _results import commit as current_commit  # noqa: E402
 from zb_paper import COSTS, MODELS, SEQ, paper_problem, run_json  # noqa: E402  (the paper's settings, one transcription)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,20 +189,6 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
-def _commit() -> str:
-    """The checked-out commit (with "+changes" where the tree differs from it), or "unknown"."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
-
-
 def main() -> None:
     from _results import machine, write_section
 
@@ -238,7 +225,7 @@ def main() -> None:
     chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem and cell[2] in limits]
     results: dict = {}
 
-    commit = _commit()
+    head = current_commit()
 
     def saved_of(path: Path) -> Path:
         return out_dir / f"{path.stem}.cell.json"  # each cell's result as it is done, for --resume
@@ -248,12 +235,12 @@ def main() -> None:
         saved = saved_of(path)
         if (args.resume or args.report) and saved.exists():
             kept = json.loads(saved.read_text())
-            if args.report or (kept.get("commit") == commit and kept.get("time_limit") == args.time_limit):
+            if args.report or (kept.get("commit") == head and kept.get("time_limit") == args.time_limit):
                 commits[kept.get("commit", "unknown")] += 1
                 return cell, (_rebound(kept["result"], path) if args.rebound else kept["result"])
         r = run_cell(path, args.time_limit, out_dir, shared=args.jobs > 1)
-        saved.write_text(json.dumps({"commit": commit, "time_limit": args.time_limit, "result": r}))
-        commits[commit] += 1
+        saved.write_text(json.dumps({"commit": head, "time_limit": args.time_limit, "result": r}))
+        commits[head] += 1
         print(path.stem, json.dumps({k: v for k, v in r.items() if k != "baselines"}), flush=True)
         return cell, r
 
@@ -276,7 +263,7 @@ def main() -> None:
     ran = ", ".join(f"{c} ({n} cells)" if len(commits) > 1 else c for c, n in sorted(commits.items()))
     if args.rebound:
         command += " --rebound"
-        ran += f"; bounds (and gaps) as of {commit}"
+        ran += f"; bounds (and gaps) as of {head}"
     text = report(results, command, f"{machine()}. Commit: {ran}")
     print(text)
     if args.write and not args.only and limits == set(LIMITS):
