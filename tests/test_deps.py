@@ -39,11 +39,11 @@ def test_schedc_help_loads_no_heavy_library():
 
 # What a command that runs must not load (`python -X importtime` lists every module a run imports):
 # the heavy libraries it does not use, the ablation layer, and another command's module.
+ABLATION = ("schedc.app.ablate", "schedc.app.ablate_config", "schedc.app.ablate_report", "schedc.app.cli_ablate")
 NOT_FOR = {
-    "solve": ("networkx", "matplotlib", "torch", "schedc.app.ablate", "schedc.app.cli_schedules",
-              "schedc.app.cli_profile"),
-    "simulate": ("networkx", "matplotlib", "torch", "pulp", "schedc.app.ablate", "schedc.app.cli_solve"),
-    "check": ("networkx", "matplotlib", "torch", "pulp", "schedc.app.ablate", "schedc.app.cli_solve"),
+    "solve": ("networkx", "matplotlib", "torch", *ABLATION, "schedc.app.cli_schedules", "schedc.app.cli_profile"),
+    "simulate": ("networkx", "matplotlib", "torch", "pulp", *ABLATION, "schedc.app.cli_solve"),
+    "check": ("networkx", "matplotlib", "torch", "pulp", *ABLATION, "schedc.app.cli_solve"),
 }
 
 

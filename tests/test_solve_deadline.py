@@ -522,12 +522,12 @@ def test_a_re_solve_starts_from_the_schedule_solved_before_the_costs_changed(tmp
     (as "start") and the result is never worse than it on the new costs; a schedule of another
     shape is refused with one line that says what differs."""
     old_problem = Problem.parse(dict(BINDING, name="before"))
-    old = solve(old_problem, time_limit=10)
+    old = solve(old_problem, time_limit=3)
     new_problem = old_problem.with_changes(
         name="after", costs={k: [round(x * f, 3) for x, f in zip(old_problem.cost[k], (1.04, 0.96, 1.05))]
                              for k in ("F", "B", "W")})
     events = []
-    again = solve(new_problem, time_limit=10, start=old.schedule, progress=events.append)
+    again = solve(new_problem, time_limit=3, start=old.schedule, progress=events.append)
     on_new = simulate(new_problem, old.schedule).objective_value()
     assert again.objective <= on_new + 1e-9 and again.timeline.fits
     notes = [e.note for e in events if e.note]
@@ -539,9 +539,9 @@ def test_a_re_solve_starts_from_the_schedule_solved_before_the_costs_changed(tmp
     before, after = tmp_path / "before.json", tmp_path / "after.json"
     before.write_text(old_problem.model_dump_json())
     after.write_text(new_problem.model_dump_json())
-    first = CliRunner().invoke(main, ["solve", str(before), "-o", str(tmp_path / "old.json"), "--time-limit", "10"])
+    first = CliRunner().invoke(main, ["solve", str(before), "-o", str(tmp_path / "old.json"), "--time-limit", "3"])
     assert first.exit_code == 0, first.output
-    result = CliRunner().invoke(main, ["solve", str(after), "-o", str(tmp_path / "new.json"), "--time-limit", "10",
+    result = CliRunner().invoke(main, ["solve", str(after), "-o", str(tmp_path / "new.json"), "--time-limit", "3",
                                        "--start", str(tmp_path / "old.json"), "--json"])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[1].split()[1:4] == ["warm", "start:", "start"]
