@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from functools import cached_property, reduce
 from operator import add
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
@@ -982,8 +982,7 @@ def format_validation_error(e: ValidationError, root: type[BaseModel] | None = N
     suggestions = {}  # an unknown field's location -> the known field it is closest to
     for err in errors:
         if err["type"] == "extra_forbidden":
-            parent = _model_at(root or Problem, err["loc"][:-1])
-            known = list(parent.model_fields) if parent else []
+            known = _fields_at(root or Problem, err["loc"][:-1])
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
             suggestions[err["loc"]] = (close[0] if close else None, known)
     # A missing field that an unknown one was meant to be: the typo says it all.
@@ -992,7 +991,7 @@ def format_validation_error(e: ValidationError, root: type[BaseModel] | None = N
         loc = _format_loc(err["loc"])
         if err["type"] == "extra_forbidden":
             close, known = suggestions[err["loc"]]
-            hint = f" (did you mean '{close}'?)" if close else f" (known: {', '.join(known)})"
+            hint = f" (did you mean '{close}'?)" if close else f" (known: {', '.join(known)})" if known else ""
             parts.append(f"unknown field '{loc}'{hint}")
             continue
         if err["type"] == "missing" and err["loc"] in misspelt:
@@ -1026,13 +1025,43 @@ def _format_loc(loc: tuple) -> str:
     return out
 
 
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The fields known where ``loc`` points inside ``model``: a model's (an optional section, a
+    union with None, is its member) or a TypedDict's, through lists (an index takes the item
+    type); none where the place is neither."""
+    ann: Any = model
     for part in loc:
-        field = model.model_fields.get(str(part))
-        ann = field.annotation if field else None
-        # An optional section (Optional[Offload]) is a union with None: its model is the member.
-        members = [a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        ann = _unwrapped(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            field = ann.model_fields.get(str(part))
+            ann = field.annotation if field else None
+        elif _is_typeddict(ann):
+            ann = ann.__annotations__.get(str(part))
+        elif get_origin(ann) is list and isinstance(part, int):
+            ann = get_args(ann)[0]
+        else:
+            return []
+    ann = _unwrapped(ann)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return list(ann.model_fields)
+    return list(ann.__annotations__) if _is_typeddict(ann) else []
+
+
+def _unwrapped(ann: Any) -> Any:
+    """``ann`` without Annotated, NotRequired or a union (Optional): of a union, the member that
+    is a model, a TypedDict or a list, if one is."""
+    while (origin := get_origin(ann)) is not None and origin is not list:
+        args = get_args(ann)
+        if origin is Annotated or getattr(origin, "_name", None) in ("NotRequired", "Required"):
+            ann = args[0]
+            continue
+        members = [a for a in args if _is_typeddict(a) or get_origin(a) is list
+                   or (isinstance(a, type) and issubclass(a, BaseModel))]
         if not members:
-            return None
-        model = members[0]
-    return model
+            return ann
+        ann = members[0]
+    return ann
+
+
+def _is_typeddict(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, dict) and hasattr(ann, "__required_keys__")

@@ -49,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, Field
+from typing_extensions import NotRequired, TypedDict
+
+from pydantic import AfterValidator, ConfigDict, Field
 
 from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
 from schedc.check import CheckReport, check
@@ -133,6 +135,20 @@ class InstrModel(_Strict):
     peer_stage: int = Field(default=-1, ge=-1)
 
 
+class InstrData(TypedDict):
+    """An instruction as the file holds it, checked as ``InstrModel`` is but read into a plain
+    dict (a file holds about 2.3 instructions per op: a model object each would hold several
+    times the memory and take several times as long to build)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    op: Literal[OPCODE_NAMES]  # type: ignore[valid-type]
+    stage: NotRequired[Annotated[int, Field(ge=-1)]]
+    mb: NotRequired[Annotated[int, Field(ge=-1)]]
+    tensor: NotRequired[Literal["", "act", "grad"]]
+    peer: NotRequired[Annotated[int, Field(ge=-1)]]
+    peer_stage: NotRequired[Annotated[int, Field(ge=-1)]]
+
+
 class ScheduleModel(_Strict):
     name: str
     ranks: list[list[tuple[Literal[KIND_NAMES], int, int]]]  # type: ignore[valid-type]
@@ -199,7 +215,7 @@ class ScheduleFile(_Strict):
     provenance: Provenance
     problem: Problem
     schedule: ScheduleModel
-    program: list[list[InstrModel]]
+    program: list[list[InstrData]]
     timeline: dict[str, Any] = Field(description="simulate(problem, schedule).summary() when written")
     solver: Optional[SolverStats] = Field(default=None, description="solver statistics; null for a named schedule")
 
@@ -369,8 +385,9 @@ def from_data(data: Any, path: str | Path = "schedule file"):
             f"{path}: inconsistent: schedule format version {version} cannot hold {what} (recompute and offload"
             f" need version {version_of(schedule)}): write the file again with this schedc"
         )
-    program = Program.from_lists([[(i.op, i.stage, i.mb, i.tensor, i.peer, i.peer_stage) for i in instrs]
-                                  for instrs in model.program], Header.of(problem, schedule))
+    program = Program.from_lists([[(i["op"], i.get("stage", -1), i.get("mb", -1), i.get("tensor", ""), i.get("peer", -1),
+                                    i.get("peer_stage", -1)) for i in instrs] for instrs in model.program],
+                                 Header.of(problem, schedule))
     try:
         timeline = simulate(problem, schedule)
         report = check(problem, program, schedule, issue=version >= 3)
