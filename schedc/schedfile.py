@@ -135,10 +135,13 @@ class InstrModel(_Strict):
     peer_stage: int = Field(default=-1, ge=-1)
 
 
+# A program's instructions are read as InstrData, checked as InstrModel is but into plain dicts:
+# a file holds about 2.3 instructions per op, and a model object each would hold several times the
+# memory and take several times as long to build.
 class InstrData(TypedDict):
-    """An instruction as the file holds it, checked as ``InstrModel`` is but read into a plain
-    dict (a file holds about 2.3 instructions per op: a model object each would hold several
-    times the memory and take several times as long to build)."""
+    """One instruction of a rank's program: ``op`` (a compute kind, or SEND, RECV, LOCAL, STEP,
+    UPDATE) and the fields it uses (stage, microbatch, tensor, peer rank, peer stage); a field
+    left out is -1 ("" for tensor)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
     op: Literal[OPCODE_NAMES]  # type: ignore[valid-type]
