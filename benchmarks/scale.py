@@ -3,6 +3,7 @@ thousand to 400 000 ops.
 
     python benchmarks/scale.py [--write] [--time-limit S] [--only TEXT[,TEXT...]] [--jobs N] [--max-ops N] [--out DIR]
     python benchmarks/scale.py --report [--write] [--out DIR]   # the table again from a run's cells
+    python benchmarks/scale.py --resolve [--write]   # only the re-solve figure (point 6)
 
 Cells (issue 40):
 
@@ -27,6 +28,11 @@ start-up, imports, reading, writing):
 
 CPU time is user + system of the command and every process it started. The machine may be shared:
 the load average is printed with the table.
+
+The re-solve (``--resolve``): the grid's p = 8, v = 2, m = 32 cell at 1x memory, solved in 60 s;
+then RESOLVES copies with every stage's F, B and W scaled by a factor drawn within +-5 % (seeded),
+each solved in 1 s (``solve(problem, time_limit=1)``) from scratch and with the first schedule as
+its start (``start=``): the gap to each copy's proven bound and the solver's seconds.
 """
 
 from __future__ import annotations
@@ -203,6 +209,43 @@ def plot(rows: list[dict], start_cpu: float, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+RESOLVES = 5
+
+
+def resolve_figure(command: str) -> str:
+    """The re-solve rows (see the module notes) as a RESULTS.md section."""
+    from schedc.solvers.solve import solve
+
+    base = grid_problem(8, 2, 32, 1.0)
+    first = solve(base, time_limit=60.0)
+    rows = []
+    for seed in range(RESOLVES):
+        rng = random.Random(f"resolve-{seed}")
+        costs = {k: [round(x * rng.uniform(0.95, 1.05), 6) for x in base.cost[k]] for k in MEANS}
+        problem = base.with_changes(name=f"{base.name}-perturbed-{seed}", costs=costs)
+        plain = solve(problem, time_limit=1.0)
+        again = solve(problem, time_limit=1.0, start=first.schedule)
+        rows.append((seed, plain, again))
+        print(f"perturbed {seed}: from scratch gap {100 * plain.gap:.2f} % in {plain.seconds:.2f} s, from the"
+              f" start {100 * again.gap:.2f} % in {again.seconds:.2f} s", flush=True)
+    lines = [
+        "## Re-solve: from the schedule solved before the costs changed",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}. Commit: {commit()}  ",
+        f"{base.name} ({ops(base)} ops) solved in 60 s: {first.objective:.6g}, {first.status}, gap"
+        f" {100 * first.gap:.2f} %. Each row: the same problem with every stage's F, B and W within +-5 %,"
+        " solved in 1 s from scratch and with that schedule as its start (`solve(problem, start=...)`,"
+        " `schedc solve --start OLD.json`); gap to the row's proven bound, and the solver's seconds.",
+        "",
+        "| perturbation | from scratch: gap | seconds | from the start: gap | seconds | started from |",
+        "|---|---|---|---|---|---|",
+        *(f"| {seed} | {100 * plain.gap:.2f} % | {plain.seconds:.2f} | {100 * again.gap:.2f} % | {again.seconds:.2f}"
+          f" | {again.warm_start} |" for seed, plain, again in rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--time-limit", type=float, default=60.0, help="solve's --time-limit per cell (60)")
@@ -212,7 +255,14 @@ def main() -> None:
     ap.add_argument("--out", default="out/scale", help="where the problem and schedule files go")
     ap.add_argument("--write", action="store_true", help="write RESULTS.md's section and benchmarks/scale.png")
     ap.add_argument("--report", action="store_true", help="only the table, from the cells a run left in --out")
+    ap.add_argument("--resolve", action="store_true", help="only the re-solve figure (see the notes above)")
     args = ap.parse_args()
+    if args.resolve:
+        text = resolve_figure(("python benchmarks/scale.py " + " ".join(sys.argv[1:])).strip())
+        print(text)
+        if args.write:
+            write_section("resolve", text)
+        return
     if args.report:
         saved = [json.loads(f.read_text()) for f in sorted(Path(args.out).glob("*/row.json"))]
         rows = sorted((r for r in saved if r.get("run")), key=lambda r: r["ops"])
