@@ -144,13 +144,16 @@ def startup(cwd: Path) -> float:
 
 
 def report(rows: list[dict], start_cpu: float, command: str, loads: tuple[float, float], head: str) -> str:
-    per_op = lambda r, c: 1e6 * max(0.0, r["cpu"][c] - start_cpu) / r["ops"]  # noqa: E731
+    startup = lambda r: r.get("run", {}).get("startup", start_cpu)  # noqa: E731  (each run measured its own)
+    per_op = lambda r, c: 1e6 * max(0.0, r["cpu"][c] - startup(r)) / r["ops"]  # noqa: E731
+    low, high = min(map(startup, rows), default=start_cpu), max(map(startup, rows), default=start_cpu)
     lines = [
         "## Scale: solve and the other commands from thousands to hundreds of thousands of ops",
         "",
         f"Command: `{command}`  ",
         f"Machine: {machine()}; load average {loads[0]:.1f} at the start, {loads[1]:.1f} at the end. Commit: {head}  ",
-        f"Start-up (`schedc --version`, CPU): {start_cpu:.2f} s, taken off each command's CPU before dividing by"
+        f"Start-up (`schedc --version`, CPU): {low:.2f}" + (f"-{high:.2f}" if high > low else "")
+        + " s, taken off each command's CPU before dividing by"
         " the ops. Gap: (solve - its proven bound) / solve. Best registry: the best schedule `schedc compare`"
         " finds that fits. Search: the log shows the search ran (\"-\" where the warm start was already proven"
         " optimal).",
@@ -268,8 +271,10 @@ def main() -> None:
         rows = sorted((r for r in saved if r.get("run")), key=lambda r: r["ops"])
         if not rows:
             raise SystemExit(f"no finished cells in {args.out}")
-        run = rows[0]["run"]
-        finish(rows, run["startup"], run["command"], tuple(run["loads"]), run.get("commit", "unknown"), args.write)
+        runs = list({r["run"]["command"]: r["run"] for r in rows}.values())  # (cells of several runs: each named)
+        finish(rows, runs[0]["startup"], "`, then `".join(run["command"] for run in runs),
+               (min(run["loads"][0] for run in runs), max(run["loads"][1] for run in runs)),
+               ", ".join(dict.fromkeys(run.get("commit", "unknown") for run in runs)), args.write)
         return
     wanted = [text for text in args.only.split(",") if text] or [""]
     chosen = [c for c in cells()
