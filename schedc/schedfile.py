@@ -126,18 +126,9 @@ OPCODE_NAMES = tuple(o.value for o in OPCODES)  # the kinds, then SEND, RECV, LO
 POLICY_NAMES = tuple(ROWS[k].policy for k in POLICIES)  # recompute, selective, offload
 
 
-class InstrModel(_Strict):
-    op: Literal[OPCODE_NAMES]  # type: ignore[valid-type]
-    stage: int = Field(default=-1, ge=-1)
-    mb: int = Field(default=-1, ge=-1)
-    tensor: Literal["", "act", "grad"] = ""
-    peer: int = Field(default=-1, ge=-1)
-    peer_stage: int = Field(default=-1, ge=-1)
-
-
-# A program's instructions are read as InstrData, checked as InstrModel is but into plain dicts:
-# a file holds about 2.3 instructions per op, and a model object each would hold several times the
-# memory and take several times as long to build.
+# A program's instructions are read into plain dicts that pydantic checks (a TypedDict), not a
+# model object each: a file holds about 2.3 instructions per op, and model objects would hold
+# several times the memory and take several times as long to build.
 class InstrData(TypedDict):
     """One instruction of a rank's program: ``op`` (a compute kind, or SEND, RECV, LOCAL, STEP,
     UPDATE) and the fields it uses (stage, microbatch, tensor, peer rank, peer stage); a field

@@ -571,12 +571,8 @@ def _staggered(problem: Problem, ch: _Chains, k: _Rank, objective: str, first_b:
     for t in sorted({first_b, *off.values(), *(off[s] + m * F[s] for s in k.stages)}):
         if t > first_b:
             break
-        done = {s: min(m * F[s], max(0.0, t - off[s])) for s in k.stages}
-        busy = sum(done.values())
-        if cap < math.inf and busy > 0:
-            free = sum(done[s] for s in k.stages if mF[s] <= 0)  # (a forward that holds nothing)
-            held = sorted(((F[s] / mF[s], s) for s in k.stages if mF[s] > 0 and done[s] > 0), reverse=True)
-            busy = min(busy, free + _fill([(F[s], mF[s], done[s] / F[s]) for _, s in held], cap))
+        done = {s: min(m * F[s], max(0.0, t - off[s])) for s in k.stages}  # (x(s); done / F forwards)
+        busy = _knapsack([(F[s], mF[s], done[s] / F[s]) for s in k.stages], cap)
         if t - busy > best[0]:  # (the earliest t of the largest)
             best = (t - busy, t)
     return best

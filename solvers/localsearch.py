@@ -310,7 +310,7 @@ def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
         own = set(ks)
         over = sum(x in own for x in full[:j + 1]) - 1  # the op of ks at that point, or whose F it follows
         before = set(ks[:over])
-        pull = next((j for j in range(over + 1, len(ks)) if ev.is_w[ks[j]] and ev.b_of_w[ks[j]] in before), None)
+        pull = next((x for x in range(over + 1, len(ks)) if ev.is_w[ks[x]] and ev.b_of_w[ks[x]] in before), None)
         if pull is None:
             return None
         orders = _moved(orders, r, pull, over)

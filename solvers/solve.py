@@ -655,7 +655,8 @@ def solve(
     # The registry's schedules (the greedy scheduler's searches as they go, with half of what is left,
     # before those that need a policy section), then the candidates with mixed policies: each step
     # stops at its share once a schedule fits.
-    started = _judge_candidates(problem, [("start", _refuse_foreign_start(problem, start))], clock.say) if start else []
+    started = ([] if start is None
+               else _judge_candidates(problem, [("start", _refuse_foreign_start(problem, start))], clock.say))
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
                             greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
                             later_budget=lambda: warm_budget.share(REGISTRY_SHARE), found=bool(started))

@@ -812,7 +812,8 @@ def _api():
         "costs-direct": (lambda: _models()["Costs"](F=-1, B=1, W=1), "ProblemError"),
         "memory-direct": (lambda: _models()["Memory"](static=float("nan")), "ProblemError"),
         "schedule-file-direct": (lambda: _models()["ScheduleFile"](format="x"), "ScheduleFileError"),
-        "instruction-direct": (lambda: _models()["InstrModel"](op="HACK"), "ScheduleFileError"),
+        "instruction-direct": (lambda: _models()["ScheduleFile"](format="schedc.schedule", program=[[{"op": "HACK"}]]),
+                               "ScheduleFileError"),
         "config-direct-empty": (lambda: _models()["AblationConfig"](problems=[]), "ConfigError"),
         "config-direct-schedules": (lambda: _models()["AblationConfig"](problems=[{"file": "x"}], schedules=[]),
                                     "ConfigError"),
@@ -825,9 +826,9 @@ def _api():
 def _models() -> dict:
     from schedc.app.ablate_config import AblationConfig, Grid
     from schedc.problem import Costs, Memory
-    from schedc.schedfile import InstrModel, ScheduleFile
+    from schedc.schedfile import ScheduleFile
 
-    return {m.__name__: m for m in (AblationConfig, Grid, Costs, Memory, InstrModel, ScheduleFile)}
+    return {m.__name__: m for m in (AblationConfig, Grid, Costs, Memory, ScheduleFile)}
 
 
 def _ablate(max_cells: int = 1000, **fields):
