@@ -34,6 +34,7 @@ If the ranks stop short, the wait-for graph has a cycle, which the error names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from schedc.errors import ProgramError, ScheduleError
 from schedc.kinds import GRADS, ROWS, Kind, candidates, in_order, unsupported
@@ -50,6 +51,7 @@ _SAME_STAGE = {k: tuple((candidates(need), 0) for need, offset in row.needs if o
 # kind -> per need on a neighbouring chunk of its sequence (sequence chunks), the kinds and the chunk offset
 _CHUNK = {k: tuple((candidates(need), offset) for need, offset in row.chunk_needs) for k, row in ROWS.items()}
 # tensor -> the kinds whose output carries it, in the table's order (act: F; grad: B, BW)
+_MOVES = frozenset({Opcode.SEND, Opcode.RECV, Opcode.LOCAL})  # the instructions that move a message
 _MAKERS = {tensor: tuple(k for k, row in ROWS.items() if row.carries == tensor) for tensor in TENSORS}
 
 
@@ -82,9 +84,11 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
     if schedule is not None and schedule.rounds != rounds:
         raise ProgramError(f"the program runs {rounds} round(s) of the microbatches but the schedule"
                            f" {schedule.name!r} has {schedule.rounds}: a synchronous and an asynchronous one do not mix")
+    shape = _Shape(problem.n_stages, problem.units * rounds, rounds, problem.stage_rank, problem.pipeline_stages)
+    messages = [[i.message if i.op in _MOVES else None for i in instrs] for instrs in program.ranks]
     for r, instrs in enumerate(program.ranks):
-        for k, instr in enumerate(instrs):
-            _check_fields(problem, r, k, instr, rounds)
+        for k, (instr, msg) in enumerate(zip(instrs, messages[r])):
+            _check_fields(shape, r, k, instr, msg)
         steps = [k for k, i in enumerate(instrs) if i.op is Opcode.STEP]
         if steps != [len(instrs) - 1]:
             raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {len(steps)})")
@@ -118,8 +122,8 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
 
     _check_reduces(problem, program, schedule if issue else None)
     _check_updates(problem, program, rounds)
-    feeds = _check_dataflow(problem, program)
-    buffers = _run(program, _pair(program), feeds)
+    feeds = _check_dataflow(problem, program, messages)
+    buffers = _run(program, _pair(program, messages), feeds)
     count = lambda op: tuple(sum(i.op is op for i in instrs) for instrs in program.ranks)  # noqa: E731
     return CheckReport(
         instructions=tuple(len(instrs) for instrs in program.ranks),
@@ -130,48 +134,58 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
     )
 
 
-def _check_fields(problem: Problem, r: int, k: int, instr: Instr, rounds: int) -> None:
+class _Shape(NamedTuple):
+    """What ``_check_fields`` reads of the problem, looked up once: stages, microbatch ids (units
+    times rounds), rounds, each stage's rank, stages per pipeline."""
+
+    n: int
+    m: int
+    rounds: int
+    stage_rank: tuple[int, ...]
+    depth: int
+
+
+def _check_fields(shape: _Shape, r: int, k: int, instr: Instr, msg: Message | None) -> None:
+    """One instruction's fields against the problem; ``msg`` is its message (SEND, RECV, LOCAL)."""
     where = lambda: f"rank {r} instruction {k} ({instr})"  # noqa: E731  (written out only for an error)
-    n, m = problem.n_stages, problem.units * rounds
-    stage_rank = problem.stage_rank
-    if isinstance(instr.op, Kind) and instr.op not in CHECKED:
-        raise ProgramError(f"rank {r} instruction {k}: {unsupported(instr.op, 'the checker', in_order(CHECKED))}")
-    if instr.op is Opcode.STEP:
-        if (instr.stage, instr.mb, instr.tensor, instr.peer, instr.peer_stage) != (-1, -1, "", -1, -1):
+    n, m, rounds, stage_rank, depth = shape
+    op, stage, mb, tensor, peer, peer_stage = instr
+    if isinstance(op, Kind) and op not in CHECKED:
+        raise ProgramError(f"rank {r} instruction {k}: {unsupported(op, 'the checker', in_order(CHECKED))}")
+    if op is Opcode.STEP:
+        if (stage, mb, tensor, peer, peer_stage) != (-1, -1, "", -1, -1):
             raise ProgramError(f"{where()}: STEP takes no stage, microbatch, tensor or peer")
         return
-    if instr.op is Opcode.UPDATE:
+    if op is Opcode.UPDATE:
         if rounds == 1:
             raise ProgramError(f"{where()}: UPDATE is the step of an asynchronous program, and this one is synchronous"
                                " (one round): the two do not mix")
-        if not (0 <= instr.stage < n and 0 <= instr.mb < rounds) or (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
+        if not (0 <= stage < n and 0 <= mb < rounds) or (tensor, peer, peer_stage) != ("", -1, -1):
             raise ProgramError(f"{where()}: UPDATE takes a stage and a round (of {rounds}), no tensor or peer")
-        if stage_rank[instr.stage] != r:
-            raise ProgramError(f"{where()}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
+        if stage_rank[stage] != r:
+            raise ProgramError(f"{where()}: stage {stage} is placed on rank {stage_rank[stage]}, not {r}")
         return
-    if not (0 <= instr.stage < n and 0 <= instr.mb < m):
+    if not (0 <= stage < n and 0 <= mb < m):
         raise ProgramError(f"{where()}: stage or microbatch outside {n} stages x {m} microbatches")
-    if stage_rank[instr.stage] != r:
-        raise ProgramError(f"{where()}: stage {instr.stage} is placed on rank {stage_rank[instr.stage]}, not {r}")
-    if isinstance(instr.op, Kind):
-        if (instr.tensor, instr.peer, instr.peer_stage) != ("", -1, -1):
+    if stage_rank[stage] != r:
+        raise ProgramError(f"{where()}: stage {stage} is placed on rank {stage_rank[stage]}, not {r}")
+    if isinstance(op, Kind):
+        if (tensor, peer, peer_stage) != ("", -1, -1):
             raise ProgramError(f"{where()}: a compute instruction has no tensor or peer")
-        if ROWS[instr.op].per_stage and instr.mb != 0:
-            raise ProgramError(f"{where()}: {ROWS[instr.op].title} is one op per stage, written with microbatch 0")
+        if ROWS[op].per_stage and mb != 0:
+            raise ProgramError(f"{where()}: {ROWS[op].title} is one op per stage, written with microbatch 0")
         return
-    if instr.tensor not in TENSORS:
-        raise ProgramError(f"{where()}: tensor must be 'act' or 'grad', got {instr.tensor!r}")
-    msg = instr.message
-    depth = problem.pipeline_stages
-    if not 0 <= instr.peer_stage < n or msg.dst != msg.src + DIRECTION[msg.tensor] or msg.dst // depth != msg.src // depth:
+    if tensor not in TENSORS:
+        raise ProgramError(f"{where()}: tensor must be 'act' or 'grad', got {tensor!r}")
+    if not 0 <= peer_stage < n or msg.dst != msg.src + DIRECTION[msg.tensor] or msg.dst // depth != msg.src // depth:
         raise ProgramError(f"{where()}: {msg.tensor} goes from stage s to s{DIRECTION[msg.tensor]:+d} of its pipeline")
-    peer_rank = stage_rank[instr.peer_stage]
-    if instr.op is Opcode.LOCAL:
-        if peer_rank != r or instr.peer != -1:
-            raise ProgramError(f"{where()}: stage {instr.peer_stage} is on rank {peer_rank}; LOCAL stays on one rank"
+    peer_rank = stage_rank[peer_stage]
+    if op is Opcode.LOCAL:
+        if peer_rank != r or peer != -1:
+            raise ProgramError(f"{where()}: stage {peer_stage} is on rank {peer_rank}; LOCAL stays on one rank"
                                " (peer -1)")
-    elif instr.peer != peer_rank or instr.peer == r:
-        raise ProgramError(f"{where()}: stage {instr.peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
+    elif peer != peer_rank or peer == r:
+        raise ProgramError(f"{where()}: stage {peer_stage} is on rank {peer_rank}, so the peer must be {peer_rank}")
 
 
 def _check_reduces(problem: Problem, program: Program, schedule: Schedule | None) -> None:
@@ -284,9 +298,10 @@ def _issued(ops, after) -> str:
     return ", ".join(f"{op} after {a or 'nothing'}" for op, a in zip(ops, after))
 
 
-def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
-    """Every message moves exactly once, after its producer ran, and reaches its consumer first.
-    Returns, per rank, compute index -> index of the RECV that brings its input."""
+def _check_dataflow(problem: Problem, program: Program, messages: list[list[Message | None]]) -> list[dict[int, int]]:
+    """Every message moves exactly once, after its producer ran, and reaches its consumer first
+    (``messages``: per rank, each instruction's message or None). Returns, per rank, compute index
+    -> index of the RECV that brings its input."""
     n, chunks = problem.pipeline_stages, problem.seq_chunks
     ops_of = [[i.compute if isinstance(i.op, Kind) else None for i in instrs] for instrs in program.ranks]
     held = {op for ops in ops_of for op in ops if op is not None}  # every op it runs
@@ -296,9 +311,8 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
         done: set[Op] = set()
         arrived: dict[Message, int] = {}  # -> index of its RECV, or -1 for a LOCAL
         feeds.append({})
-        for k, (instr, op) in enumerate(zip(instrs, ops_of[r])):
+        for k, (instr, op, msg) in enumerate(zip(instrs, ops_of[r], messages[r])):
             if instr.op is Opcode.SEND or instr.op is Opcode.LOCAL:
-                msg = instr.message
                 if msg in moved:
                     raise ProgramError(f"rank {r}: {msg} is moved twice ({moved[msg]} and {instr})")
                 moved[msg] = instr
@@ -308,7 +322,7 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                 if instr.op is Opcode.LOCAL:
                     arrived[msg] = -1
             elif instr.op is Opcode.RECV:
-                arrived[instr.message] = k
+                arrived[msg] = k
             elif op is not None:
                 need = consumed(op, n)
                 if need is not None and need not in arrived:
@@ -322,10 +336,10 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
                     i = op.mb + offset
                     if offset and not 0 <= op.mb % chunks + offset < chunks:
                         continue
-                    need_op = next((o for kind in kinds if (o := Op(kind, op.stage, i)) in held),
-                                   Op(kinds[-1], op.stage, i))
+                    # (plain tuples: they find the Ops in held and done, same hash and equal)
+                    need_op = next((o for kind in kinds if (o := (kind, op.stage, i)) in held), (kinds[-1], op.stage, i))
                     if need_op not in done:
-                        raise ProgramError(f"rank {r}: {op} runs before {need_op}")
+                        raise ProgramError(f"rank {r}: {op} runs before {Op(*need_op)}")
                 done.add(op)
     expected = {msg for op in held if (msg := produced(op, n)) is not None}
     missing = expected - moved.keys()
@@ -335,20 +349,20 @@ def _check_dataflow(problem: Problem, program: Program) -> list[dict[int, int]]:
 
 
 def _maker(msg: Message, done: set[Op]) -> Op | None:
-    return next((op for k in _MAKERS[msg.tensor] if (op := Op(k, msg.src, msg.mb)) in done), None)
+    return next((Op(*op) for k in _MAKERS[msg.tensor] if (op := (k, msg.src, msg.mb)) in done), None)
 
 
-def _pair(program: Program) -> dict[tuple[int, int], int]:
+def _pair(program: Program, messages: list[list[Message | None]]) -> dict[tuple[int, int], int]:
     """(rank, index of a SEND or RECV) -> (peer rank, index of its partner), after checking that
     each channel's sends and receives list the same messages in the same order."""
     sends: dict[tuple[int, int], list[tuple[int, Message]]] = {}
     recvs: dict[tuple[int, int], list[tuple[int, Message]]] = {}
     for r, instrs in enumerate(program.ranks):
-        for k, instr in enumerate(instrs):
+        for k, (instr, msg) in enumerate(zip(instrs, messages[r])):
             if instr.op is Opcode.SEND:
-                sends.setdefault((r, instr.peer), []).append((k, instr.message))
+                sends.setdefault((r, instr.peer), []).append((k, msg))
             elif instr.op is Opcode.RECV:
-                recvs.setdefault((instr.peer, r), []).append((k, instr.message))
+                recvs.setdefault((instr.peer, r), []).append((k, msg))
     partner: dict[tuple[int, int], tuple[int, int]] = {}
     for src, dst in sorted(sends.keys() | recvs.keys()):
         out, into = sends.get((src, dst), []), recvs.get((src, dst), [])

@@ -206,11 +206,11 @@ def _name(source: str) -> str:
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Refused(f"duplicate key {shorten(key)}")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key written twice (dict() keeps the last): name the first
+        seen: set[str] = set()
+        key = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _Refused(f"duplicate key {shorten(key)}")
     return out
 
 
@@ -226,7 +226,7 @@ def _json_float(text: str) -> float:
 
 
 def _json_int(text: str) -> int:
-    if len(text.lstrip("-")) > 16:
+    if len(text) > 16 and len(text.lstrip("-")) > 16:
         raise _Refused(f"integer of {len(text)} digits is out of range (at most {MAX_INT:.0e})")
     return int(text)
 

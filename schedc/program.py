@@ -158,7 +158,10 @@ class Instr(_InstrFields):
 
     @property
     def compute(self) -> Op:
-        return Op(self.op, self.stage, self.mb)
+        op = self.op
+        if op.__class__ is Kind:  # (a Kind already: Op's own check of the name is not needed)
+            return tuple.__new__(Op, (op, self.stage, self.mb))
+        return Op(op, self.stage, self.mb)
 
     def __str__(self) -> str:
         if isinstance(self.op, Kind):
@@ -174,12 +177,19 @@ class Instr(_InstrFields):
         return str(self.op)
 
     def to_data(self) -> dict:
-        """JSON form: only the fields the opcode uses."""
-        out: dict = {"op": self.op}
-        for name, unset in (("stage", -1), ("mb", -1), ("tensor", ""), ("peer", -1), ("peer_stage", -1)):
-            value = getattr(self, name)
-            if value != unset:
-                out[name] = value
+        """JSON form: only the fields the opcode uses (those not -1, or "" for tensor)."""
+        op, stage, mb, tensor, peer, peer_stage = self
+        out: dict = {"op": op}
+        if stage != -1:
+            out["stage"] = stage
+        if mb != -1:
+            out["mb"] = mb
+        if tensor:
+            out["tensor"] = tensor
+        if peer != -1:
+            out["peer"] = peer
+        if peer_stage != -1:
+            out["peer_stage"] = peer_stage
         return out
 
 
@@ -427,5 +437,9 @@ def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:
     B(dst) or BW(dst), or the RG / SG before it (Megatron's recompute waits for the gradient too):
     of those the schedule holds, the one its rank runs first."""
     kinds = _CONSUMERS[msg.tensor, msg.src - msg.dst]
-    held = [op for k in kinds if (op := Op(k, msg.dst, msg.mb)) in where]
-    return min(held, key=lambda op: where[op][1]) if held else Op(kinds[-1], msg.dst, msg.mb)
+    first, kind = None, kinds[-1]
+    for k in kinds:
+        at = where.get((k, msg.dst, msg.mb))  # (a plain tuple finds the Op: same hash, equal)
+        if at is not None and (first is None or at[1] < first):
+            first, kind = at[1], k
+    return Op(kind, msg.dst, msg.mb)

@@ -33,7 +33,8 @@ holds what its version cannot is refused. A version 2 file's copy lane is read a
 rule then), its program as it was lowered then.
 
 Reading checks more than the shape: the schedule must be complete for the problem, the program
-must pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
+must be the one this schedc lowers from the schedule (which ``compile`` checked before writing it)
+or else pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
 timeline must be what the schedule simulates to. A file edited into an inconsistent state, a
 truncated one and one from a newer schedc each fail with one line saying which.
 """
@@ -53,7 +54,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
+from schedc.errors import ProgramError, SchedcError, ScheduleError, ScheduleFileError
 from schedc.check import CheckReport, check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
 from schedc.kinds import POLICIES, ROWS, Kind
@@ -81,7 +82,8 @@ class CompiledSchedule:
     timeline: Timeline
     solver: dict[str, Any] | None  # the ILP's statistics; None for a named schedule
     provenance: dict[str, str]  # schedc version, command, created (UTC, ISO 8601)
-    # What ``check`` found when the file was read (``load`` checks it once; None: made here, not read)
+    # What ``check`` found when the file was read (None: made here, or read with the very program this
+    # schedc lowers from its schedule, which compile checked; ``load(verify=True)`` always checks)
     report: CheckReport | None = field(default=None, compare=False)
 
     @property
@@ -327,9 +329,11 @@ def load_any(path: str | Path):
     return load_problem(path)
 
 
-def load(path: str | Path):
-    """Read, validate and verify a schedule file; return a CompiledSchedule."""
-    return from_data(_read_json(Path(path)), path)
+def load(path: str | Path, *, verify: bool = False):
+    """Read, validate and verify a schedule file; return a CompiledSchedule. Its program is
+    checked in full (``check``) unless it is the one this schedc lowers from the file's schedule;
+    ``verify`` checks it in full always (``schedc check``)."""
+    return from_data(_read_json(Path(path)), path, verify=verify)
 
 
 def _read_json(path: Path) -> Any:
@@ -337,8 +341,8 @@ def _read_json(path: Path) -> Any:
     return parse_json(text, source=str(path), error=ScheduleFileError)
 
 
-def from_data(data: Any, path: str | Path = "schedule file"):
-    """Validate and verify parsed JSON; return a CompiledSchedule."""
+def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = False):
+    """Validate and verify parsed JSON; return a CompiledSchedule (``verify``: as ``load``)."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ScheduleFileError(f"{path}: not a schedc schedule file (no \"format\": \"{FORMAT}\")")
     version = data.get("version")
@@ -350,6 +354,7 @@ def from_data(data: Any, path: str | Path = "schedule file"):
             f" {__version__} reads version {VERSION}): upgrade schedc or write the file again"
         )
     model = ScheduleFile.validated(data, str(path))
+    del data  # (the model holds its own copy: let the parsed JSON go; a large file's is most of the memory)
 
     problem = model.problem
     try:
@@ -379,21 +384,43 @@ def from_data(data: Any, path: str | Path = "schedule file"):
             f"{path}: inconsistent: schedule format version {version} cannot hold {what} (recompute and offload"
             f" need version {version_of(schedule)}): write the file again with this schedc"
         )
-    program = Program.from_lists([[(i["op"], i.get("stage", -1), i.get("mb", -1), i.get("tensor", ""), i.get("peer", -1),
-                                    i.get("peer_stage", -1)) for i in instrs] for instrs in model.program],
-                                 Header.of(problem, schedule))
+    stored, stored_timeline = model.program, model.timeline
+    solver = None if model.solver is None else model.solver.model_dump(exclude_none=True)  # (policies only where given)
+    provenance = model.provenance.model_dump()
+    del model  # (its program's instructions, once read, are the next largest part)
     try:
         timeline = simulate(problem, schedule)
-        report = check(problem, program, schedule, issue=version >= 3)
+        program, report = None if verify else _lowered(problem, schedule, timeline, stored), None
+        if program is None:
+            program = Program.from_lists([[(i["op"], i.get("stage", -1), i.get("mb", -1), i.get("tensor", ""),
+                                            i.get("peer", -1), i.get("peer_stage", -1)) for i in instrs]
+                                          for instrs in stored], Header.of(problem, schedule))
+            del stored
+            report = check(problem, program, schedule, issue=version >= 3)
     except (ScheduleError, ProgramError) as e:
         raise ScheduleFileError(f"{path}: inconsistent: {e}") from None
     summary = timeline_summary(timeline, version)
-    _same(path, "timeline", model.timeline, summary, keys=summary)
-    solver = None
-    if model.solver is not None:
-        solver = model.solver.model_dump(exclude_none=True)  # policies only where the file has them
+    _same(path, "timeline", stored_timeline, summary, keys=summary)
+    if solver is not None:
         _same_solver(path, solver, timeline)
-    return CompiledSchedule(problem, schedule, program, timeline, solver, model.provenance.model_dump(), report)
+    return CompiledSchedule(problem, schedule, program, timeline, solver, provenance, report)
+
+
+def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline, stored: list[list[dict]]) -> Program | None:
+    """The program this schedc lowers ``schedule`` to, if the file's program is exactly that one
+    (written as ``Program.to_data`` writes it), else None. ``compile`` checks every program it
+    lowers before writing it, so such a file's program needs no second check; any other program
+    (edited, or lowered by another version of schedc) is checked in full."""
+    try:
+        program = lower(problem, schedule, timeline)
+    except SchedcError:  # (a schedule compile would not lower: the check names what is wrong)
+        return None
+    if len(stored) != len(program.ranks) or any(len(a) != len(b) for a, b in zip(stored, program.ranks)):
+        return None
+    if any([i.to_data() for i in instrs] != rank for instrs, rank in zip(program.ranks, stored)):
+        return None
+    stored.clear()  # (read and matched: the instructions' dicts go)
+    return program
 
 
 def _same(path, field: str, stored: dict, actual: dict, keys) -> None:

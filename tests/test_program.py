@@ -453,3 +453,22 @@ def test_the_checker_refuses_a_kind_it_does_not_know_by_name(monkeypatch):
     monkeypatch.setattr(checker, "CHECKED", frozenset({"F", "B", "W", "BW", "R", "O", "L"}))
     with pytest.raises(ProgramError, match="the checker cannot handle op kind 'S'"):
         check(problem, program)
+
+
+def test_load_checks_a_program_unlike_the_one_it_would_lower(saved):
+    """A program equal to the one schedc lowers from the file's schedule is the one compile checked
+    before writing it: load takes it without a second check (no report); verify=True, as ``schedc
+    check`` does, checks it anyway. Any other program, even a valid one, is checked in full."""
+    fast, full = schedc.load(saved), schedc.load(saved, verify=True)
+    assert fast.report is None and fast.program == full.program == lower(fast.problem, fast.schedule)
+    assert full.report is not None and sum(full.report.sends) > 0
+
+    def post_earlier(d):  # rank 1's first receive after a compute op posted before that op: valid, not as lowered
+        instrs = d["program"][1]
+        k = next(k for k in range(1, len(instrs)) if instrs[k]["op"] == "RECV" and instrs[k - 1]["op"] in COMPUTE)
+        instrs[k - 1], instrs[k] = instrs[k], instrs[k - 1]
+
+    edited(saved, post_earlier)
+    moved = schedc.load(saved)
+    assert moved.report is not None and moved.program != full.program
+    assert moved.report.summary() == full.report.summary() and moved.timeline.summary() == full.timeline.summary()

@@ -304,7 +304,7 @@ def check(schedule_file: str, as_json: bool, show: bool, rank: int | None) -> No
     pairs every send with one receive in the same order and cannot deadlock (a send waits until
     its receive is posted). A failure names the first problem, or the cycle of waiting ranks."""
 
-    compiled = load(schedule_file)  # verifies everything (the report is its check's); one line if anything is off
+    compiled = load(schedule_file, verify=True)  # checks the program in full (the report is that check's); one line if anything is off
     report = compiled.report
     if as_json:
         click.echo(json.dumps({"file": schedule_file, "ok": True, "schedule": compiled.name, **report.summary()}, indent=2))
