@@ -8,12 +8,12 @@ the paper's measured F, B, W and latency per stage, memory in units of one micro
 activation per stage, M_B), the time per microbatch in the steady state (``Timeline.per_microbatch``,
 objective ``steady``): 1F1B, ZB-H1 and ZB-V (on the same model cut into 2p stages, V placement)
 with a flush every iteration of m microbatches (their makespan over m), against 2BW (1F1B without
-a flush: ``schedc.solvers.asynchronous``, the mean over its middle rounds). Memory beside: each
+a flush: ``schedc.solvers.families.asynchronous``, the mean over its middle rounds). Memory beside: each
 schedule's peak activation in M_B against the 1p and 2p limits (p M_B and 2p M_B), and the weight
 copies each keeps: 2BW one more than the others (the settings give activation memory only, so the
 second copy is named, not added). No search: every figure is a simulation, exact, machine-free.
 
-Part ``seq``: Seq1F1B (``schedc.solvers.sequence``; k = 2, 4, 8 chunks per sequence, fused and
+Part ``seq``: Seq1F1B (``schedc.solvers.families.sequence``; k = 2, 4, 8 chunks per sequence, fused and
 split backward) against 1F1B and ZB-H1 at sequence lengths 4k to 32k, on the cost model of the
 example GPT's block (``schedc.runtime.gpt.Block``: pre-norm attention, q/k/v in one Linear, MLP
 4h wide, causal flash attention) at a 7B-like width, written out below (``gpt_problem``): FLOPs at

@@ -6,7 +6,7 @@ so it lives here rather than in the test suite (a test must not depend on how fa
 On the zero-bubble paper's hardest 2p setting (1.5B, m = 24, examples/problems/zb-paper/), the
 memory-aware heuristic's timed warm-up policy gives a bubble of 4.46 % and the paper's ZB-2p 4.33 %
 (zb-2p's own search over policies now reaches 4.33 % by itself). The local search
-(`schedc.solvers.localsearch.improve`), started from that policy's schedule with --seconds of
+(`schedc.solvers.search.localsearch.improve`), started from that policy's schedule with --seconds of
 time, must reach the paper. It stops at the deadline or by patience (200 kicks without improvement),
 whichever comes first, and keeps the best it found. Exits 1 if it does not reach the paper.
 """
@@ -24,8 +24,8 @@ from _results import machine, write_section  # noqa: E402
 
 from schedc import load_problem, simulate  # noqa: E402
 from schedc.solvers.deadline import Budget  # noqa: E402
-from schedc.solvers.greedy import Policy, greedy_schedule  # noqa: E402
-from schedc.solvers.localsearch import improve  # noqa: E402
+from schedc.solvers.families.greedy import Policy, greedy_schedule  # noqa: E402
+from schedc.solvers.search.localsearch import improve  # noqa: E402
 
 SETTING = Path(__file__).resolve().parent.parent / "examples" / "problems" / "zb-paper" / "zb-1.5B-m24-2p.yaml"
 PAPER = 0.0433  # the paper's ZB-2p bubble on this setting (Qi et al. 2024, Table 5)

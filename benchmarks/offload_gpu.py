@@ -41,7 +41,7 @@ def schedules(problem):
     import schedc.solvers as solvers
     from schedc.kinds import Kind
     from schedc.schedfile import CompiledSchedule
-    from schedc.solvers.memtime import everywhere, hidden_offloads, with_policies
+    from schedc.solvers.families.memtime import everywhere, hidden_offloads, with_policies
 
     base = solvers.build("gpipe", problem)
     return {

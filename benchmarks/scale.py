@@ -55,7 +55,7 @@ from solve_time import schedc_command  # noqa: E402
 from zb_paper import paper_problem  # noqa: E402
 
 from schedc import Problem  # noqa: E402
-from schedc.solvers.greedy import reference_limit  # noqa: E402
+from schedc.solvers.families.greedy import reference_limit  # noqa: E402
 
 GRID_P = (8, 16, 32, 64)
 GRID_V = (1, 2)
@@ -217,7 +217,7 @@ RESOLVES = 5
 
 def resolve_figure(command: str) -> str:
     """The re-solve rows (see the module notes) as a RESULTS.md section."""
-    from schedc.solvers.solve import solve
+    from schedc.solvers.search.solve import solve
 
     base = grid_problem(8, 2, 32, 1.0)
     first = solve(base, time_limit=60.0)

@@ -23,8 +23,8 @@ import time
 
 import schedc.solvers as solvers
 from schedc import Problem, simulate
-from schedc.solvers.greedy import reference_limit
-from schedc.solvers.ilp import solve
+from schedc.solvers.families.greedy import reference_limit
+from schedc.solvers import solve
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _results import machine, write_section  # noqa: E402

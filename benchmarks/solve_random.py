@@ -48,9 +48,9 @@ from schedc import Problem, simulate
 from schedc.errors import SchedcError
 from schedc.kinds import FUSED
 from schedc.runtime.torch_schedules import torch_schedules
-from schedc.solvers.greedy import reference_limit
+from schedc.solvers.families.greedy import reference_limit
 from schedc.solvers.registry import unfuse
-from schedc.solvers.solve import fitting_registry_schedules, solve
+from schedc.solvers.search.solve import fitting_registry_schedules, solve
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _results import machine, write_section  # noqa: E402

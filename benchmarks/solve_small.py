@@ -35,7 +35,7 @@ from pathlib import Path
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.solvers.registry import unfuse
-from schedc.solvers.solve import fitting_registry_schedules, solve
+from schedc.solvers.search.solve import fitting_registry_schedules, solve
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -64,7 +64,7 @@ import schedc.solvers  # noqa: E402,F401  (registers the schedules)
 from schedc import Problem  # noqa: E402
 from schedc.simulate import simulate  # noqa: E402
 from schedc.solvers.registry import build  # noqa: E402
-from schedc.solvers.solve import solve  # noqa: E402
+from schedc.solvers.search.solve import solve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = sorted((ROOT / "examples/problems/zb-paper").glob("zb-*-2p.yaml"))
@@ -159,7 +159,7 @@ def run_cell(args) -> dict:
 
 
 def dualpipe_table(time_limit: float) -> str:
-    try:  # before PuLP loads highspy, whose HiGHS clashes with OR-Tools' (solvers/cpsat.py)
+    try:  # before PuLP loads highspy, whose HiGHS clashes with OR-Tools' (solvers/search/cpsat.py)
         import ortools.sat.python.cp_model  # noqa: F401
 
         searches = ("cbc", "cpsat")

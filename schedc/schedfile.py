@@ -179,7 +179,7 @@ class Provenance(_Strict):
 
 
 class SolverStats(_Strict):
-    """The solver's statistics as ``schedc.solvers.solve.SolveResult.summary`` writes them; the
+    """The solver's statistics as ``schedc.solvers.search.solve.SolveResult.summary`` writes them; the
     figures a simulation can confirm are checked against it when the file is read."""
 
     status: Literal["optimal", "feasible", "time limit", "warm start"]

@@ -1,21 +1,26 @@
-"""Everything that turns a Problem into a Schedule (imported as ``schedc.solvers``).
+"""Everything that turns a Problem into a Schedule (imported as ``schedc.solvers``), in two parts
+and what they share:
 
-``REGISTRY`` maps each named schedule to its builder, ``SEARCHES`` each search (the exact one,
-"ilp", ``solve.solve``) to its function, ``common.BACKENDS`` each search backend
-(``schedc solve --solver``); importing this package fills them. A new schedule, search or backend
-is a module here and one import line below.
+- ``families/``: the named schedules, one module per family, each registering its builders in
+  ``REGISTRY``: GPipe, 1F1B and the handcrafted zero-bubble ones (``heuristics``), the V shapes
+  (``vshape``), two directions (``bidirectional``), the memory-aware greedy (``greedy``), recompute
+  and offload baselines (``memtime``), asynchronous weight versions (``asynchronous``), sequence
+  chunks (``sequence``);
+- ``search/``: the exact search, ``solve`` (registered in ``SEARCHES`` as "ilp"): the warm start
+  from the registry, the local search (``localsearch``), mixed recompute policies (``mixed``,
+  ``lazyw``), and the backends in ``search.common.BACKENDS`` (``schedc solve --solver``): CBC and
+  HiGHS through PuLP (``ilp``, ``cbc``), CP-SAT (``cpsat``);
+- here, what both use: ``registry`` (the one table of named schedules and searches), ``bounds``
+  (the proven lower bounds: the search's gap, and the greedy's early stop) and ``deadline`` (the
+  wall-clock budget and the worker processes that keep it).
+
+A family imports no search module (pyproject's import contracts). Importing this package fills
+the registries; a new family, search or backend is a module in its folder and one import line in
+that folder's ``__init__``.
 """
 
-from schedc.solvers import heuristics  # noqa: F401  (registers the named schedules)
-from schedc.solvers import vshape  # noqa: F401
-from schedc.solvers import bidirectional  # noqa: F401  (two directions: chimera, bidir-zb, dualpipe, bitpipe)
-from schedc.solvers import greedy  # noqa: F401
-from schedc.solvers import memtime  # noqa: F401  (recompute and offload baselines)
-from schedc.solvers import asynchronous  # noqa: F401  (weight versions: 2bw)
-from schedc.solvers import sequence  # noqa: F401  (sequence chunks: seq1f1b, seq1f1b-zb)
-from schedc.solvers import solve  # noqa: F401  (registers the exact search, "ilp")
-from schedc.solvers import ilp  # noqa: F401  (registers the PuLP backends, "cbc" and "highs")
-from schedc.solvers import cpsat  # noqa: F401  (registers the CP-SAT backend, "cpsat")
+from schedc.solvers import families, search  # noqa: F401  (register the named schedules, the search, its backends)
 from schedc.solvers.registry import REGISTRY, SEARCHES, Evaluated, ScheduleSpec, build, evaluate, get
+from schedc.solvers.search.solve import SolveResult, solve
 
-__all__ = ["REGISTRY", "SEARCHES", "Evaluated", "ScheduleSpec", "build", "evaluate", "get"]
+__all__ = ["REGISTRY", "SEARCHES", "Evaluated", "ScheduleSpec", "SolveResult", "build", "evaluate", "get", "solve"]

@@ -12,7 +12,7 @@ file costs scales with them). Two tools let the steps of a solve stop when their
   can outlast a short limit (several seconds at p = 32, m = 256); in a child they can be stopped.
   Small problems, and platforms other than Linux (no safe fork), run the generator in this
   process instead: the caller still checks the budget between items.
-- ``schedc.solvers.cbc.run_cbc`` runs CBC under a watchdog that uses the same budget.
+- ``schedc.solvers.search.cbc.run_cbc`` runs CBC under a watchdog that uses the same budget.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class ScheduleSpec:
 
 REGISTRY: dict[str, ScheduleSpec] = {}
 # name -> a search: ``search(problem, *, solver, time_limit, gap, threads, progress)`` returning a
-# result with ``schedule``, ``timeline`` and ``summary()`` (``schedc.solvers.solve.solve`` is "ilp").
+# result with ``schedule``, ``timeline`` and ``summary()`` (``schedc.solvers.search.solve.solve`` is "ilp").
 # Named like a schedule wherever one is taken (schedc.compile, ablation configs); not built by
 # ``evaluate``, as a search needs a time limit.
 SEARCHES: dict[str, Callable[..., Any]] = {}

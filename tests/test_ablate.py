@@ -206,7 +206,7 @@ def _every_policy(problem):
     """interleaved 1F1B with each (stage, microbatch) given the policies the problem allows in turn
     (microbatch i: the (i mod k)-th of its k policies)."""
     import schedc.solvers as solvers
-    from schedc.solvers.memtime import with_policies
+    from schedc.solvers.families.memtime import with_policies
 
     base = solvers.build("interleaved-1f1b", problem)
     kinds = problem.policies

@@ -51,6 +51,7 @@ def test_the_import_contracts_hold(tmp_path):
     ("problem.py", "import schedc.solvers.registry  # a wrong arrow: the core importing a solver"),
     ("simulate.py", "import torch  # a wrong arrow: the core importing torch"),
     ("solvers/registry.py", "import schedc.runtime  # a wrong arrow: a solver importing the runtime"),
+    ("solvers/families/heuristics.py", "import schedc.solvers.search.ilp  # a wrong arrow: a family importing the search"),
     ("runtime/comm.py", "import schedc.app.cli  # a wrong arrow: the runtime importing the application"),
     ("__init__.py", "import schedc.solvers  # a wrong arrow: the front door loading the solvers"),
     ("__init__.py", "from schedc.app.plot import draw_gantt  # a wrong arrow: the front door loading the app"),

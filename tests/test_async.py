@@ -21,8 +21,8 @@ from schedc.errors import ProgramError, ScheduleError, ScheduleFileError
 from schedc.program import Instr, Opcode, Program, lower
 from schedc.schedule import Op, Schedule
 from schedc.simulate import simulate
-from schedc.solvers.asynchronous import two_bw
-from schedc.solvers.solve import solve
+from schedc.solvers.families.asynchronous import two_bw
+from schedc.solvers.search.solve import solve
 
 
 def problem(p=4, m=8, **extra) -> Problem:

@@ -1,4 +1,4 @@
-"""The memory-for-time baselines (schedc.solvers.memtime): the policy transform, the registry
+"""The memory-for-time baselines (schedc.solvers.families.memtime): the policy transform, the registry
 schedules built on it (closed forms where they exist, the simulator for everything), and the
 registry's quick memory test under policies."""
 
@@ -13,8 +13,9 @@ from schedc.errors import ScheduleError
 from schedc.kinds import BACKWARDS, Kind
 from schedc.schedule import Op
 from schedc.simulate import simulate
-from schedc.solvers import greedy, memtime, registry
+from schedc.solvers.families import greedy, memtime
 
+from schedc.solvers import registry
 NEW = ["1f1b-recompute", "1f1b-selective", "interleaved-1f1b-recompute", "interleaved-1f1b-selective",
        "1f1b-recompute-prefetch", "interleaved-1f1b-recompute-prefetch", "zb-h1-recompute", "1f1b-recompute-fit",
        "zb-v-offload"]

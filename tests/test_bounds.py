@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import Op, Problem, Schedule, ScheduleError, load_problem, simulate
 from schedc.solvers.bounds import Bound, all_bounds, lower_bound
-from schedc.solvers.solve import best_registry_schedule
+from schedc.solvers.search.solve import best_registry_schedule
 from tests.exhaustive import exhaustive_optimum, linear_extensions, span_with_delays
 from tests.strategies import with_working, working_memory
 

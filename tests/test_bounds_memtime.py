@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from schedc import Problem, simulate
 from schedc.kinds import Kind
-from schedc.solvers import REGISTRY, memtime
+from schedc.solvers import REGISTRY
+from schedc.solvers.families import memtime
 from schedc.solvers.bounds import all_bounds, lower_bound
 from schedc.solvers.registry import unfuse
 from tests.exhaustive import policy_optimum
@@ -123,7 +124,7 @@ def test_one_microbatch_in_flight_still_binds_where_offload_is_allowed(copy, exa
     (each still holds the whole room apart from the rest, from its F to its copy out and from its
     copy back to its B), and the term stays under the best schedule CP-SAT finds."""
     pytest.importorskip("ortools")
-    from schedc.solvers.solve import solve
+    from schedc.solvers.search.solve import solve
 
     problem = tiny(1.0, False).with_changes(offload=dict(time=copy))
     term = next(b for b in all_bounds(problem) if "in flight" in b.reason and b.rank == 0)
@@ -162,7 +163,7 @@ def test_the_room_limits_the_w_work_a_rank_defers_past_its_last_backward():
     assert pair.value == pytest.approx(14.0, abs=1e-9) and "the W work 1 memory lets it defer" in pair.reason
     assert lower_bound(problem.with_changes(memory={"limit": None})).value == pytest.approx(12.0, abs=1e-9)
     pytest.importorskip("ortools")
-    from schedc.solvers.solve import solve
+    from schedc.solvers.search.solve import solve
 
     result = solve(problem, solver="cpsat", time_limit=30, threads=1)
     assert result.status == "optimal" and result.objective == pytest.approx(pair.value, abs=1e-6)
@@ -212,7 +213,7 @@ def test_windows_of_one_round_trip_price_what_the_keeps_cost(offload):
     if offload is not None:
         return
     pytest.importorskip("ortools")
-    from schedc.solvers.solve import solve
+    from schedc.solvers.search.solve import solve
 
     result = solve(problem, solver="cpsat", time_limit=30, threads=1)
     assert result.status == "optimal" and term.value <= result.objective + 1e-6

@@ -14,7 +14,7 @@ import schedc.solvers as solvers
 from schedc.app.cli import main
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
-from schedc.solvers.memtime import with_policies
+from schedc.solvers.families.memtime import with_policies
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIFORM = ROOT / "examples" / "problems" / "uniform.yaml"
@@ -80,7 +80,7 @@ def test_solve_reports_the_policies_of_its_schedule(files, monkeypatch):
     # schedule that recomputes and offloads, and the command must report what that schedule does.
     from schedc.app import cli_solve
     from schedc.simulate import simulate
-    from schedc.solvers.solve import SolveResult
+    from schedc.solvers.search.solve import SolveResult
 
     problem = Problem.parse(PROBLEM)
     schedule = with_policies(problem, solvers.build("zb-h1", problem), CHOSEN, name="ilp")

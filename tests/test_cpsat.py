@@ -1,4 +1,4 @@
-"""The CP-SAT backend (solvers/cpsat.py) against the exhaustive search of tests/exhaustive.py."""
+"""The CP-SAT backend (solvers/search/cpsat.py) against the exhaustive search of tests/exhaustive.py."""
 
 import sys
 
@@ -11,10 +11,10 @@ pytest.importorskip("ortools")
 from schedc import Problem, simulate  # noqa: E402
 from schedc.errors import SchedcError  # noqa: E402
 from schedc.solvers.bounds import lower_bound  # noqa: E402
-from schedc.solvers.cpsat import _CpModel, solve_cpsat  # noqa: E402
-from schedc.solvers.common import Progress, Settings  # noqa: E402
+from schedc.solvers.search.cpsat import _CpModel, solve_cpsat  # noqa: E402
+from schedc.solvers.search.common import Progress, Settings  # noqa: E402
 from schedc.solvers.deadline import Budget  # noqa: E402
-from schedc.solvers.solve import best_registry_schedule, solve  # noqa: E402
+from schedc.solvers.search.solve import best_registry_schedule, solve  # noqa: E402
 from tests.exhaustive import exhaustive_optimum
 from tests.strategies import add_working, small_problems  # noqa: E402
 from tests.test_ilp import SMALL  # noqa: E402

@@ -196,7 +196,7 @@ def test_measured_times_are_refused():
 @settings(max_examples=40, deadline=None)
 @given(st.data(), pipeline_problems(max_microbatches=5))
 def test_the_chain_sets_the_objective_with_recompute_and_offload(data, problem):
-    from schedc.solvers.memtime import with_policies
+    from schedc.solvers.families.memtime import with_policies
 
     copy = data.draw(st.floats(0.05, 20), label="offload.time")
     problem = problem.with_changes(recompute=dict(time=data.draw(st.floats(0.05, 20), label="recompute.time")),
@@ -217,7 +217,7 @@ def test_a_slow_reload_is_on_the_chain():
     # the offload, which waits for F0; then F1, R1 and BW1 on the rank: 21 + 2 + 1 + 0.5 + 2.
     problem = Problem.parse(dict(ranks=1, microbatches=2, costs=dict(F=1, B=1, W=1), memory=dict(F=1),
                                  offload=dict(time=10), recompute=dict(time=0.5)))
-    from schedc.solvers.memtime import with_policies
+    from schedc.solvers.families.memtime import with_policies
 
     t = simulate(problem, with_policies(problem, solvers.build("1f1b", problem), {(0, 0): "O", (0, 1): "R"}))
     c = critical_path(t)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
 from schedc.kinds import Kind
-from schedc.solvers.greedy import (
+from schedc.solvers.families.greedy import (
     NEWER, PAPER_LIKE, ListScheduler, Policy, best_greedy, flags_for, greedy_schedule, greedy_search, policies,
     reference_limit, same_pass,
 )

@@ -12,9 +12,9 @@ import schedc
 import schedc.solvers as solvers
 from schedc import Problem, simulate
 from schedc.app.cli import main
-from schedc.solvers.cbc import cbc
-from schedc.solvers.ilp import _Model
-from schedc.solvers.solve import best_registry_schedule, solve
+from schedc.solvers.search.cbc import cbc
+from schedc.solvers.search.ilp import _Model
+from schedc.solvers.search.solve import best_registry_schedule, solve
 from tests.exhaustive import exhaustive_optimum
 from tests.strategies import add_working, small_problems
 

@@ -1,4 +1,4 @@
-"""The ILP model of solvers/ilp.py (``_Model``) stays exact with its tightenings (windows and
+"""The ILP model of solvers/search/ilp.py (``_Model``) stays exact with its tightenings (windows and
 pairwise big-M, pairs ordered by the windows, W in the order of their B, the memory-time cut):
 its optimum equals the exhaustive search's (tests/exhaustive.py) on seeded random small problems,
 and it keeps the proven optimum of two harder examples as a solution."""
@@ -12,12 +12,12 @@ import schedc
 from schedc import Problem, simulate
 from schedc.schedule import Op
 from schedc import solvers
-from schedc.solvers import ilp
-from schedc.solvers.cbc import cbc
-from schedc.solvers.common import Settings
+from schedc.solvers.search import ilp
+from schedc.solvers.search.cbc import cbc
+from schedc.solvers.search.common import Settings
 from schedc.solvers.deadline import Budget
-from schedc.solvers.ilp import _Model, _span_horizon
-from schedc.solvers.solve import best_registry_schedule, solve
+from schedc.solvers.search.ilp import _Model, _span_horizon
+from schedc.solvers.search.solve import best_registry_schedule, solve
 from tests.exhaustive import exhaustive_optimum
 
 # p = 3, m = 4, v = 2 (loop), comm 1, memory-bound: CBC on the plain big-M model ended at 172

@@ -16,7 +16,7 @@ from schedc.app.cli import main
 from schedc.interop import from_torch_csv, to_torch_csv, write_torch_csv
 from schedc.runtime.torch_schedules import TORCH_SCHEDULES, torch_schedules
 from schedc.schedfile import CompiledSchedule
-from schedc.solvers.memtime import with_policies
+from schedc.solvers.families.memtime import with_policies
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import load_problem, simulate
 from schedc.solvers.deadline import Budget
-from schedc.solvers.localsearch import _Evaluator, improve, renumbered, score
+from schedc.solvers.search.localsearch import _Evaluator, improve, renumbered, score
 from tests.strategies import pipeline_problems
 
 PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
@@ -61,8 +61,8 @@ def test_a_window_model_accepts_an_incumbent_out_of_microbatch_order():
     incumbent from the local search may run two W of a stage the other way round."""
     from schedc import Problem
     from schedc.schedule import Schedule
-    from schedc.solvers.common import Settings
-    from schedc.solvers.ilp import solve_pulp
+    from schedc.solvers.search.common import Settings
+    from schedc.solvers.search.ilp import solve_pulp
 
     problem = Problem.parse(dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), objective="span"))
     base = solvers.build("zb-h1", problem)
@@ -83,7 +83,7 @@ def test_kicks_and_other_starts_reach_an_optimum_the_climb_alone_misses():
     the search ends (200 kicks without a better order, long before the deadline, so the result
     does not depend on the machine's speed) at 94, the exhaustive optimum."""
     from schedc import Problem
-    from schedc.solvers.solve import fitting_registry_schedules
+    from schedc.solvers.search.solve import fitting_registry_schedules
     from tests.exhaustive import exhaustive_optimum
 
     problem = Problem.parse(dict(
@@ -124,7 +124,7 @@ def test_the_search_makes_overlapped_pairs_where_they_are_faster():
     forward with a backward where that is faster, and the simulator agrees; without costs.FB the
     same search makes none."""
     from schedc import Problem
-    from schedc.solvers.solve import best_registry_schedule
+    from schedc.solvers.search.solve import best_registry_schedule
 
     data = {"ranks": 2, "microbatches": 4, "costs": {"F": 2, "B": 2, "W": 1, "FB": 3}}
     p = Problem.parse(data)
@@ -144,7 +144,7 @@ def test_a_policy_move_over_the_room_pulls_a_weight_gradient_earlier():
     W0 in front of F1, where B0 has already run. Where the W that would free the room comes after
     its own B, which comes after the point, nothing can be pulled: None."""
     from schedc import Problem, Schedule
-    from schedc.solvers.localsearch import _apply, _repaired
+    from schedc.solvers.search.localsearch import _apply, _repaired
 
     problem = Problem.parse(dict(ranks=1, microbatches=2, costs=dict(F=1, B=1, W=1),
                                  memory=dict(F=1, B=-0.6, limit=1.2), recompute=dict(time=1, keep=0.1)))

@@ -12,7 +12,7 @@ from schedc.kinds import Kind
 from schedc.schedule import Op, Schedule
 from schedc.program import lower
 from schedc.simulate import back_to_back, simulate
-from schedc.solvers.memtime import with_policies
+from schedc.solvers.families.memtime import with_policies
 from schedc.solvers.registry import build
 from tests.strategies import pipeline_problems
 

@@ -1,5 +1,5 @@
-"""Mixed recompute policies and lazy weight gradients for the warm start (solvers/mixed.py,
-solvers/lazyw.py): every schedule they make is complete and keeps each rank's order of the ops it
+"""Mixed recompute policies and lazy weight gradients for the warm start (solvers/search/mixed.py,
+solvers/search/lazyw.py): every schedule they make is complete and keeps each rank's order of the ops it
 was given; a fitted schedule fits; relaxing a schedule that fits keeps it fitting and never adds
 recompute time; re-placing the W of a schedule that fits keeps it fitting and never delays the
 other ops' order."""
@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from schedc import Problem, simulate
 from schedc.kinds import RECOMPUTES, Kind
-from schedc.solvers.greedy import best_greedy
-from schedc.solvers.lazyw import lazy_w
-from schedc.solvers.memtime import everywhere, plain, with_policies
-from schedc.solvers.mixed import as_if, fit_mixed, fitted_orders, likely_kinds, lightened, policy_orders, polished, relax
+from schedc.solvers.families.greedy import best_greedy
+from schedc.solvers.search.lazyw import lazy_w
+from schedc.solvers.families.memtime import everywhere, plain, with_policies
+from schedc.solvers.search.mixed import as_if, fit_mixed, fitted_orders, likely_kinds, lightened, policy_orders, polished, relax
 from schedc.solvers.registry import REGISTRY, unfuse
 from tests.strategies import small_problems
 
@@ -205,7 +205,7 @@ def test_with_one_policy_the_fit_recomputes_what_fit_recompute_does(problem):
     """Restricted to one kind, fit_mixed recomputes the very (stage, microbatch) that
     memtime.fit_recompute does wherever it moved no W (it moves one only where no recompute helps,
     where fit_recompute cannot fit the rank)."""
-    from schedc.solvers.memtime import fit_recompute  # (the reference, only here)
+    from schedc.solvers.families.memtime import fit_recompute  # (the reference, only here)
 
     for name, schedule in orders_of(problem):
         for kind in problem.recomputes:
@@ -222,7 +222,7 @@ def test_with_one_policy_the_fit_recomputes_what_fit_recompute_does(problem):
 @given(st.lists(st.floats(-5, 5), min_size=1, max_size=40), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40),
        st.floats(-3, 3)), max_size=20))
 def test_the_range_max_tree_is_a_list(values, steps):
-    from schedc.solvers.mixed import _RangeMax  # (a helper of relax, tested alone)
+    from schedc.solvers.search.mixed import _RangeMax  # (a helper of relax, tested alone)
 
     tree, plain_list = _RangeMax(values), list(values)
     for a, b, x in steps:
@@ -252,7 +252,7 @@ def test_lazy_w_on_some_ranks_leaves_the_others_as_they_were(problem, fill, rank
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_problems(max_microbatches=lambda p: 6), st.booleans())
 def test_lazy_w_without_recompute_keeps_every_fitting_schedule_fitting(problem, fill):
-    from schedc.solvers.solve import fitting_registry_schedules  # (the registry's schedules that fit)
+    from schedc.solvers.search.solve import fitting_registry_schedules  # (the registry's schedules that fit)
 
     for name, t in fitting_registry_schedules(problem):
         out = lazy_w(problem, t.schedule, fill=fill)

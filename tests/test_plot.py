@@ -137,7 +137,7 @@ def test_the_critical_path_is_outlined_with_a_line_for_each_rank_change(objectiv
 
 
 def _policy_timeline(**changes):
-    from schedc.solvers.memtime import with_policies
+    from schedc.solvers.families.memtime import with_policies
 
     data = dict(ranks=2, microbatches=4, costs=dict(F=1, B=1, W=1), memory=dict(F=2, static=1),
                 recompute=dict(keep=0.5, selective=dict(time=0.25, keep=1)), offload=dict(time=0.5))
@@ -167,7 +167,7 @@ def test_memory_steps_follow_the_simulated_levels_with_recompute_and_offload():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from schedc.solvers.memtime import with_policies
+    from schedc.solvers.families.memtime import with_policies
     from tests.strategies import pipeline_problems
     from tests.test_critical import random_schedule
 

@@ -49,8 +49,8 @@ def test_a_toy_transport_trains_exactly_as_the_torch_one(tmp_path):
 
 
 def test_a_toy_solver_backend_is_one_file_and_one_registry_line(tmp_path):
-    from schedc.solvers.common import BACKENDS
-    from schedc.solvers.ilp import solve
+    from schedc.solvers.search.common import BACKENDS
+    from schedc.solvers import solve
     from tests import toy_backend
 
     BACKENDS["toy"] = toy_backend.search  # the one registry line

@@ -22,7 +22,7 @@ from schedc.runtime import PipelineError, PipelineRuntime
 from schedc.runtime.gpt import gpt_blocks, lm_loss, stages, token_batches
 from schedc.schedfile import CompiledSchedule
 from schedc.schedule import Op, Schedule
-from schedc.solvers.asynchronous import two_bw
+from schedc.solvers.families.asynchronous import two_bw
 from tests.ranks import run_local
 
 ROUNDS = 4  # rounds 2 and 3 run on weights one update stale

@@ -19,7 +19,7 @@ from schedc.problem import Problem
 from schedc.schedule import Op
 from schedc.schedfile import CompiledSchedule, dump, load, version_of
 from schedc.simulate import simulate
-from schedc.solvers.memtime import with_policies
+from schedc.solvers.families.memtime import with_policies
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -157,7 +157,7 @@ def test_any_choice_of_policies_round_trips(tmp_path_factory, data):
 def _solved(tmp_path, policies) -> Path:
     """A file of the solved schedule, its solver statistics as ``SolveResult.summary`` writes them
     (with ``policies`` where the problem allows recompute or offload)."""
-    from schedc.solvers.solve import SolveResult
+    from schedc.solvers.search.solve import SolveResult
 
     compiled = _compiled()
     t = compiled.timeline

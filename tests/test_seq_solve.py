@@ -14,12 +14,12 @@ from schedc.kinds import Kind
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
 from schedc.solvers.bounds import all_bounds, lower_bound
-from schedc.solvers.common import Settings, order_edges
+from schedc.solvers.search.common import Settings, order_edges
 from schedc.solvers.deadline import Budget
-from schedc.solvers.ilp import _Model, _w_follow_b, search_cbc
-from schedc.solvers.localsearch import renumbered
+from schedc.solvers.search.ilp import _Model, _w_follow_b, search_cbc
+from schedc.solvers.search.localsearch import renumbered
 from schedc.solvers.registry import unfuse
-from schedc.solvers.solve import solve
+from schedc.solvers.search.solve import solve
 
 from tests.exhaustive import exhaustive_optimum
 
@@ -191,7 +191,7 @@ def test_a_limit_below_a_whole_sequence_is_allowed_where_the_chunks_hold_less():
 def test_the_neighbourhood_search_windows_whole_sequences(monkeypatch):
     """Above FULL_MODEL_OPS the ILP searches windows of whole sequences (all their chunks): made
     small here so that a 2-rank, 3-sequence problem is searched one sequence at a time."""
-    import schedc.solvers.ilp as ilp
+    import schedc.solvers.search.ilp as ilp
 
     monkeypatch.setattr(ilp, "FULL_MODEL_OPS", 10)
     monkeypatch.setattr(ilp, "WINDOW_OPS", 9)  # one sequence of 3 chunks per window

@@ -17,7 +17,7 @@ from schedc.errors import ProblemError, ProgramError, SchedcError, ScheduleError
 from schedc.program import Program, lower
 from schedc.schedule import Op, Schedule, producers
 from schedc.simulate import simulate
-from schedc.solvers.solve import solve
+from schedc.solvers.search.solve import solve
 
 
 def problem(p=4, m=8, k=2, **extra) -> Problem:

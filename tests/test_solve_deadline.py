@@ -15,20 +15,20 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schedc.solvers.cbc as cbc
+import schedc.solvers.search.cbc as cbc
 import schedc.solvers.deadline as deadline
-import schedc.solvers.ilp as ilp
+import schedc.solvers.search.ilp as ilp
 import schedc.solvers.registry as registry
-import schedc.solvers.solve as driver
+import schedc.solvers.search.solve as driver
 from schedc import Problem, simulate
 from schedc.app.cli import main
 from schedc.errors import SchedcError
 from schedc.solvers.bounds import lower_bound
-from schedc.solvers.common import Progress, Settings
+from schedc.solvers.search.common import Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, can_fork
-from schedc.solvers.solve import best_registry_schedule, evaluate_registry, solve
+from schedc.solvers.search.solve import best_registry_schedule, evaluate_registry, solve
 from schedc.kinds import Kind
-from schedc.solvers.memtime import everywhere, with_policies
+from schedc.solvers.families.memtime import everywhere, with_policies
 from tests.strategies import pipeline_problems, small_problems
 
 # gpipe and looped-bfs hold every microbatch's activations: they do not fit here, 1f1b does.
@@ -164,7 +164,7 @@ def test_progress_hears_of_the_warm_start_before_any_solver_runs(monkeypatch):
 
 def test_cpsat_stops_building_its_model_at_the_deadline():
     pytest.importorskip("ortools")
-    from schedc.solvers.cpsat import solve_cpsat
+    from schedc.solvers.search.cpsat import solve_cpsat
 
     problem = Problem.parse(BINDING)
     _, warm = best_registry_schedule(problem)
@@ -289,7 +289,7 @@ def test_a_greedy_search_cut_short_joins_the_warm_start_as_partial(monkeypatch):
     """In a solve's warm start the greedy's searches run as they go: where the budget ends one
     (here a search whose every later step is slow), its best so far is a candidate named
     NAME+partial and the registry names are not evaluated."""
-    import schedc.solvers.greedy as greedy  # (the search the warm start runs, slowed down here)
+    import schedc.solvers.families.greedy as greedy  # (the search the warm start runs, slowed down here)
 
     slow_down(monkeypatch, greedy, "greedy_search", 0.5)
     problem = Problem.parse(TIGHT)
@@ -311,7 +311,7 @@ def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_
     """The searches the warm start paused are resumed after the backend (``_resume``), not
     restarted: they end with the registry's own schedules, judged under their names, and the best
     is taken where it is shorter than the solve's."""
-    import schedc.solvers.greedy as greedy
+    import schedc.solvers.families.greedy as greedy
 
     calls = []
     slow_down(monkeypatch, greedy, "greedy_search", 0.3, calls)
@@ -476,7 +476,7 @@ def test_a_solve_ended_from_outside_leaves_no_process_behind(tmp_path, signum, i
     problem = tmp_path / "binding.json"
     problem.write_text(Problem.parse(BINDING).model_dump_json(exclude_none=True))
     script = (
-        "import schedc.solvers.cbc as cbc, schedc.solvers.deadline as deadline, schedc.solvers.solve as driver\n"
+        "import schedc.solvers.search.cbc as cbc, schedc.solvers.deadline as deadline, schedc.solvers.search.solve as driver\n"
         "real = cbc.cbc\n"
         "def stand_in(**options):\n"
         "    cmd = real(**options)\n"

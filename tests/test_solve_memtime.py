@@ -11,8 +11,8 @@ from schedc import Problem, simulate
 from schedc.errors import ProblemError, SchedcError
 from schedc.kinds import Kind
 from schedc.problem import load_problem
-from schedc.solvers.ilp import augmented
-from schedc.solvers.solve import best_registry_schedule, fitting_registry_schedules, solve
+from schedc.solvers.search.ilp import augmented
+from schedc.solvers.search.solve import best_registry_schedule, fitting_registry_schedules, solve
 from tests.exhaustive import policy_optimum
 
 TOL = 1e-9
@@ -155,8 +155,8 @@ def test_the_backend_alone_reaches_the_exhaustive_optimum_from_the_worst_baselin
     """The exact model itself (no local search first), started from the slowest baseline that
     fits: the order and policies it finds, re-timed by the simulator, are the exhaustive optimum,
     and its bound is that optimum."""
-    import schedc.solvers.cpsat  # noqa: F401  (registers the cpsat backend)
-    from schedc.solvers.common import BACKENDS, Settings
+    import schedc.solvers.search.cpsat  # noqa: F401  (registers the cpsat backend)
+    from schedc.solvers.search.common import BACKENDS, Settings
     from schedc.solvers.deadline import Budget
 
     prob = Problem.parse(dict(ranks=2, microbatches=2, costs=dict(F=1, B=1.5, W=0.7), comm=0.1, objective=objective,
@@ -181,7 +181,7 @@ def test_the_model_holds_the_incumbent_and_a_neighbourhood_keeps_its_policies(ne
     it the choice stays open."""
     import pulp
 
-    from schedc.solvers.ilp import _Model
+    from schedc.solvers.search.ilp import _Model
 
     prob = problem(3, 6, 0.5, selective=True)
     warm = min((t for _, t in fitting_registry_schedules(prob) if t.schedule.policies()),

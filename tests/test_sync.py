@@ -22,7 +22,7 @@ from schedc.schedule import Op, Schedule, comm_lane
 from schedc.simulate import back_to_back, simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY
-from schedc.solvers.solve import solve
+from schedc.solvers.search.solve import solve
 
 from strategies import pipeline_problems
 

@@ -22,7 +22,7 @@ from schedc.app.cli import main
 from schedc.interop import in_torch_order, to_torch_comms_csv, to_torch_csv, torch_ready
 from schedc.runtime import torch_actions, torch_pipeline
 from schedc.schedfile import CompiledSchedule
-from schedc.solvers.solve import solve
+from schedc.solvers.search.solve import solve
 from tests.ranks import run_local
 from tests.strategies import pipeline_problems
 

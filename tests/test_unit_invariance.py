@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
-from schedc.solvers.ilp import solve
+from schedc.solvers import solve
 from tests.strategies import pipeline_problems
 
 PROBLEMS = Path(__file__).parent.parent / "examples" / "problems"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from schedc.schedule import Schedule
 from schedc.simulate import simulate
-from schedc.solvers.common import Found, Settings
+from schedc.solvers.search.common import Found, Settings
 
 CALLS: list[str] = []  # the problems it was asked to search, for the test
 

@@ -44,7 +44,7 @@ from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem, load_problem
 from schedc.schedfile import CompiledSchedule
 from schedc.simulate import Timeline
-from schedc.solvers.greedy import reference_limit
+from schedc.solvers.families.greedy import reference_limit
 
 
 # A quiet run (``schedc ablate -q``) still prints a line this often, so a long one is never silent.

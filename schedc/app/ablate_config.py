@@ -20,7 +20,7 @@ import schedc.solvers as solvers
 from schedc.errors import ConfigError
 from schedc.inputs import read_data, refuse_unsafe_name, safe_filename, shorten
 from schedc.problem import LARGEST, Boundary, Offload, Problem, Recompute
-from schedc.solvers.common import BACKENDS
+from schedc.solvers.search.common import BACKENDS
 
 OWN_LIMIT = "own"  # memory-axis value of a grid without one: each problem keeps its own limit
 # The policies axis (issue 25, memory for time): which of the problem's recompute / offload sections

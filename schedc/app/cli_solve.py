@@ -12,9 +12,9 @@ from schedc.app.cli_base import (
     timeline_table,
 )
 from schedc.schedfile import CompiledSchedule, load
-from schedc.solvers.common import BACKENDS
+from schedc.solvers.search.common import BACKENDS
 from schedc.solvers.deadline import Budget
-from schedc.solvers.solve import solve as solve_ilp
+from schedc.solvers.search.solve import solve as solve_ilp
 
 # Lowering and writing a schedule file takes about 4 to 5 times as long as simulating the schedule
 # (p = 32, m = 256): solve() leaves that much of the time limit unused.

@@ -24,7 +24,7 @@ def compile(  # noqa: A001 - schedc.compile is the documented name
     torch: bool = False,
 ) -> CompiledSchedule:
     """Compile ``problem`` (a Problem or a problem file) with ``method``: a search ("ilp": solve
-    under the memory limit, see ``schedc.solvers.solve.solve`` for the options) or a registry
+    under the memory limit, see ``schedc.solvers.search.solve.solve`` for the options) or a registry
     schedule name (``schedc schedules`` lists them). With ``torch``, for torch.distributed.pipelining's
     runtime (``schedc.runtime.torch_pipeline``): what it cannot run is refused in one line, and the
     microbatches are numbered in the order the last stage runs their forwards, as it assumes (the

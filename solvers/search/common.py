@@ -4,7 +4,7 @@ every model tightens with).
 
 A search backend is a function ``search(problem, incumbent, settings) -> Found``: it looks for a
 better order than the incumbent (a fitting Timeline) before ``settings.budget`` runs out and
-reports what it found and what it proved. ``schedc.solvers.solve.solve`` does the rest (warm
+reports what it found and what it proved. ``schedc.solvers.search.solve.solve`` does the rest (warm
 start, local search, judging the result with the simulator, the status). A backend registers
 itself with ``@register_backend(NAME)`` (or one line ``BACKENDS[NAME] = search``), the name that
 ``solve(problem, solver=NAME)`` and ``schedc solve --solver NAME`` take.

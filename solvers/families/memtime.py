@@ -33,7 +33,7 @@ from schedc.kinds import BACKWARDS, OPTIONAL, RECOMPUTES, ROWS, Kind, check_supp
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import simulate
-from schedc.solvers import heuristics, vshape  # noqa: F401  (register the schedules built on here)
+from schedc.solvers.families import heuristics, vshape  # noqa: F401  (register the schedules built on here)
 from schedc.solvers.registry import REGISTRY, Builder, register
 
 Policy = Mapping[tuple[int, int], Kind]  # (stage, microbatch) -> R, S or O; absent: kept

@@ -10,8 +10,8 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
    every registry order with the fewest recomputes that fit, or everything offloaded
    (``recomputed_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
-3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/common.py``: CBC and HiGHS in
-   ``solvers/ilp.py``, CP-SAT in ``solvers/cpsat.py``), given ``Settings`` and returning
+3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/search/common.py``: CBC and HiGHS in
+   ``solvers/search/ilp.py``, CP-SAT in ``solvers/search/cpsat.py``), given ``Settings`` and returning
    ``Found``; what it found is judged by the simulator, the one judge; beside it, on a core to
    spare, the local search goes on in a child process (``_beside``);
 4. the status, from the objective against the larger of the backend's bound and schedc's own
@@ -40,12 +40,12 @@ from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
-from schedc.solvers.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
+from schedc.solvers.search.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, can_fork, in_child
-from schedc.solvers import greedy
-from schedc.solvers.localsearch import improve
-from schedc.solvers.memtime import everywhere, least_memory, with_policies
-from schedc.solvers.mixed import fit_mixed, fitted_orders, policy_orders, polished
+from schedc.solvers.families import greedy
+from schedc.solvers.search.localsearch import improve
+from schedc.solvers.families.memtime import everywhere, least_memory, with_policies
+from schedc.solvers.search.mixed import fit_mixed, fitted_orders, policy_orders, polished
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
 

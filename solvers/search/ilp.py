@@ -1,6 +1,6 @@
 """The ILP: the fastest zero-bubble schedule under the memory limit, with a proven bound: the
 PuLP model and its search, registered as the search backends "cbc" and "highs" (the solve driver,
-the warm start and the status are ``solvers/solve.py``'s).
+the warm start and the status are ``solvers/search/solve.py``'s).
 
 Variables: a start time per op (F, B, W of every stage and microbatch) and, for each pair of
 ops on one rank whose order no dependency fixes, a binary "a before b". Constraints:
@@ -75,13 +75,12 @@ from schedc.kinds import RECOMPUTES, ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_waits_for
 from schedc.simulate import Timeline, simulate
-from schedc.solvers import cbc
-from schedc.solvers.common import (
+from schedc.solvers.search import cbc
+from schedc.solvers.search.common import (
     WINDOW_MIN_SECONDS, Found, Progress, Settings, descendants, longest_paths, model_deltas, model_kinds,
     model_op_deltas, order_edges, register_backend,
 )
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, in_child
-from schedc.solvers.solve import solve  # noqa: F401  (``from schedc.solvers.ilp import solve``, as docs/runtime.md shows)
 from schedc.tolerance import meets
 
 FULL_MODEL_OPS = 600  # above this many ops (p = 8, m = 24 has 576), search neighbourhoods instead

@@ -17,7 +17,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from schedc.solvers.common import Progress
+from schedc.solvers.search.common import Progress
 from schedc.solvers.deadline import Budget, dies_with_parent
 
 INTERRUPT_GRACE = 1.0  # seconds between interrupting CBC and killing it (at most 20% of the time left)

@@ -50,7 +50,7 @@ from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, dependencies, replay, simulate
-from schedc.solvers.common import model_kinds, model_op_deltas
+from schedc.solvers.search.common import model_kinds, model_op_deltas
 from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
 

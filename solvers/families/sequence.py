@@ -20,7 +20,7 @@ from __future__ import annotations
 from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
-from schedc.solvers.heuristics import defer_w, one_f_one_b
+from schedc.solvers.families.heuristics import defer_w, one_f_one_b
 from schedc.solvers.registry import one_chunk, register
 
 

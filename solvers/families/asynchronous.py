@@ -20,7 +20,7 @@ import math
 from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
-from schedc.solvers.heuristics import one_f_one_b
+from schedc.solvers.families.heuristics import one_f_one_b
 from schedc.solvers.registry import one_chunk, register
 
 MIN_ROUNDS = 8  # the first round, six rounds measured in the steady state, the last round

@@ -35,8 +35,8 @@ from schedc.errors import SchedcError
 from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
-from schedc.solvers.lazyw import lazy_w
-from schedc.solvers.memtime import everywhere, plain, with_policies
+from schedc.solvers.search.lazyw import lazy_w
+from schedc.solvers.families.memtime import everywhere, plain, with_policies
 
 Key = tuple[int, int]  # (stage, microbatch)
 

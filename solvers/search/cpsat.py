@@ -80,7 +80,7 @@ from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_waits_for
 from schedc.simulate import Timeline, simulate
-from schedc.solvers.common import (
+from schedc.solvers.search.common import (
     COPY_LANE, Found, Progress, Settings, descendants, longest_paths, order_edges, register_backend,
 )
 from schedc.solvers.deadline import Budget
