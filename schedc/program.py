@@ -330,6 +330,21 @@ class Program:
         """From per-rank lists of Instr or plain tuples in Instr's field order."""
         return cls(tuple(tuple(Instr(*i) for i in instrs) for instrs in per_rank), header)
 
+    @classmethod
+    def from_data(cls, per_rank: list[list[dict]], header: Header | None = None) -> "Program":
+        """From ``to_data``'s form: per rank, dicts with "op" and the fields it uses (an unknown
+        op is a ProgramError, as ``Instr`` says)."""
+        of, make = _OPCODE_OF.get, tuple.__new__
+
+        def instr(d: dict) -> Instr:
+            op = of(d["op"])
+            if op is None:
+                return Instr(d["op"])  # (raises, naming it)
+            return make(Instr, (op, d.get("stage", -1), d.get("mb", -1), d.get("tensor", ""), d.get("peer", -1),
+                                d.get("peer_stage", -1)))
+
+        return cls(tuple(tuple(map(instr, instrs)) for instrs in per_rank), header)
+
 
 def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a

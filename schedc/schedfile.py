@@ -33,8 +33,8 @@ holds what its version cannot is refused. A version 2 file's copy lane is read a
 rule then), its program as it was lowered then.
 
 Reading checks more than the shape: the schedule must be complete for the problem, the program
-must be the one this schedc lowers from the schedule (which ``compile`` checked before writing it)
-or else pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
+must be the one this schedc lowers from the schedule (which cannot deadlock: ``schedc.program``'s
+notes) or else pass ``check`` (pairing, data flow, no deadlock) with the schedule's compute order, and the
 timeline must be what the schedule simulates to. A file edited into an inconsistent state, a
 truncated one and one from a newer schedc each fail with one line saying which.
 """
@@ -83,7 +83,7 @@ class CompiledSchedule:
     solver: dict[str, Any] | None  # the ILP's statistics; None for a named schedule
     provenance: dict[str, str]  # schedc version, command, created (UTC, ISO 8601)
     # What ``check`` found when the file was read (None: made here, or read with the very program this
-    # schedc lowers from its schedule, which compile checked; ``load(verify=True)`` always checks)
+    # schedc lowers from its schedule, which is not checked again; ``load(verify=True)`` always checks)
     report: CheckReport | None = field(default=None, compare=False)
 
     @property
@@ -392,9 +392,7 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
         timeline = simulate(problem, schedule)
         program, report = None if verify else _lowered(problem, schedule, timeline, stored), None
         if program is None:
-            program = Program.from_lists([[(i["op"], i.get("stage", -1), i.get("mb", -1), i.get("tensor", ""),
-                                            i.get("peer", -1), i.get("peer_stage", -1)) for i in instrs]
-                                          for instrs in stored], Header.of(problem, schedule))
+            program = Program.from_data(stored, Header.of(problem, schedule))
             del stored
             report = check(problem, program, schedule, issue=version >= 3)
     except (ScheduleError, ProgramError) as e:
@@ -408,9 +406,11 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
 
 def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline, stored: list[list[dict]]) -> Program | None:
     """The program this schedc lowers ``schedule`` to, if the file's program is exactly that one
-    (written as ``Program.to_data`` writes it), else None. ``compile`` checks every program it
-    lowers before writing it, so such a file's program needs no second check; any other program
-    (edited, or lowered by another version of schedc) is checked in full."""
+    (written as ``Program.to_data`` writes it), else None. Such a program needs no check: a
+    lowered program cannot deadlock for any schedule that simulates (the argument in
+    ``schedc.program``'s notes; the property tests check lowered programs of every registry schedule
+    and of random policies). Any other program (edited, or lowered by another version of schedc)
+    is checked in full."""
     try:
         program = lower(problem, schedule, timeline)
     except SchedcError:  # (a schedule compile would not lower: the check names what is wrong)

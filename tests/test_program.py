@@ -456,9 +456,9 @@ def test_the_checker_refuses_a_kind_it_does_not_know_by_name(monkeypatch):
 
 
 def test_load_checks_a_program_unlike_the_one_it_would_lower(saved):
-    """A program equal to the one schedc lowers from the file's schedule is the one compile checked
-    before writing it: load takes it without a second check (no report); verify=True, as ``schedc
-    check`` does, checks it anyway. Any other program, even a valid one, is checked in full."""
+    """A program equal to the one schedc lowers from the file's schedule cannot deadlock (the
+    argument in schedc/program.py's notes): load takes it unchecked (no report); verify=True, as
+    ``schedc check`` does, checks it anyway. Any other program, even a valid one, is checked in full."""
     fast, full = schedc.load(saved), schedc.load(saved, verify=True)
     assert fast.report is None and fast.program == full.program == lower(fast.problem, fast.schedule)
     assert full.report is not None and sum(full.report.sends) > 0
