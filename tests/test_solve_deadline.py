@@ -333,6 +333,40 @@ def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_
     assert out.from_registry == (out.best.schedule.name in driver.ANYTIME)
 
 
+@pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
+def test_greedy_searches_cut_short_go_on_beside_the_backend(monkeypatch):
+    """With a core to spare, the greedy's searches the warm start paused go on in their child
+    process while the backend runs (``_GreedyBeside``, instead of the local search beside it), and
+    what they found counts as soon as the backend is done: here a backend that finds nothing in
+    its 3 s, by which time the slowed searches have ended with the registry's own schedules."""
+    import schedc.solvers.families.greedy as greedy
+
+    monkeypatch.setattr(deadline, "WORKER_OPS", 0)  # (the searches in a child process, as on a large problem)
+    monkeypatch.setattr(driver, "_cores", lambda: 2)
+    slow_down(monkeypatch, greedy, "greedy_search", 0.2)
+    problem = Problem.parse(TIGHT)
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1))
+    [searches] = run.paused
+    assert searches.fitted and "zb-greedy+partial" in [name for name, _ in run.fitting]
+    worst = max((t for _, t in run.fitting), key=lambda t: t.objective_value())
+    out = driver._Outcome(worst, ("w", worst))
+    call = driver._Call(problem, "cbc", run, driver._Clock(None))
+    settings = Settings(Budget.seconds(60), 0.0, None, 0.0)
+    beside = driver._GreedyBeside.start(call, settings)
+    assert beside is not None
+    time.sleep(3.0)  # (the backend's turn: it finds nothing)
+    beside.finish(call, out)
+    assert searches.over and not run.paused  # they ended beside it, and the worker with them
+    whole = evaluate_registry(problem)
+    ended = {name: t.objective_value() for name, t in run.fitting if name in driver.ANYTIME}
+    assert ended == {name: t.objective_value() for name, t in whole.fitting if name in driver.ANYTIME}
+    assert not set(driver.ANYTIME) & set(run.not_evaluated)
+    assert out.best.objective_value() == min(ended.values()) < worst.objective_value()
+    # No core to spare, or a caller who set the threads: the local search goes beside instead.
+    monkeypatch.setattr(driver, "_cores", lambda: 1)
+    assert driver._GreedyBeside.start(call, settings) is None
+
+
 def _counting():
     yield 0
     for k in range(1, 5):

@@ -13,7 +13,8 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/search/common.py``: CBC and HiGHS in
    ``solvers/search/ilp.py``, CP-SAT in ``solvers/search/cpsat.py``), given ``Settings`` and returning
    ``Found``; what it found is judged by the simulator, the one judge; beside it, on a core to
-   spare, the local search goes on in a child process (``_beside``);
+   spare, the registry's greedy searches go on where the warm start paused them
+   (``_GreedyBeside``), or where none is paused the local search, in a child process (``_beside``);
 4. the status, from the objective against the larger of the backend's bound and schedc's own
    independent one (``solvers/bounds.py``): "optimal" only when the objective meets it.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
@@ -57,6 +59,7 @@ SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
 AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
 BESIDE_MIN_SECONDS = 2.0  # the local search runs beside the backend (on another core) when this much is left
 BESIDE_TURN = 2.0  # seconds: that search restarts from its best with a new seed this often
+GREEDY_BESIDE_TURN = 0.5  # seconds: the greedy's searches beside the backend are read in turns this long
 RESUME_TURN = 5.0  # seconds, at most, that each paused search runs in its turn after the backend (``_resume``)
 
 
@@ -308,14 +311,18 @@ class GreedySearches(Paused):
 
     def resume(self, call: _Call, budget: Budget) -> list[tuple[str, Timeline]]:
         """Each search that found more, or ended, judged again (one that ends, under its registry name)."""
-        run = call.run
         before = dict(self.latest)
-        self.read(budget.less(len(ANYTIME) * run.simulate_seconds))  # (time kept to judge what they found)
+        self.read(budget.less(len(ANYTIME) * call.run.simulate_seconds))  # (time kept to judge what they found)
+        return self.news(call, before)
+
+    def news(self, call: _Call, before: dict[str, Schedule], step: str = "resumed") -> list[tuple[str, Timeline]]:
+        """What the searches found since ``before`` (their ``latest`` then), judged: each that found
+        more or ended; those that fit."""
         out = []
         for name in ANYTIME:
-            ended = name in self.done and name in run.not_evaluated
+            ended = name in self.done and name in call.run.not_evaluated
             if name in self.latest and (ended or self.latest[name] is not before.get(name)):
-                t = self.judge(call.problem, run, name, call.clock.say, "resumed")
+                t = self.judge(call.problem, call.run, name, call.clock.say, step)
                 if t.fits:
                     out.append((t.schedule.name, t))
         return out
@@ -720,11 +727,14 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
             clock.say(f"search: {out.found.note}")
             return out
         start = min(plain, key=lambda t: t.objective_value())
-    beside = _beside(call, settings, out.best)
+    greedy_beside = _GreedyBeside.start(call, settings)
+    beside = None if greedy_beside is not None else _beside(call, settings, out.best)
     try:
         out.found = BACKENDS[call.solver](problem, start, settings)
     finally:
         found_beside = _collected(beside)
+        if greedy_beside is not None:
+            greedy_beside.finish(call, out)
     if found_beside is not None:
         t = simulate(problem, found_beside)
         if t.fits and tol.lt(t.objective_value(), out.best.objective_value()):
@@ -753,6 +763,52 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
         if tol.lt(again.objective_value(), out.best.objective_value()):
             out.best, out.from_registry = again, False
     return out
+
+
+class _GreedyBeside:
+    """The registry's greedy searches that the warm start paused, going on in their child process
+    on the spare core while the backend runs (instead of the local search beside it), read by a
+    thread here. They are the registry's own (``schedc compare`` runs them to their end): on a
+    problem where the warm start could not wait for them, this is what keeps the result at or below
+    the best registry schedule, where the backend cannot get there first."""
+
+    def __init__(self, search: GreedySearches, budget: Budget):
+        self.search, self.before = search, dict(search.latest)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._drive, args=(budget,), name="greedy beside", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, call: _Call, settings: Settings) -> _GreedyBeside | None:
+        """Where the machine has a core to spare (as ``_beside`` asks) and a greedy search is paused
+        (once a schedule fits: before, its turns would have no end)."""
+        paused = [s for s in call.run.paused
+                  if isinstance(s, GreedySearches) and s.fitted and not s.over and s.worker.in_child]
+        if (not paused or settings.threads is not None or _cores() < 2
+                or settings.budget.left() < BESIDE_MIN_SECONDS):
+            return None
+        return cls(paused[0], settings.budget)
+
+    def _drive(self, budget: Budget) -> None:
+        try:  # in turns, so that ``finish`` is heard within one (the child pauses at each turn's end)
+            while not self.stop.is_set() and not self.search.over and not budget.expired():
+                self.search.read(budget.at_most(GREEDY_BESIDE_TURN))
+        except BaseException as e:  # (raised again by ``finish``, on the solve's own thread)
+            self.error = e
+
+    def finish(self, call: _Call, out: _Outcome) -> None:
+        """Stop reading (the search is left paused, for ``_resume``) and judge what it found."""
+        self.stop.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        tol = call.problem.time_tol
+        for name, t in self.search.news(call, self.before, "beside the search"):
+            if tol.lt(t.objective_value(), out.best.objective_value()):
+                out.best, out.from_registry = t, name in REGISTRY
+        if self.search.over and self.search in call.run.paused:
+            call.run.paused.remove(self.search)
 
 
 def _beside(call: _Call, settings: Settings, best: Timeline) -> Worker | None:
