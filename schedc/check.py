@@ -50,8 +50,8 @@ CHECKED = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.RG, K
 _SAME_STAGE = {k: tuple((candidates(need), 0) for need, offset in row.needs if offset == 0) for k, row in ROWS.items()}
 # kind -> per need on a neighbouring chunk of its sequence (sequence chunks), the kinds and the chunk offset
 _CHUNK = {k: tuple((candidates(need), offset) for need, offset in row.chunk_needs) for k, row in ROWS.items()}
-# tensor -> the kinds whose output carries it, in the table's order (act: F; grad: B, BW)
 _MOVES = frozenset({Opcode.SEND, Opcode.RECV, Opcode.LOCAL})  # the instructions that move a message
+# tensor -> the kinds whose output carries it, in the table's order (act: F; grad: B, BW)
 _MAKERS = {tensor: tuple(k for k, row in ROWS.items() if row.carries == tensor) for tensor in TENSORS}
 
 

@@ -52,7 +52,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from typing_extensions import NotRequired, TypedDict
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from schedc.errors import ProgramError, SchedcError, ScheduleError, ScheduleFileError
 from schedc.check import CheckReport, check
@@ -203,6 +203,9 @@ class SolverStats(_Strict):
         default=None, description="where the problem allows recompute or offload: (stage, microbatch)s per policy")
 
 
+_RANK = TypeAdapter(list[InstrData])  # one rank of the file's program (``_validated``)
+
+
 class ScheduleFile(_Strict):
     """The schedule file (``schedc schema`` prints this model's JSON Schema)."""
 
@@ -333,7 +336,7 @@ def load(path: str | Path, *, verify: bool = False):
     """Read, validate and verify a schedule file; return a CompiledSchedule. Its program is
     checked in full (``check``) unless it is the one this schedc lowers from the file's schedule;
     ``verify`` checks it in full always (``schedc check``)."""
-    return from_data(_read_json(Path(path)), path, verify=verify)
+    return from_data(_read_json(Path(path)), path, verify=verify, consume=True)
 
 
 def _read_json(path: Path) -> Any:
@@ -341,8 +344,10 @@ def _read_json(path: Path) -> Any:
     return parse_json(text, source=str(path), error=ScheduleFileError)
 
 
-def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = False):
-    """Validate and verify parsed JSON; return a CompiledSchedule (``verify``: as ``load``)."""
+def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = False, consume: bool = False):
+    """Validate and verify parsed JSON; return a CompiledSchedule (``verify``: as ``load``;
+    ``consume``: ``data`` may be taken apart as it is read, as ``load`` lets it, nothing else
+    holding it)."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ScheduleFileError(f"{path}: not a schedc schedule file (no \"format\": \"{FORMAT}\")")
     version = data.get("version")
@@ -353,7 +358,7 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
             f"{path}: written by a newer schedc (schedule format version {version}; this schedc"
             f" {__version__} reads version {VERSION}): upgrade schedc or write the file again"
         )
-    model = ScheduleFile.validated(data, str(path))
+    model, stored = _validated(data, str(path), consume)
     del data  # (the model holds its own copy: let the parsed JSON go; a large file's is most of the memory)
 
     problem = model.problem
@@ -384,7 +389,7 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
             f"{path}: inconsistent: schedule format version {version} cannot hold {what} (recompute and offload"
             f" need version {version_of(schedule)}): write the file again with this schedc"
         )
-    stored, stored_timeline = model.program, model.timeline
+    stored_timeline = model.timeline
     solver = None if model.solver is None else model.solver.model_dump(exclude_none=True)  # (policies only where given)
     provenance = model.provenance.model_dump()
     del model  # (its program's instructions, once read, are the next largest part)
@@ -402,6 +407,29 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
     if solver is not None:
         _same_solver(path, solver, timeline)
     return CompiledSchedule(problem, schedule, program, timeline, solver, provenance, report)
+
+
+def _validated(data: dict, path: str, consume: bool) -> tuple[ScheduleFile, list[list[dict]]]:
+    """The file's model and its program's instructions, validated. The program, most of a large
+    file, is validated a rank at a time after the rest, and with ``consume`` each rank's parsed
+    instructions go once read, so that the parsed file and its validated copy are never both held
+    whole (an error is located in the file as the model's own would be)."""
+    program = data.get("program")
+    if not (isinstance(program, list) and all(isinstance(rank, list) for rank in program)):
+        model = ScheduleFile.validated(data, path)
+        return model, model.program
+    model = ScheduleFile.validated({**data, "program": []}, path)
+    ranks = []
+    for r in range(len(program)):
+        try:
+            ranks.append(_RANK.validate_python(program[r]))
+        except ValidationError as e:  # (located as in the whole file)
+            raise ScheduleFile._one_line(ValidationError.from_exception_data(e.title, [
+                {"type": err["type"], "loc": ("program", r, *err["loc"]), "input": err["input"],
+                 **({"ctx": err["ctx"]} if "ctx" in err else {})} for err in e.errors()]), path) from None
+        if consume:
+            program[r] = None
+    return model, ranks
 
 
 def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline, stored: list[list[dict]]) -> Program | None:
