@@ -334,37 +334,40 @@ def test_greedy_searches_cut_short_go_on_where_they_stopped_once_the_backend_is_
 
 
 @pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
-def test_greedy_searches_cut_short_go_on_beside_the_backend(monkeypatch):
-    """With a core to spare, the greedy's searches the warm start paused go on in their child
-    process while the backend runs (``_GreedyBeside``, instead of the local search beside it), and
-    what they found counts as soon as the backend is done: here a backend that finds nothing in
-    its 3 s, by which time the slowed searches have ended with the registry's own schedules."""
+def test_greedy_searches_cut_short_go_on_beside_the_rest(monkeypatch):
+    """With a core to spare, the greedy's searches that the warm start cut short go on in their
+    child process through the rest of the warm start and the backend's search (``_GreedyBeside``,
+    instead of the local search beside the backend), and what they found counts as soon as the
+    backend is done: here 3 s that find nothing else, by which time the slowed searches have ended
+    with the registry's own schedules."""
     import schedc.solvers.families.greedy as greedy
 
     monkeypatch.setattr(deadline, "WORKER_OPS", 0)  # (the searches in a child process, as on a large problem)
     monkeypatch.setattr(driver, "_cores", lambda: 2)
     slow_down(monkeypatch, greedy, "greedy_search", 0.2)
     problem = Problem.parse(TIGHT)
-    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1))
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1),
+                            beside=Budget.seconds(60))
     [searches] = run.paused
     assert searches.fitted and "zb-greedy+partial" in [name for name, _ in run.fitting]
+    assert run.beside is not None and run.beside.search is searches  # going on, not paused
     worst = max((t for _, t in run.fitting), key=lambda t: t.objective_value())
     out = driver._Outcome(worst, ("w", worst))
     call = driver._Call(problem, "cbc", run, driver._Clock(None))
-    settings = Settings(Budget.seconds(60), 0.0, None, 0.0)
-    beside = driver._GreedyBeside.start(call, settings)
-    assert beside is not None
-    time.sleep(3.0)  # (the backend's turn: it finds nothing)
-    beside.finish(call, out)
-    assert searches.over and not run.paused  # they ended beside it, and the worker with them
+    time.sleep(3.0)  # (the rest of the warm start and the backend's turn: they find nothing)
+    run.beside.finish(call, out)
+    assert searches.over and not run.paused and run.beside is None  # they ended beside, the worker with them
     whole = evaluate_registry(problem)
     ended = {name: t.objective_value() for name, t in run.fitting if name in driver.ANYTIME}
     assert ended == {name: t.objective_value() for name, t in whole.fitting if name in driver.ANYTIME}
     assert not set(driver.ANYTIME) & set(run.not_evaluated)
     assert out.best.objective_value() == min(ended.values()) < worst.objective_value()
-    # No core to spare, or a caller who set the threads: the local search goes beside instead.
+    # No core to spare: the searches are paused, for ``_resume`` after the backend.
     monkeypatch.setattr(driver, "_cores", lambda: 1)
-    assert driver._GreedyBeside.start(call, settings) is None
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1),
+                            beside=Budget.seconds(60))
+    assert run.beside is None and len(run.paused) == 1
+    run.paused[0].stop()
 
 
 def _counting():

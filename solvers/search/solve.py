@@ -13,8 +13,9 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/search/common.py``: CBC and HiGHS in
    ``solvers/search/ilp.py``, CP-SAT in ``solvers/search/cpsat.py``), given ``Settings`` and returning
    ``Found``; what it found is judged by the simulator, the one judge; beside it, on a core to
-   spare, the registry's greedy searches go on where the warm start paused them
-   (``_GreedyBeside``), or where none is paused the local search, in a child process (``_beside``);
+   spare, the registry's greedy searches that the warm start cut short (which go on there from
+   the end of their share, ``_GreedyBeside``), or else the local search, in a child process
+   (``_beside``);
 4. the status, from the objective against the larger of the backend's bound and schedc's own
    independent one (``solvers/bounds.py``): "optimal" only when the objective meets it.
 
@@ -131,12 +132,13 @@ class RegistryRun:
     derived: set[str] = field(default_factory=set)  # the names in ``fitting`` that are no registry schedule's
     # nor a caller's candidate (mixed policies, W re-placed, a search cut short): the result's table leaves them out
     paused: list[Paused] = field(default_factory=list)  # searches the budget paused, for ``_resume``
+    beside: _GreedyBeside | None = None  # the greedy's searches going on on a spare core (one of ``paused``)
 
 
 def evaluate_registry(
     problem: Problem, budget: Budget | None = None, say: Callable[[str], None] | None = None,
     greedy_budget: Callable[[], Budget] | None = None, later_budget: Callable[[], Budget] | None = None,
-    found: bool = False,
+    found: bool = False, beside: Budget | None = None,
 ) -> RegistryRun:
     """The registry's schedules judged for a warm start within ``budget`` (see
     ``registry.evaluate``); built in a child process on large problems (``deadline.in_child``).
@@ -146,7 +148,9 @@ def evaluate_registry(
     variant found by then is a candidate (named NAME+partial; NAME is not evaluated); those that
     recompute or offload come last, within ``later_budget`` (made then; default ``budget``).
     ``found``: a schedule from elsewhere fits already (a re-solve's start), so every budget stops
-    its step from the start, not only once a registry schedule fits."""
+    its step from the start, not only once a registry schedule fits. ``beside``: where the
+    machine has a core to spare, the greedy's searches cut short go on there within this budget
+    (``run.beside``) rather than pausing."""
     say = say or (lambda note: None)
     if greedy_budget is None:
         return _in_registry_order(_registry_run(evaluate(problem, sorted(REGISTRY, key=_warm_rank), warm_start=True,
@@ -160,7 +164,7 @@ def evaluate_registry(
     first = sorted((name for name in REGISTRY if name not in ANYTIME and name not in needs), key=_warm_rank)
     run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say,
                                  found=found))
-    _anytime_greedy(problem, run, greedy_budget(), say, found)
+    _anytime_greedy(problem, run, greedy_budget(), say, found, beside)
     if needs:
         later = _registry_run(evaluate(problem, [name for name in REGISTRY if name in needs], warm_start=True,
                                        budget=later_budget() if later_budget else budget,
@@ -208,11 +212,12 @@ ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, a
 
 
 def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None],
-                    found: bool = False) -> None:
+                    found: bool = False, beside: Budget | None = None) -> None:
     """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
     far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
     one cut short joins as NAME+partial, and NAME as not evaluated, and the searches are left paused
-    in ``run.paused``. None on a sequence-chunked problem: the greedy scheduler runs whole
+    in ``run.paused``, or, given ``beside`` and a core to spare, go on there (``_GreedyBeside``,
+    ``run.beside``). None on a sequence-chunked problem: the greedy scheduler runs whole
     sequences (its schedules are n/a there)."""
     if problem.seq_chunks > 1:
         return
@@ -225,6 +230,8 @@ def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Cal
             searches.judge(problem, run, name, say)
     if not searches.over:
         run.paused.append(searches)
+        if beside is not None:
+            run.beside = _GreedyBeside.start(searches, beside)
 
 
 class Paused:
@@ -313,16 +320,17 @@ class GreedySearches(Paused):
         """Each search that found more, or ended, judged again (one that ends, under its registry name)."""
         before = dict(self.latest)
         self.read(budget.less(len(ANYTIME) * call.run.simulate_seconds))  # (time kept to judge what they found)
-        return self.news(call, before)
+        return self.news(call.problem, call.run, call.clock.say, before)
 
-    def news(self, call: _Call, before: dict[str, Schedule], step: str = "resumed") -> list[tuple[str, Timeline]]:
+    def news(self, problem: Problem, run: RegistryRun, say: Callable[[str], None], before: dict[str, Schedule],
+             step: str = "resumed") -> list[tuple[str, Timeline]]:
         """What the searches found since ``before`` (their ``latest`` then), judged: each that found
         more or ended; those that fit."""
         out = []
         for name in ANYTIME:
-            ended = name in self.done and name in call.run.not_evaluated
+            ended = name in self.done and name in run.not_evaluated
             if name in self.latest and (ended or self.latest[name] is not before.get(name)):
-                t = self.judge(call.problem, call.run, name, call.clock.say, step)
+                t = self.judge(problem, run, name, say, step)
                 if t.fits:
                     out.append((t.schedule.name, t))
         return out
@@ -666,13 +674,16 @@ def solve(
                else _judge_candidates(problem, [("start", _refuse_foreign_start(problem, start))], clock.say))
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
                             greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
-                            later_budget=lambda: warm_budget.share(REGISTRY_SHARE), found=bool(started))
+                            later_budget=lambda: warm_budget.share(REGISTRY_SHARE), found=bool(started),
+                            beside=budget)
     try:
         run.fitting.extend(started + _judge_candidates(problem, candidates, clock.say))
         for step in (recomputed_candidates, polished_candidates):
             derived = step(problem, run, warm_budget, clock.say)
             run.fitting.extend(derived)
             run.derived.update(name for name, _ in derived)
+        if run.beside is not None:  # (what the greedy found beside the warm start so far)
+            run.beside.collect(problem, run, clock.say, "warm start")
         warm = best_registry_schedule(problem, run.fitting)
         if warm is None and not run.built and not candidates:
             raise SchedcError(
@@ -689,10 +700,14 @@ def solve(
         call = _Call(problem, solver, run, clock, torch)
         local = budget.share(LOCAL_SEARCH_SHARE)  # of what the warm start left
         out = _search(call, Settings(usable, gap, threads, own.value, clock.relay), local, _Outcome(warm[1], warm))
+        if run.beside is not None:  # (the search ended before its backend ran: what the greedy found since)
+            run.beside.finish(call, out)
         if problem.fused_cheaper:
             _prefer_fused(call, out)
         return _result(call, out, own)
     finally:
+        if run.beside is not None:  # (the solve ended before the backend: its thread first)
+            run.beside.halt()
         for search in run.paused:  # (never left behind)
             search.stop()
 
@@ -727,7 +742,7 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
             clock.say(f"search: {out.found.note}")
             return out
         start = min(plain, key=lambda t: t.objective_value())
-    greedy_beside = _GreedyBeside.start(call, settings)
+    greedy_beside = call.run.beside
     beside = None if greedy_beside is not None else _beside(call, settings, out.best)
     try:
         out.found = BACKENDS[call.solver](problem, start, settings)
@@ -766,49 +781,63 @@ def _search(call: _Call, settings: Settings, local: Budget, out: _Outcome) -> _O
 
 
 class _GreedyBeside:
-    """The registry's greedy searches that the warm start paused, going on in their child process
-    on the spare core while the backend runs (instead of the local search beside it), read by a
-    thread here. They are the registry's own (``schedc compare`` runs them to their end): on a
-    problem where the warm start could not wait for them, this is what keeps the result at or below
-    the best registry schedule, where the backend cannot get there first."""
+    """The registry's greedy searches that the warm start cut short, going on in their child
+    process on the spare core (rather than paused) from the end of their share of the warm start
+    through the backend's search, read by a thread here. They are the registry's own (``schedc
+    compare`` runs them to their end): on a problem where the warm start cannot wait for them, this
+    is what keeps the result at or below the best registry schedule where the backend cannot get
+    there first. What they found is judged before the warm start is chosen (``collect``) and once
+    the backend is done (``finish``); then ``_resume`` goes on with them in turns, as paused."""
 
     def __init__(self, search: GreedySearches, budget: Budget):
-        self.search, self.before = search, dict(search.latest)
-        self.stop = threading.Event()
+        self.search, self.judged = search, dict(search.latest)
+        self.halted = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._drive, args=(budget,), name="greedy beside", daemon=True)
         self.thread.start()
 
     @classmethod
-    def start(cls, call: _Call, settings: Settings) -> _GreedyBeside | None:
-        """Where the machine has a core to spare (as ``_beside`` asks) and a greedy search is paused
-        (once a schedule fits: before, its turns would have no end)."""
-        paused = [s for s in call.run.paused
-                  if isinstance(s, GreedySearches) and s.fitted and not s.over and s.worker.in_child]
-        if (not paused or settings.threads is not None or _cores() < 2
-                or settings.budget.left() < BESIDE_MIN_SECONDS):
+    def start(cls, search: GreedySearches, budget: Budget) -> _GreedyBeside | None:
+        """Where the machine has a core to spare (as ``_beside`` asks) and the search runs in a
+        child process, once a schedule fits (before, its turns would have no end)."""
+        if (not search.fitted or search.over or not search.worker.in_child or _cores() < 2
+                or budget.left() < BESIDE_MIN_SECONDS):
             return None
-        return cls(paused[0], settings.budget)
+        return cls(search, budget)
 
     def _drive(self, budget: Budget) -> None:
-        try:  # in turns, so that ``finish`` is heard within one (the child pauses at each turn's end)
-            while not self.stop.is_set() and not self.search.over and not budget.expired():
+        try:  # in turns, so that ``halt`` is heard within one (the child pauses at each turn's end)
+            while not self.halted.is_set() and not self.search.over and not budget.expired():
                 self.search.read(budget.at_most(GREEDY_BESIDE_TURN))
-        except BaseException as e:  # (raised again by ``finish``, on the solve's own thread)
+        except BaseException as e:  # (raised again by ``halt``, on the solve's own thread)
             self.error = e
 
-    def finish(self, call: _Call, out: _Outcome) -> None:
-        """Stop reading (the search is left paused, for ``_resume``) and judge what it found."""
-        self.stop.set()
+    def collect(self, problem: Problem, run: RegistryRun, say: Callable[[str], None],
+                step: str = "beside") -> list[tuple[str, Timeline]]:
+        """What the searches found since the last collect, judged into ``run`` (they go on)."""
+        now = dict(self.search.latest)
+        out = self.search.news(problem, run, say, self.judged, step)
+        self.judged = now
+        return out
+
+    def halt(self) -> None:
+        """Stop reading: the search is left paused where its last turn ended (for ``_resume``)."""
+        self.halted.set()
         self.thread.join()
         if self.error is not None:
-            raise self.error
+            error, self.error = self.error, None
+            raise error
+
+    def finish(self, call: _Call, out: _Outcome) -> None:
+        """Halt, and take the best of what the searches found where it beats ``out.best``."""
+        self.halt()
         tol = call.problem.time_tol
-        for name, t in self.search.news(call, self.before, "beside the search"):
+        for name, t in self.collect(call.problem, call.run, call.clock.say, "beside the search"):
             if tol.lt(t.objective_value(), out.best.objective_value()):
                 out.best, out.from_registry = t, name in REGISTRY
         if self.search.over and self.search in call.run.paused:
             call.run.paused.remove(self.search)
+        call.run.beside = None
 
 
 def _beside(call: _Call, settings: Settings, best: Timeline) -> Worker | None:
