@@ -272,8 +272,9 @@ def main() -> None:
         if not rows:
             raise SystemExit(f"no finished cells in {args.out}")
         runs = list({r["run"]["command"]: r["run"] for r in rows}.values())  # (cells of several runs: each named)
+        loaded = [run["loads"] for run in runs if "loads" in run]  # (a run stopped before its end has none)
         finish(rows, runs[0]["startup"], "`, then `".join(run["command"] for run in runs),
-               (min(run["loads"][0] for run in runs), max(run["loads"][1] for run in runs)),
+               (min(x[0] for x in loaded), max(x[-1] for x in loaded)),
                ", ".join(dict.fromkeys(run.get("commit", "unknown") for run in runs)), args.write)
         return
     wanted = [text for text in args.only.split(",") if text] or [""]
@@ -286,8 +287,13 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     threads = 1 if args.jobs > 1 else None
 
+    command = ("python benchmarks/scale.py " + " ".join(sys.argv[1:])).strip()
+    head = commit()
+
     def one(problem: Problem) -> dict:
         row = run_cell(problem, args.time_limit, threads, out_dir)
+        # (the run's own figures, written with each cell, so that a run stopped half way still reports them)
+        row["run"] = {"startup": start_cpu, "command": command, "loads": loads[:1], "commit": head}
         print(f"{row['name']}: {row['ops']} ops, solve {row['objective']:.6g} ({row['status']}, gap"
               f" {100 * row['gap']:.2f} %, wall {row['wall']:.1f} s), best registry {row['best_registry']}", flush=True)
         (out_dir / problem.name / "row.json").write_text(json.dumps(row, indent=1))
@@ -296,11 +302,10 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(one, chosen))
     loads.append(os.getloadavg()[0])
-    command = ("python benchmarks/scale.py " + " ".join(sys.argv[1:])).strip()
-    for row in rows:  # (what --report needs to write the table again)
-        row["run"] = {"startup": start_cpu, "command": command, "loads": loads, "commit": commit()}
+    for row in rows:  # (the load at the end too, for --report)
+        row["run"]["loads"] = loads
         (out_dir / row["name"] / "row.json").write_text(json.dumps(row, indent=1))
-    finish(rows, start_cpu, command, tuple(loads), rows[0]["run"]["commit"] if rows else commit(), args.write)
+    finish(rows, start_cpu, command, tuple(loads), head, args.write)
 
 
 def finish(rows: list[dict], start_cpu: float, command: str, loads: tuple[float, float], head: str,

@@ -60,7 +60,7 @@ SEARCH_MIN_SECONDS = 0.5  # no backend is started with less time than this left
 AGAIN_MIN_SECONDS = 1.0  # the local search runs again after the backend when this much is left
 BESIDE_MIN_SECONDS = 2.0  # the local search runs beside the backend (on another core) when this much is left
 BESIDE_TURN = 2.0  # seconds: that search restarts from its best with a new seed this often
-GREEDY_BESIDE_TURN = 0.5  # seconds: the greedy's searches beside the backend are read in turns this long
+GREEDY_BESIDE_TURN = 0.5  # seconds: the greedy's searches going on beside (``_GreedyBeside``) are read in turns this long
 RESUME_TURN = 5.0  # seconds, at most, that each paused search runs in its turn after the backend (``_resume``)
 
 
