@@ -1060,7 +1060,9 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
       too, later. So the rank's time >= work + first_b - V where V sums, per forward in the window,
       F less the recompute it still owes: kept (F for mF), recompute owed (F - R for keep),
       offloaded (F for nothing, once its copy out ran: those copies are serial on the copy lane,
-      after the rank's first forward ended and before the window closes, ``_least_idle``).
+      after the rank's first forward ended and before the window closes, ``_least_idle``). When the
+      first backward, B(hi, i), starts, microbatch i holds all of stage hi's activation, so its
+      forward counts F for mF and the others share ``cap - mF(hi)``.
     - knap_pend (cool-down, from the end of the last forward F(hi, i) to the start of B(hi, i)):
       B, W and recompute work of pairs held at its start, next to the least F(hi, i) holds: kept
       (B + W for mF), recompute owed (B + W + R for keep: a recompute run in the window fills it
@@ -1087,9 +1089,13 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     opens = (ch.head[lo] if objective == "makespan" else 0.0) + min(F[s] for s in stages)
 
     first_b = _first_backward_wait(ch, F, lo, hi, objective)
-    warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m) for s in stages]
-    outs = [(F[s], c[Kind.O][s], m) for s in stages] if offload else []
-    knap_f = first_b - _least_idle(first_b, _climb(_hull(warm), cap), outs, opens)
+    # The first backward's own microbatch holds its whole activation of stage hi when that B starts
+    # (recomputed or loaded back before it, in the window), worth its F; the other forwards share
+    # the rest of the room.
+    warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m - (s == hi)) for s in stages]
+    outs = [(F[s], c[Kind.O][s], m - (s == hi)) for s in stages] if offload else []
+    first = F[hi] + _climb(_hull(warm), cap - a[hi])
+    knap_f = first_b - _least_idle(first_b, first, outs, opens)
 
     def backward(s: int) -> list[tuple[float, float]]:  # a pair held after its forward, and its work
         return [(a[s], B[s] + W[s]), (mW[s], W[s])] + [(keep[s, k], B[s] + W[s] + R[k][s]) for k in R]
