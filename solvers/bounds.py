@@ -85,6 +85,7 @@ import math
 from dataclasses import dataclass
 
 from schedc.kinds import ROWS, Kind, check_supported
+from schedc.layers import LayerProblem
 from schedc.problem import Problem
 from schedc.schedule import Op, comm_ops, producers
 
@@ -1232,3 +1233,86 @@ def _product(options: list[list]) -> list[tuple]:
     for opt in options:
         out = [x + (o,) for x in out for o in opt]
     return out
+
+
+# ---- over every partition of a layer-level problem (``schedc plan``) ----
+
+PARTITION_DP_BLOCKS = 1000  # above this many blocks, the one-chunk partition term is not searched (O(n^2 p))
+
+
+def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
+    """A lower bound on the objective of every schedule of every stage problem that cuts
+    ``layers``' blocks into ``ranks x chunks`` contiguous stages of one block or more on
+    ``placement`` (``LayerProblem.stage_problem``). With f, b, w a block's costs, m microbatches
+    and c the latency between ranks:
+
+    - the busiest rank: every rank runs m (F + B + W) of its blocks, and some rank holds at least
+      1 / p of all blocks' work;
+    - one microbatch's critical path: F and B through every block, a latency each way between
+      consecutive stages on different ranks (the placement fixes how many: partition-independent),
+      then the W of stage 0, whose first block is the model's first (``_critical_path``);
+    - one chunk (v = 1, makespan): the least over contiguous partitions (exact dynamic programming
+      over the cut points) of the largest over ranks of ``_rank_bound``'s terms without memory:
+      rank r's first op starts at head(r) or later (the blocks before it, F each, and a latency
+      per rank), all its work follows, ``head(r) + m (f + b + w)``; and its last backward ends after
+      all its F and B, then the gradient runs down the blocks before it and stage 0's W:
+      ``head(r) + m (f + b) + (b of the blocks before, a latency per rank) + w(first block)``.
+      Span: rank r's own span holds its work, ``m (f + b + w)`` alone, the least largest of which is
+      the time-balanced partition (``schedc.partition.balanced``). ``one_chunk_cut`` finds it."""
+    p, m, c = layers.ranks, layers.microbatches, layers.comm
+    blocks = layers.blocks
+    n_stages = p * chunks
+    work = [m * (x.F + x.B + x.W) for x in blocks]
+    busiest = sum(work) / p
+    rank_of = Problem.parse(dict(ranks=p, microbatches=1, chunks=chunks, placement=placement,
+                                 costs=dict(F=1, B=1, W=1))).stage_rank
+    hops = sum(rank_of[s] != rank_of[s + 1] for s in range(n_stages - 1))
+    path = sum(x.F + x.B for x in blocks) + 2 * hops * c + blocks[0].W
+    terms = [(busiest, f"the busiest rank: 1/{p} of all blocks' work {sum(work):g}"),
+             (path, f"critical path of one microbatch through every block ({hops} hops between ranks each way),"
+                    " then stage 0's W")]
+    if chunks == 1 and len(blocks) <= PARTITION_DP_BLOCKS:
+        value, _ = one_chunk_cut(layers)
+        terms.append((value, "over every cut into stages: the least largest of a rank's start (the blocks before it)"
+                             " plus its work, and of its F and B, the gradient's way down and stage 0's W"
+                      if layers.objective == "makespan" else
+                      "over every cut into stages: the least work of the busiest rank (time-balanced cut)"))
+    value, reason = max(terms)
+    return Bound(value, f"{chunks} chunk(s), {placement}: {reason}: {value:g}")
+
+
+def one_chunk_cut(layers: LayerProblem) -> tuple[float, list[int]]:
+    """``partition_bound``'s one-chunk term and a cut that attains it: the least over contiguous
+    cuts into p stages of the largest stage cost, by dynamic programming (stage k holds blocks
+    j..i-1, its cost a function of j and i only): ``(that least, blocks per stage)``."""
+    blocks, p, m, c = layers.blocks, layers.ranks, layers.microbatches, layers.comm
+    n = len(blocks)
+    pre_f, pre_b, pre_fb, pre_work = [0.0], [0.0], [0.0], [0.0]
+    for x in blocks:
+        pre_f.append(pre_f[-1] + x.F)
+        pre_b.append(pre_b[-1] + x.B)
+        pre_fb.append(pre_fb[-1] + x.F + x.B)
+        pre_work.append(pre_work[-1] + x.F + x.B + x.W)
+    w_first = blocks[0].W
+    makespan = layers.objective == "makespan"
+
+    def cost(j: int, i: int, k: int) -> float:
+        if not makespan:
+            return m * (pre_work[i] - pre_work[j])
+        head = pre_f[j] + k * c
+        return max(head + m * (pre_work[i] - pre_work[j]),
+                   head + m * (pre_fb[i] - pre_fb[j]) + pre_b[j] + k * c + w_first)
+
+    best = [0.0] + [math.inf] * n  # the first k stages over the first i blocks
+    cuts: list[list[int]] = []  # per stage k, per i: where it starts
+    for k in range(p):
+        nxt, cut = [math.inf] * (n + 1), [0] * (n + 1)
+        for i in range(k + 1, n - (p - 1 - k) + 1):
+            nxt[i], cut[i] = min((max(best[j], cost(j, i, k)), j) for j in range(k, i) if best[j] < math.inf)
+        best = nxt
+        cuts.append(cut)
+    sizes, i = [], n
+    for k in range(p - 1, -1, -1):
+        sizes.append(i - cuts[k][i])
+        i = cuts[k][i]
+    return best[n], sizes[::-1]

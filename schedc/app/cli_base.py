@@ -28,6 +28,7 @@ COMMANDS = {
     **dict.fromkeys(("schedules", "simulate", "compare", "bubble", "show", "export", "compile", "check", "schema",
                      "import"), "cli_schedules"),
     "solve": "cli_solve",
+    "plan": "cli_plan",
     "profile": "cli_profile",
     "ablate": "cli_ablate",
 }

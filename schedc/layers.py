@@ -1,0 +1,215 @@
+"""The layer-level problem that ``schedc plan`` reads: the model as an ordered list of blocks
+(layers), each with its own costs and memory, and the pipeline's shape still open.
+
+A stage problem (``Problem``) fixes what each stage costs. Here the stages are not cut yet: the
+file lists the blocks in model order, a block type (Megatron-LM's symbols: ``E`` embedding, ``t``
+decoder layer, ``m`` MTP layer, ``L`` head and loss; any other name for other blocks) and a
+``count`` for runs of identical blocks, and the choices ``plan`` may make: the chunks per rank
+(v), the placements, the microbatches and the memory limit stay the problem's::
+
+    name: llama-8b-p4
+    ranks: 4
+    microbatches: 16
+    chunks: [1, 2]              # v to consider (default 1)
+    placements: [loop, v]       # placements to consider (default loop; v needs 2 chunks)
+    comm: 0.05
+    memory: {limit: 60}         # per rank, the same unit as the blocks' memory
+    layers:
+      - {type: E, F: 0.4, B: 0.4, W: 0.3, activation: 0.2, static: 8}
+      - {type: t, count: 32, F: 1.0, B: 1.1, W: 0.9, activation: 1.0, static: 3.5}
+      - {type: L, F: 2.2, B: 2.4, W: 2.0, activation: 4.0, static: 8}
+
+Per block: F, B, W (time of one microbatch), ``activation`` (what its forward allocates and holds
+until its backward), ``held_for_w`` (of that, what stays after B until W: default nothing),
+``static`` (memory for the whole step: weights, gradients, optimizer state), ``recompute`` (time
+to recompute its forward; default its F, used where the problem sets ``recompute: true``) and
+``modules`` (names for the exports; ``{i}`` is numbered along the blocks of the same pattern).
+A stage's costs and memory are its blocks' sums (``stage_problem``); the first stage of each rank
+also carries ``memory.static`` of the problem, the rest of what a rank holds for the whole step.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, ClassVar, Literal, Optional, Union
+
+from pydantic import Field, StrictInt, field_validator, model_validator
+
+from schedc.errors import ProblemError
+from schedc.inputs import read_data
+from schedc.problem import Boundary, Problem
+
+# The module names a block type is given by default (torchtitan's decoder: tok_embeddings,
+# layers.<i>, norm and output; DeepSeek-V3's MTP modules as torchtitan names them).
+DEFAULT_MODULES = {"E": ("tok_embeddings",), "t": ("layers.{i}",), "m": ("mtp.{i}",), "L": ("norm", "output")}
+
+
+class _Layers(Boundary):
+    """The layer-level models: bad data raises ProblemError with one line naming the field."""
+
+    model_config = Boundary.model_config | {"frozen": True}
+    _error: ClassVar[type[Exception]] = ProblemError
+    _source: ClassVar[str] = "layers"
+
+
+def _positive(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
+        raise ValueError(f"must be a finite number > 0, got {v!r}")
+    return v
+
+
+def _nonnegative(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
+        raise ValueError(f"must be a finite number >= 0, got {v!r}")
+    return v
+
+
+class Layer(_Layers):
+    """One block, or ``count`` identical ones in a row."""
+
+    type: str = Field(min_length=1, max_length=40, description="E, t, m, L (Megatron-LM's symbols) or another name")
+    count: StrictInt = Field(default=1, ge=1, le=100_000)
+    F: float
+    B: float
+    W: float
+    activation: float = 0.0
+    held_for_w: float = 0.0
+    static: float = 0.0
+    recompute: Optional[float] = None
+    modules: Optional[list[str]] = None
+
+    _times = field_validator("F", "B", "W", mode="before")(lambda v: _positive(v))
+    _amounts = field_validator("activation", "held_for_w", "static", mode="before")(lambda v: _nonnegative(v))
+    _recompute = field_validator("recompute", mode="before")(lambda v: v if v is None else _positive(v))
+
+    @model_validator(mode="after")
+    def _held(self) -> "Layer":
+        if self.held_for_w > self.activation:
+            raise ValueError(f"held_for_w {self.held_for_w:g} is above activation {self.activation:g}: what stays"
+                             " until W is part of what the forward allocated")
+        if self.modules is not None and (not self.modules or any(not m for m in self.modules)):
+            raise ValueError("modules: a non-empty list of module names")
+        return self
+
+    def names(self) -> tuple[str, ...]:
+        """Its module name patterns (``{i}`` numbered later), or () where none is known."""
+        return tuple(self.modules) if self.modules is not None else DEFAULT_MODULES.get(self.type, ())
+
+
+class LayerMemory(_Layers):
+    _source = "memory"
+
+    limit: Optional[float] = None
+    static: float = 0.0
+
+    _limit = field_validator("limit", mode="before")(lambda v: v if v is None else _positive(v))
+    _static = field_validator("static", mode="before")(lambda v: _nonnegative(v))
+
+
+class LayerProblem(_Layers):
+    """A model as an ordered list of blocks, and the pipeline shapes ``plan`` may choose among."""
+
+    name: str = Field(default="", max_length=200)
+    ranks: StrictInt = Field(ge=1, le=4096)
+    microbatches: StrictInt = Field(ge=1)
+    chunks: Union[StrictInt, list[StrictInt]] = 1
+    placements: list[Literal["loop", "v"]] = ["loop"]
+    comm: float = 0.0
+    objective: Literal["makespan", "span"] = "makespan"
+    memory: LayerMemory = LayerMemory()
+    recompute: bool = False
+    layers: list[Layer] = Field(min_length=1)
+
+    _comm = field_validator("comm", mode="before")(lambda v: _nonnegative(v))
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "LayerProblem":
+        chunks = self.chunk_choices
+        if not chunks or any(v < 1 for v in chunks):
+            raise ValueError(f"chunks: one or more counts >= 1, got {self.chunks!r}")
+        if not self.placements:
+            raise ValueError("placements: one or more of loop, v")
+        if "v" in self.placements and 2 not in chunks:
+            raise ValueError("placements: the V placement holds 2 chunks per rank: add 2 to chunks or drop v")
+        if not self.shapes:
+            raise ValueError(f"no pipeline shape fits {len(self.blocks)} blocks on {self.ranks} ranks: every stage holds"
+                             f" at least one block, so at least ranks x chunks ({self.ranks * min(chunks)}) blocks")
+        return self
+
+    @cached_property
+    def chunk_choices(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.chunks))) if isinstance(self.chunks, list) else (self.chunks,)
+
+    @cached_property
+    def blocks(self) -> tuple[Layer, ...]:
+        """Every block in model order (a run of ``count`` repeated)."""
+        return tuple(layer for layer in self.layers for _ in range(layer.count))
+
+    @cached_property
+    def shapes(self) -> tuple[tuple[int, str], ...]:
+        """The (chunks, placement) pairs to consider: each placement with each v it holds, as many
+        stages as there are blocks at most."""
+        n = len(self.blocks)
+        return tuple((v, pl) for v in self.chunk_choices for pl in self.placements
+                     if (pl == "loop" or v == 2) and self.ranks * v <= n)
+
+    @cached_property
+    def module_names(self) -> tuple[tuple[str, ...], ...]:
+        """Per block, its module names (``{i}`` numbered along the blocks of the same pattern, from 0)."""
+        seen: dict[str, int] = {}
+        out = []
+        for block in self.blocks:
+            names = []
+            for pattern in block.names():
+                i = seen.get(pattern, 0)
+                seen[pattern] = i + 1
+                names.append(pattern.replace("{i}", str(i)))
+            out.append(tuple(names))
+        return tuple(out)
+
+    def stage_problem(self, sizes: list[int], chunks: int, placement: str, name: str | None = None) -> Problem:
+        """The stage problem of a partition: ``sizes`` blocks per stage (model order), ``chunks``
+        stages per rank on ``placement``; each stage's costs and memory its blocks' sums."""
+        n = self.ranks * chunks
+        if len(sizes) != n or sum(sizes) != len(self.blocks) or min(sizes) < 1:
+            raise ProblemError(f"{self.name or 'layers'}: a partition of {len(self.blocks)} blocks into {n} stages of"
+                               f" one block or more, got {sizes}")
+        stages, at = [], 0
+        for k in sizes:
+            stages.append(self.blocks[at:at + k])
+            at += k
+
+        def total(field: str) -> list[float]:
+            return [round(sum(getattr(b, field) for b in stage), 12) for stage in stages]
+
+        activation, held = total("activation"), total("held_for_w")
+        data: dict[str, Any] = dict(
+            name=name or self.name or "plan", ranks=self.ranks, microbatches=self.microbatches, chunks=chunks,
+            placement=placement, comm=self.comm, objective=self.objective, stage_blocks=list(sizes),
+            costs=dict(F=total("F"), B=total("B"), W=total("W")),
+            memory=dict(F=activation, B=[h - a for a, h in zip(activation, held)], W=[-h for h in held]),
+        )
+        rank_of = Problem.parse(dict(ranks=self.ranks, microbatches=1, chunks=chunks, placement=placement,
+                                     costs=dict(F=1, B=1, W=1))).stage_rank
+        static = [self.memory.static] * self.ranks
+        for s, stage in enumerate(stages):
+            static[rank_of[s]] += sum(b.static for b in stage)
+        data["memory"]["static"] = [round(x, 12) for x in static]
+        if self.memory.limit is not None:
+            data["memory"]["limit"] = self.memory.limit
+        if self.recompute:
+            data["recompute"] = dict(time=[round(sum(b.F if b.recompute is None else b.recompute for b in stage), 12)
+                                           for stage in stages])
+        return Problem.parse(data, source=data["name"])
+
+
+def load_layers(path) -> LayerProblem:
+    """Read a layer-level problem from a YAML or JSON file."""
+    data = read_data(path, error=ProblemError, what="layer-level problem file")
+    if not isinstance(data, dict):
+        raise ProblemError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    if "costs" in data and "layers" not in data:
+        raise ProblemError(f"{path}: a stage problem (costs per stage), not a layer-level one (its blocks under"
+                           " 'layers'): `schedc solve` reads it; `schedc plan` reads the blocks (docs/plan.md)")
+    return LayerProblem.validated(data, str(path))
+

@@ -1,0 +1,207 @@
+"""``schedc plan`` (issue 41, first steps): the layer-level problem, the layouts users paste, the
+bound over every cut, and the plan itself."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedc import load, simulate
+from schedc.app.cli import main
+from schedc.errors import ProblemError
+from schedc.layers import LayerProblem, load_layers
+from schedc.layout import deepspeed_parts, megatron_layout, parse_megatron_layout, torchtitan_modules
+from schedc.solvers import REGISTRY
+from schedc.solvers.bounds import one_chunk_cut, partition_bound
+from schedc.solvers.search.plan import plan
+from tests.exhaustive import exhaustive_optimum
+
+HEAVY_HEAD = dict(
+    name="heavy-head", ranks=2, microbatches=4, chunks=[1, 2], placements=["loop", "v"], comm=0.05,
+    layers=[dict(type="E", F=0.3, B=0.3, W=0.1, activation=0.2, static=8),
+            dict(type="t", count=6, F=1.0, B=1.1, W=0.9, activation=1.0, held_for_w=0.3, static=3.5),
+            dict(type="L", F=3.0, B=3.3, W=2.7, activation=4.0, static=8)],
+)
+
+
+def test_a_stage_is_its_blocks_sums():
+    lp = LayerProblem.validated(HEAVY_HEAD)
+    assert len(lp.blocks) == 8 and lp.shapes == ((1, "loop"), (2, "loop"), (2, "v"))
+    problem = lp.stage_problem([1, 3, 3, 1], 2, "v")
+    assert problem.stage_blocks == [1, 3, 3, 1] and problem.stage_rank == (0, 1, 1, 0)
+    assert problem.cost[problem.kinds[0]] == pytest.approx((0.3, 3.0, 3.0, 3.0))
+    mem = problem.mem
+    assert [mem[k][1] for k in ("F", "B", "W")] == pytest.approx([3.0, -2.1, -0.9])
+    assert problem.static_memory == pytest.approx((8 + 8, 3.5 * 6))  # rank 0: E and L; rank 1: six t
+    assert lp.module_names[1] == ("layers.0",) and lp.module_names[-1] == ("norm", "output")
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(layrs=[]), "unknown field 'layrs' (did you mean 'layers'?)"),
+    (dict(layers=[dict(type="t", F=1, B=1, W=0)]), "layers[0].W: must be a finite number > 0"),
+    (dict(layers=[dict(type="t", F=1, B=1, W=1, activation=1, held_for_w=2)]), "held_for_w 2 is above activation 1"),
+    (dict(chunks=1), "the V placement holds 2 chunks per rank"),
+    (dict(ranks=9), "no pipeline shape fits 8 blocks on 9 ranks"),
+])
+def test_a_mistake_in_the_file_is_one_line(change, message):
+    with pytest.raises(ProblemError, match=None) as e:
+        LayerProblem.validated({**HEAVY_HEAD, **change})
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_megatron_layout_writes_deepseek_v3s_published_string():
+    """Megatron-LM's own example for DeepSeek-V3 on PP16 x VPP2 (its docs, 'Custom Pipeline Model
+    Parallel Layout'): embedding and 3 decoder layers, 29 stages of two decoder layers, the MTP
+    layer, the loss; stage k on pipeline rank k mod 16."""
+    types = ["E"] + ["t"] * 61 + ["m", "L"]
+    sizes = [4] + [2] * 29 + [1, 1]
+    assert megatron_layout(sizes, types) == "Et*3|(tt|)*29,m|L"
+    stages = parse_megatron_layout("Et*3|(tt|)*29,m|L")
+    assert [len(s) for s in stages] == sizes and "".join(stages) == "".join(types)
+    assert parse_megatron_layout("E||t|L") == ["E", "", "t", "L"]  # an empty stage
+    assert parse_megatron_layout("E|(t|)*3,m|m||L") == ["E", "t", "t", "t", "m", "m", "", "L"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("EtmL"), max_size=7), min_size=1, max_size=12))
+def test_megatron_layout_reads_back_what_it_writes(stages):
+    """Any stages, empty ones included: the string names the same symbols per stage."""
+    types = [t for stage in stages for t in stage]
+    text = megatron_layout([len(s) for s in stages], types)
+    assert parse_megatron_layout(text) == ["".join(s) for s in stages]
+    assert set(text) <= set("EtmL|(),*0123456789")
+
+
+@pytest.mark.parametrize("text, where", [("E|x", "unexpected 'x' at position 2"), ("(tt|", "'(' without its ')'"),
+                                         ("t*", "'*' takes a count"), (")", "unexpected ')'")])
+def test_a_layout_string_it_cannot_read_is_named(text, where):
+    with pytest.raises(ProblemError, match=None) as e:
+        parse_megatron_layout(text)
+    assert where in str(e.value)
+
+
+def test_exports_each_framework_can_hold():
+    assert deepspeed_parts([3, 2, 2]) == [0, 3, 5, 7]
+    with pytest.raises(ProblemError, match="one stage per rank"):
+        deepspeed_parts([3, 2, 2, 1], chunks=2)
+    assert torchtitan_modules([1, 2], [("a",), ("b",), ("c", "d")]) == [["a"], ["b", "c", "d"]]
+    with pytest.raises(ProblemError, match="loop placement"):
+        megatron_layout([1, 1], ["E", "L"], placement="v")
+    with pytest.raises(ProblemError, match="not X"):
+        megatron_layout([1, 1], ["E", "X"])
+
+
+def _cuts(n: int, k: int):
+    for cut in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *cut, n)
+        yield [b - a for a, b in zip(edges, edges[1:])]
+
+
+@st.composite
+def layer_problems(draw):
+    p = draw(st.integers(1, 3))
+    n = draw(st.integers(p * 2, p * 2 + 3))
+    cost = st.floats(0.1, 3)
+    layers = [dict(type=draw(st.sampled_from("EtmL")), F=draw(cost), B=draw(cost), W=draw(cost)) for _ in range(n)]
+    return LayerProblem.validated(dict(ranks=p, microbatches=draw(st.integers(1, 4)), chunks=[1, 2],
+                                       placements=["loop", "v"], comm=draw(st.sampled_from([0.0, 0.3])),
+                                       objective=draw(st.sampled_from(["makespan", "span"])), layers=layers))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layer_problems())
+def test_the_bound_over_every_cut_is_below_every_cuts_schedules(lp):
+    """For every shape and every cut of it: the partition bound is at most every registry
+    schedule of that cut's stage problem (each an upper bound on that cut's optimum)."""
+    for v, placement in lp.shapes:
+        bound = partition_bound(lp, v, placement).value
+        for sizes in _cuts(len(lp.blocks), lp.ranks * v):
+            problem = lp.stage_problem(sizes, v, placement)
+            for spec in REGISTRY.values():
+                if spec.why_not(problem) is None:
+                    t = simulate(problem, spec.build(problem))
+                    assert bound <= t.objective_value() + 1e-9, (v, placement, sizes, spec.name)
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_the_bound_over_every_cut_is_below_every_cuts_optimum(objective):
+    """Exhaustively, on a problem small enough: p = 2, m = 2, five blocks of unequal costs."""
+    lp = LayerProblem.validated(dict(ranks=2, microbatches=2, comm=0.1, objective=objective, layers=[
+        dict(type="E", F=0.5, B=0.4, W=0.2), dict(type="t", F=1, B=1.2, W=0.8), dict(type="t", F=1, B=1.2, W=0.8),
+        dict(type="t", F=1, B=1.2, W=0.8), dict(type="L", F=2, B=2.5, W=1.5)]))
+    bound = partition_bound(lp, 1, "loop").value
+    best = min(exhaustive_optimum(lp.stage_problem(sizes, 1, "loop"), time_budget=60)[0] for sizes in _cuts(5, 2))
+    assert bound <= best + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(layer_problems())
+def test_the_one_chunk_cut_is_the_least_over_every_cut(lp):
+    """The dynamic program's value is the brute-force least over the cuts of the largest stage
+    term, and its cut attains it."""
+    blocks, m, c, p = lp.blocks, lp.microbatches, lp.comm, lp.ranks
+
+    def largest(sizes):
+        out, at = 0.0, 0
+        for k, size in enumerate(sizes):
+            before, mine = blocks[:at], blocks[at:at + size]
+            work = m * sum(b.F + b.B + b.W for b in mine)
+            if lp.objective == "span":
+                out = max(out, work)
+            else:
+                head = sum(b.F for b in before) + k * c
+                down = sum(b.B for b in before) + k * c + blocks[0].W
+                out = max(out, head + work, head + m * sum(b.F + b.B for b in mine) + down)
+            at += size
+        return out
+
+    value, sizes = one_chunk_cut(lp)
+    assert value == pytest.approx(min(largest(s) for s in _cuts(len(blocks), p)), rel=1e-12)
+    assert largest(sizes) == pytest.approx(value, rel=1e-12)
+
+
+def test_plan_is_never_slower_than_its_seeds_and_its_bound_holds():
+    lp = LayerProblem.validated(HEAVY_HEAD)
+    result = plan(lp, time_limit=20, threads=1)
+    assert result.objective <= min(c.objective for c in result.seeds) + 1e-9
+    assert result.bound <= result.objective + 1e-9
+    assert result.problem.stage_blocks == result.chosen.sizes
+    assert {(c.chunks, c.placement, c.seed) for c in result.seeds} >= {(1, "loop", "uniform"), (2, "v", "balanced")}
+
+
+def test_the_cli_writes_a_schedule_file_and_the_layouts(tmp_path):
+    layers = tmp_path / "layers.yaml"
+    layers.write_text(yaml.safe_dump({**HEAVY_HEAD, "chunks": 1, "placements": ["loop"]}))
+    out, stage = tmp_path / "plan.json", tmp_path / "stage.yaml"
+    run = CliRunner().invoke(main, ["plan", str(layers), "-o", str(out), "--problem-out", str(stage),
+                                    "--time-limit", "10", "--threads", "1", "--json", "-q"])
+    assert run.exit_code == 0, run.output
+    data = json.loads(run.output)
+    compiled = load(out)
+    assert compiled.problem.stage_blocks == data["stage_blocks"] == data["exports"]["stage_blocks"]
+    assert data["exports"]["deepspeed"] == [0, *itertools.accumulate(data["stage_blocks"])]
+    assert "".join(parse_megatron_layout(data["exports"]["megatron"])) == "E" + "t" * 6 + "L"
+    assert yaml.safe_load(stage.read_text())["stage_blocks"] == data["stage_blocks"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**HEAVY_HEAD, "layers": [dict(type="t", F=1, B=1, W=-1)]}))
+    run = CliRunner().invoke(main, ["plan", str(bad), "-o", str(out)])
+    assert run.exit_code == 2 and "layers[0].W: must be a finite number > 0" in run.output
+    stage_problem = Path(__file__).resolve().parent.parent / "examples" / "problems" / "uniform.yaml"
+    run = CliRunner().invoke(main, ["plan", str(stage_problem), "-o", str(out)])
+    assert run.exit_code == 2 and "a stage problem (costs per stage), not a layer-level one" in run.output
+
+
+def test_the_docs_excerpt_is_the_example_file():
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "plan.md").read_text()
+    excerpt = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    example = root / "examples" / "layers" / "heavy-head.yaml"
+    assert yaml.safe_load(excerpt) == yaml.safe_load(example.read_text())
+    assert load_layers(example).shapes == ((1, "loop"), (2, "loop"), (2, "v"))
