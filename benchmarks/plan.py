@@ -1,0 +1,235 @@
+"""``schedc plan`` on cost models built from published model shapes (issue 41), against the
+layouts users run today.
+
+    python benchmarks/plan.py [--write] [--time-limit 60] [--only NAME]
+
+Cases (``CASES``; shapes from ../shared/model-shapes.md, each model's published config):
+Llama-3-8B-like on p = 4 and 8 (v 1 or 2, loop or V); Llama-3-70B-like on PP8 x VPP5 (NeMo's
+shape); a DeepSeek-V3-like stack on PP16 x VPP2, against Megatron-LM's published layout
+``Et*3|(tt|)*29,m|L``; a GPT-3-175B-like model under a memory limit that forces recompute.
+
+The cost model (``layer_problem``), per token of a microbatch of ``TOKENS`` tokens, bf16, split
+over ``TP`` tensor-parallel GPUs (FLOPs and activations divided by TP), at ``THROUGHPUT`` FLOP/s:
+
+- decoder layer: the Linear layers' 2 x (parameters) FLOPs forward (attention projections with
+  grouped KV heads, SwiGLU MLP: 3 h ffn; GPT-3: 4h-wide GELU MLP); causal attention 2 s h FLOPs
+  forward (4 s h over (query, key) pairs, half of them masked); B = Linear + twice the attention,
+  W = Linear (weight gradients only where there are weights);
+- DeepSeek-V3: MLA's projections (q LoRA rank 1536, kv 512 + 64 rope, 128 heads of 128 + 64 and
+  128), the first 3 layers dense (FFN 18432), the others MoE: 8 routed experts and 1 shared of
+  2048 each per token, and the router; the MTP module one MoE layer plus its 2h -> h projection
+  and the shared head again;
+- head and loss (L): 2 h V FLOPs forward, as many for B and for W; embedding (E): a gather, costed
+  as 2 h FLOPs per token each way;
+- activation memory: Megatron-LM's 34 s h bytes per layer with flash attention (sequence parallel:
+  over TP), MoE layers also the 8 experts' 3 x 2048-wide intermediates; the head's logits 6 s V
+  bytes (bf16 and fp32 for the loss); held for W: the Linear layers' inputs;
+- static memory: 16 bytes per parameter (bf16 weight and gradient, fp32 master weight, two Adam
+  moments) over TP; an MoE layer counts the experts one token activates (9 of 257), as if expert
+  parallelism spread the rest over other GPUs; the limit 80 GB (an H100) less 8 GB for the framework.
+
+Per case: ``uniform + best``: uniform block counts on each shape the case allows, the best registry
+schedule that fits (the greedy's search where no other fits), the best over the shapes;
+``balanced + solve``: the time-balanced cut (``schedc.partition.balanced``, what ``schedc profile
+--partition time`` writes) on the case's first shape, ``schedc solve --time-limit T``; ``Megatron``
+(DeepSeek-V3): the published layout with Megatron-LM's interleaved 1F1B; ``plan``: ``schedc plan
+--time-limit T`` (its wall time beside), with its bound over every cut and shape and the gap.
+Partial: AdaPipe's baseline (per-stage recompute chosen with the cut, the order fixed) is not
+built yet, and the V placement has no Megatron-LM layout to compare with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _results import machine, write_section  # noqa: E402
+from zb_paper import run_json  # noqa: E402
+
+from schedc.layers import LayerProblem  # noqa: E402
+from schedc.layout import parse_megatron_layout  # noqa: E402
+from schedc.partition import balanced, uniform  # noqa: E402
+from schedc.simulate import simulate  # noqa: E402
+from schedc.solvers.registry import REGISTRY  # noqa: E402
+from schedc.solvers.search.plan import quick_best  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+THROUGHPUT = 400e12  # FLOP/s per GPU on these matmuls (one figure: only ratios matter)
+LINK = 50e9  # bytes/s between two pipeline ranks
+GB = 1e9
+LIMIT = 80 - 8  # GB per GPU for the model's state and activations
+
+# name: (layers, hidden, heads, kv heads, ffn, vocabulary) from ../shared/model-shapes.md
+SHAPES = {
+    "llama3-8b": (32, 4096, 32, 8, 14336, 128256),
+    "llama3-70b": (80, 8192, 64, 8, 28672, 128256),
+    "gpt3-175b": (96, 12288, 96, 96, 49152, 50257),
+    "deepseek-v3": (61, 7168, 128, 128, 18432, 129280),
+}
+MEGATRON_DEEPSEEK = "Et*3|(tt|)*29,m|L"  # Megatron-LM's docs, PP16 x VPP2
+
+# name -> (model, ranks, microbatches, chunks, placements, tokens per microbatch, TP, recompute)
+CASES = {
+    "llama3-8b-p4": ("llama3-8b", 4, 16, [1, 2], ["loop", "v"], 8192, 1, False),
+    "llama3-8b-p8": ("llama3-8b", 8, 32, [1, 2], ["loop", "v"], 8192, 1, False),
+    "llama3-70b-pp8-vpp5": ("llama3-70b", 8, 32, [5], ["loop"], 8192, 8, False),
+    "deepseek-v3-pp16-vpp2": ("deepseek-v3", 16, 32, [2], ["loop"], 4096, 8, False),
+    "gpt3-175b-p8": ("gpt3-175b", 8, 32, [1, 2], ["loop", "v"], 8192, 8, True),
+}
+
+
+def _decoder(model: str, h: int, heads: int, kv: int, ffn: int, dense: bool = True) -> tuple[float, float, float]:
+    """(Linear parameters, attention FLOPs per token and key, extra activation bytes per token) of one layer."""
+    if model == "deepseek-v3":
+        attn = h * 1536 + 1536 * heads * 192 + h * 576 + 512 * heads * 256 + heads * 128 * h
+        mlp = 3 * h * ffn if dense else 9 * 3 * h * 2048 + h * 256
+        extra = 0.0 if dense else 8 * 3 * 2048 * 2  # the routed experts' intermediates, bf16
+        return attn + mlp, 2 * heads * (192 + 128) / 2, extra
+    head_dim = h // heads
+    attn = 2 * h * h + 2 * h * kv * head_dim
+    mlp = 2 * h * ffn if model == "gpt3-175b" else 3 * h * ffn
+    return attn + mlp, 2 * h, 0.0
+
+
+def layer_problem(case: str) -> LayerProblem:
+    """The case's layer-level problem from the cost model in the module notes (ms, GB)."""
+    model, p, m, chunks, placements, tokens, tp, recompute = CASES[case]
+    n_layers, h, heads, kv, ffn, vocab = SHAPES[model]
+    ms = 1e3 / THROUGHPUT / tp
+
+    def block(kind: str, params: float, attention: float, act_bytes: float, held_bytes: float, count: int = 1,
+              extra_flops: float = 0.0) -> dict:
+        linear = 2 * params * tokens + extra_flops
+        core = attention * tokens * tokens / 2  # causal: half of the (query, key) pairs
+        return dict(type=kind, count=count, F=round((linear + core) * ms, 6), B=round((linear + 2 * core) * ms, 6),
+                    W=round(max(linear, 1.0) * ms, 6), activation=round(act_bytes * tokens / tp / GB, 6),
+                    held_for_w=round(min(act_bytes, held_bytes) * tokens / tp / GB, 6),
+                    static=round(16 * params / tp / GB, 6))
+
+    layers = [block("E", vocab * h, 0.0, 2 * h, 0.0, extra_flops=2 * h * tokens - 2 * vocab * h * tokens)]
+    held = 2 * (3 * h + ffn)  # the Linear layers' inputs, bf16
+    if model == "deepseek-v3":
+        dense, att, _ = _decoder(model, h, heads, kv, ffn, dense=True)
+        moe, _, extra = _decoder(model, h, heads, kv, ffn, dense=False)
+        layers.append(block("t", dense, att, 34 * h, held, count=3))
+        layers.append(block("t", moe, att, 34 * h + extra, held, count=n_layers - 3))
+        layers.append(block("m", moe + 2 * h * h + vocab * h, att, 34 * h + extra + 6 * vocab, held))
+    else:
+        params, att, _ = _decoder(model, h, heads, kv, ffn)
+        layers.append(block("t", params, att, 34 * h, held, count=n_layers))
+    layers.append(block("L", vocab * h, 0.0, 6 * vocab, 2 * h))
+    data = dict(name=case, ranks=p, microbatches=m, chunks=chunks, placements=placements,
+                comm=round(2 * h * tokens / tp / LINK * 1e3, 6), memory=dict(limit=LIMIT), recompute=recompute,
+                layers=layers)
+    return LayerProblem.validated(data, case)
+
+
+def baselines(lp: LayerProblem) -> dict:
+    """uniform + best (over the shapes), the balanced cut of the first shape, and (DeepSeek-V3)
+    Megatron-LM's published layout with its interleaved 1F1B."""
+    out = {}
+    best = None
+    for v, placement in lp.shapes:
+        sizes = uniform(len(lp.blocks), lp.ranks * v)
+        objective, name = quick_best(lp.stage_problem(sizes, v, placement))
+        if best is None or objective < best[0]:
+            best = (objective, name, v, placement, sizes)
+    out["uniform"] = dict(zip(("objective", "schedule", "chunks", "placement", "stage_blocks"), best))
+    v, placement = lp.shapes[0]
+    out["balanced"] = {"chunks": v, "placement": placement,
+                       "stage_blocks": balanced([b.F + b.B + b.W for b in lp.blocks], lp.ranks * v)}
+    if lp.name.startswith("deepseek"):
+        sizes = [len(s) for s in parse_megatron_layout(MEGATRON_DEEPSEEK)]
+        problem = lp.stage_problem(sizes, 2, "loop")
+        t = simulate(problem, REGISTRY["interleaved-1f1b"].build(problem))
+        out["megatron"] = {"objective": t.objective_value() if t.fits else None, "fits": t.fits,
+                           "stage_blocks": sizes, "layout": MEGATRON_DEEPSEEK}
+    return out
+
+
+def run_case(case: str, time_limit: float, out_dir: Path) -> dict:
+    lp = layer_problem(case)
+    layers_path = out_dir / f"{case}.layers.yaml"
+    layers_path.write_text(yaml.safe_dump(lp.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    row = {"case": case, "blocks": len(lp.blocks), "ranks": lp.ranks, "microbatches": lp.microbatches,
+           **{f"base_{k}": v for k, v in baselines(lp).items()}}
+    b = row["base_balanced"]
+    stage = out_dir / f"{case}.balanced.yaml"
+    stage.write_text(yaml.safe_dump(lp.stage_problem(b["stage_blocks"], b["chunks"], b["placement"])
+                                    .model_dump(mode="json", exclude_none=True), sort_keys=False))
+    solved, _, err = run_json(["solve", str(stage), "-o", str(out_dir / f"{case}.balanced.json"), "--time-limit",
+                               str(time_limit), "-q"], timeout=10 * time_limit + 120)
+    b["objective"] = None if solved is None else solved["objective"]
+    b["error"] = err if solved is None else None
+    began = time.perf_counter()
+    planned, _, err = run_json(["plan", str(layers_path), "-o", str(out_dir / f"{case}.plan.json"),
+                                "--time-limit", str(time_limit), "-q"], timeout=10 * time_limit + 120)
+    row["plan_wall"] = time.perf_counter() - began
+    row["plan"] = planned if planned is not None else {"error": err}
+    return row
+
+
+def report(rows: list[dict], command: str) -> str:
+    def pct(a, b) -> str:
+        return f"{100 * (b - a) / b:.1f}%" if a is not None and b else "-"
+
+    lines = [f"Command: `{command}`", "", f"Machine: {machine()}.", "",
+             "Time per iteration (makespan, ms) of the cost models in the script's notes. uniform + best: uniform block"
+             " counts and the best registry schedule that fits, over the case's shapes; balanced + solve: the"
+             " time-balanced cut of the first shape, `schedc solve`; Megatron: its published layout and interleaved"
+             " 1F1B; plan: `schedc plan` (its layout, bound over every cut and shape, gap, wall time). A % is how much"
+             " shorter plan's iteration is.", "",
+             "| case | uniform + best | balanced + solve | Megatron layout | plan | plan's layout | bound | gap |"
+             " vs uniform | vs balanced | vs Megatron | plan wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        plan = r["plan"]
+        obj = plan.get("objective")
+        uni, bal = r["base_uniform"], r["base_balanced"]
+        meg = r.get("base_megatron")
+        layout = (f"v {plan['chunks']} {plan['placement']} {plan['stage_blocks']}" if obj is not None
+                  else plan.get("error", "")[:80])
+        lines.append(
+            f"| {r['case']} | {uni['objective']:.1f} ({uni['schedule']}, v {uni['chunks']} {uni['placement']})"
+            f" | {bal['objective'] if bal['objective'] is None else round(bal['objective'], 1)}"
+            f" | {'-' if meg is None else (round(meg['objective'], 1) if meg['fits'] else 'does not fit')}"
+            f" | {'-' if obj is None else round(obj, 1)} | {layout} | {plan.get('bound', 0):.1f}"
+            f" | {100 * plan.get('gap', 0):.1f}% | {pct(obj, uni['objective'])} | {pct(obj, bal['objective'])}"
+            f" | {pct(obj, meg['objective']) if meg and meg['fits'] else '-'} | {r['plan_wall']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md (section plan)")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds for each solve and each plan")
+    parser.add_argument("--only", default="", help="the cases whose name contains this")
+    parser.add_argument("--out", default="out/plan", help="where the files go")
+    args = parser.parse_args()
+    out_dir = ROOT / args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in CASES:
+        if args.only in case:
+            rows.append(run_case(case, args.time_limit, out_dir))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "plan"} | {"plan": {
+                k: rows[-1]["plan"].get(k) for k in ("objective", "bound", "gap", "chunks", "placement", "stage_blocks")}}),
+                flush=True)
+    command = "python benchmarks/plan.py" + (" --write" if args.write else "") + (
+        f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
+    text = report(rows, command)
+    print(text)
+    if args.write and not args.only:
+        write_section("plan", "## plan: the layout chosen with the schedule\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
