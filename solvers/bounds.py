@@ -1248,6 +1248,9 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
 
     - the busiest rank: every rank runs m (F + B + W) of its blocks, and some rank holds at least
       1 / p of all blocks' work;
+    - the busiest rank holding whole blocks: the least over every way to share the blocks among
+      the p ranks (cut or not: a relaxation of every cut and placement) of the most work one
+      holds, times m (``whole_blocks``);
     - one microbatch's critical path: F and B through every block, a latency each way between
       consecutive stages on different ranks (the placement fixes how many: partition-independent),
       then the W of stage 0, whose first block is the model's first (``_critical_path``);
@@ -1268,7 +1271,10 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
                                  costs=dict(F=1, B=1, W=1))).stage_rank
     hops = sum(rank_of[s] != rank_of[s + 1] for s in range(n_stages - 1))
     path = sum(x.F + x.B for x in blocks) + 2 * hops * c + blocks[0].W
+    whole = m * whole_blocks(layers)
     terms = [(busiest, f"the busiest rank: 1/{p} of all blocks' work {sum(work):g}"),
+             (whole, "the busiest rank holding whole blocks (the least, over every way to share them among the"
+                     f" ranks, of the most work one holds): {whole:g}"),
              (path, f"critical path of one microbatch through every block ({hops} hops between ranks each way),"
                     " then stage 0's W")]
     if chunks == 1 and len(blocks) <= PARTITION_DP_BLOCKS:
@@ -1316,3 +1322,72 @@ def one_chunk_cut(layers: LayerProblem) -> tuple[float, list[int]]:
         sizes.append(i - cuts[k][i])
         i = cuts[k][i]
     return best[n], sizes[::-1]
+
+
+WHOLE_SINGLES = 6  # whole_blocks: the blocks of a rarer kind kept as they are (their partitions enumerated)
+
+
+def whole_blocks(layers: LayerProblem) -> float:
+    """A lower bound on the least, over every assignment of the blocks to the p ranks (each block
+    whole on one rank), of the largest per-microbatch work (F + B + W) a rank holds. A relaxation
+    of every cut into stages and every placement, which assign blocks to ranks too.
+
+    Kinds repeated at least p times are merged into one, every block of it given the least work
+    among them (lowering a block's work lowers every assignment's loads: still a lower bound); of
+    the rest, the WHOLE_SINGLES heaviest are kept and the others dropped (likewise). Then exactly:
+    for each partition of the kept blocks into at most p groups (each group's blocks on one rank),
+    the least T with every group's load g <= T and room for the repeated blocks, ``sum over
+    ranks of floor((T - g) / w) >= their count``, T being some load plus whole repeated blocks."""
+    p = layers.ranks
+    kinds: dict[float, int] = {}
+    for layer in layers.layers:
+        w = layer.F + layer.B + layer.W
+        kinds[w] = kinds.get(w, 0) + layer.count
+    repeated = {w: c for w, c in kinds.items() if c >= p}
+    w_rep, n_rep = (min(repeated), sum(repeated.values())) if repeated else (0.0, 0)
+    singles = sorted((w for w, c in kinds.items() if w not in repeated for _ in range(c)), reverse=True)[:WHOLE_SINGLES]
+    eps = 1e-12 * max([w_rep, *singles, 1e-300])
+
+    def least(groups: list[float]) -> float:
+        top = max(groups, default=0.0)
+        if not n_rep:
+            return top
+        bases = groups + [0.0] * (p - len(groups))
+
+        def room(t: float) -> int:
+            return sum(math.floor((t - g) / w_rep + 1e-9) for g in bases)
+
+        candidates = sorted({g + k * w_rep for g in {*bases} for k in range(n_rep + 1) if g + k * w_rep >= top - eps})
+        lo, hi = 0, len(candidates) - 1  # (room(the largest) >= n_rep: one base holds them all)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if room(candidates[mid]) >= n_rep:
+                hi = mid
+            else:
+                lo = mid + 1
+        return candidates[lo]
+
+    best = math.inf
+    seen: set[tuple[float, ...]] = set()
+    for groups in _partitions(singles, p):
+        key = tuple(sorted(round(g, 12) for g in groups))
+        if key not in seen:
+            seen.add(key)
+            best = min(best, least(list(key)))
+    return best
+
+
+def _partitions(items: list[float], most: int):
+    """The sums of each partition of ``items`` into at most ``most`` groups (each partition once)."""
+    def grow(i: int, groups: list[float]):
+        if i == len(items):
+            yield groups
+            return
+        for j in range(len(groups)):
+            groups[j] += items[i]
+            yield from grow(i + 1, groups)
+            groups[j] -= items[i]
+        if len(groups) < most:
+            yield from grow(i + 1, groups + [items[i]])
+
+    yield from (list(g) for g in grow(0, []))

@@ -19,7 +19,7 @@ from schedc.errors import ProblemError
 from schedc.layers import LayerProblem, load_layers
 from schedc.layout import deepspeed_parts, megatron_layout, parse_megatron_layout, torchtitan_modules
 from schedc.solvers import REGISTRY
-from schedc.solvers.bounds import one_chunk_cut, partition_bound
+from schedc.solvers.bounds import WHOLE_SINGLES, one_chunk_cut, partition_bound, whole_blocks
 from schedc.solvers.search.plan import plan
 from tests.exhaustive import exhaustive_optimum
 
@@ -205,3 +205,28 @@ def test_the_docs_excerpt_is_the_example_file():
     example = root / "examples" / "layers" / "heavy-head.yaml"
     assert yaml.safe_load(excerpt) == yaml.safe_load(example.read_text())
     assert load_layers(example).shapes == ((1, "loop"), (2, "loop"), (2, "v"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3), st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.7, 2.5, 4.0]), st.integers(1, 4)),
+                                   min_size=1, max_size=4))
+def test_whole_blocks_is_the_least_busiest_rank_over_every_assignment(p, kinds):
+    """Brute force over every assignment of the blocks to the ranks: whole_blocks is never above
+    the least largest load, and equals it where nothing is merged or dropped (one repeated kind
+    at most, at most WHOLE_SINGLES other blocks)."""
+    layers = [dict(type="t", count=c, F=w / 3, B=w / 3, W=w / 3) for w, c in kinds]
+    if sum(c for _, c in kinds) > 8 or sum(c for _, c in kinds) < p:
+        return
+    lp = LayerProblem.validated(dict(ranks=p, microbatches=1, layers=layers))
+    works = [b.F + b.B + b.W for b in lp.blocks]
+    least = min(max(sum(w for w, r in zip(works, pick) if r == q) for q in range(p))
+                for pick in itertools.product(range(p), repeat=len(works)))
+    value = whole_blocks(lp)
+    assert value <= least + 1e-9
+    counts: dict[float, int] = {}
+    for w in works:
+        counts[round(w, 9)] = counts.get(round(w, 9), 0) + 1
+    repeated = [w for w, c in counts.items() if c >= p]
+    singles = sum(c for w, c in counts.items() if c < p)
+    if len(repeated) <= 1 and singles <= WHOLE_SINGLES:
+        assert value == pytest.approx(least, rel=1e-9)

@@ -8,9 +8,11 @@ milliseconds at these sizes; the greedy's own searches and the exact search are 
 1. seeds: uniform block counts, the time-balanced cut (``schedc.partition.balanced`` over each
    block's F + B + W), and with one chunk the cut that minimises ``partition_bound``'s one-chunk
    term (it counts the start each rank waits for, which a heavy first block or head changes);
-2. a descent from the best seed: move one block across one cut, keep a move that shortens the
-   best quick schedule (first improvement), until none does or the shape's share of the time runs
-   out; a cut whose stage problem's lower bound is no shorter than the best found is skipped.
+2. a descent from the best seed: move one block from one stage to another (the stages between
+   pass one block on), the moves that leave the busiest rank lightest first; keep the first that
+   shortens the best quick schedule, until none of the most promising does or the shape's share
+   of the time runs out; a cut whose stage problem's lower bound is no shorter than the best
+   found is skipped.
 
 The shape and cut with the shortest quick schedule go to ``solve`` for the rest of the time:
 memory for time, the greedy's searches and the exact search, as for any stage problem. The
@@ -35,10 +37,13 @@ from schedc.schedfile import CompiledSchedule
 from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound, one_chunk_cut, partition_bound
 from schedc.solvers.deadline import Budget
+from schedc.solvers.families import greedy
 from schedc.solvers.registry import REGISTRY
 from schedc.solvers.search.solve import ANYTIME, SolveResult, solve
 
 SEARCH_SHARE = 0.4  # of the time limit, for the cuts (over all shapes); the rest for solve on the chosen one
+GREEDY_PASS = "zb-greedy-pass"  # quick_best's one pass of the greedy scheduler
+MOVES_TRIED = 12  # the descent judges at most this many moves per step, the most promising first
 
 
 @dataclass
@@ -164,9 +169,18 @@ def _stage_problem(layers: LayerProblem, chunks: int, placement: str, sizes: lis
 
 def quick_best(problem: Problem) -> tuple[float, str]:
     """The shortest objective among the registry's schedules that apply, build without a search
-    of their own (not ``ANYTIME``'s) and fit; where none fits, the memory-aware greedy's search
+    of their own (not ``ANYTIME``'s) and fit, and one pass of the memory-aware greedy scheduler
+    with its default switches (``GREEDY_PASS``: zero-bubble on any placement, where the registry's
+    other multi-chunk loop schedules are not); where none fits, the greedy's whole search
     (``zb-greedy``, slower: only then); (inf, "") where that does not fit either."""
     best = _shortest(problem, [name for name in REGISTRY if name not in ANYTIME])
+    if REGISTRY["zb-greedy"].why_not(problem) is None:
+        try:
+            t = simulate(problem, greedy.greedy_schedule(problem, greedy.Policy(), GREEDY_PASS))
+        except RuntimeError:  # (a pass that stalls: the search skips such variants too)
+            t = None
+        if t is not None and t.fits and t.objective_value() < best[0]:
+            best = (t.objective_value(), GREEDY_PASS)
     return best if best[0] < math.inf else _shortest(problem, ["zb-greedy"])
 
 
@@ -186,28 +200,48 @@ def _shortest(problem: Problem, names: list[str]) -> tuple[float, str]:
 
 
 def _descend(layers: LayerProblem, start: Candidate, budget: Budget) -> Candidate:
-    """Move one block across one cut at a time while a move shortens the best quick schedule."""
+    """Move one block from one stage to another (the stages between pass one block on, so only
+    the two change size) while a move shortens the best quick schedule. The moves are tried in
+    the order of the busiest rank's work after them (then the number of ranks that busy), those
+    that do not lighten it last, at most MOVES_TRIED per step."""
     best = start
+    work = [b.F + b.B + b.W for b in layers.blocks]
+    rank_of = layers.stage_problem(best.sizes, best.chunks, best.placement).stage_rank
     improved = True
     while improved and not budget.expired():
         improved = False
-        for k in range(len(best.sizes) - 1):
-            for step in (1, -1):  # a block from stage k + 1 to stage k, or back
-                sizes = list(best.sizes)
-                sizes[k] += step
-                sizes[k + 1] -= step
-                if min(sizes[k], sizes[k + 1]) < 1:
-                    continue
-                problem = _stage_problem(layers, best.chunks, best.placement, sizes)
-                if problem is None or lower_bound(problem).value >= best.objective:
-                    continue  # (no schedule of this cut can be shorter)
-                objective, name = quick_best(problem)
-                if objective < best.objective:
-                    seed = best.seed if best.seed.endswith("+moves") else best.seed + "+moves"
-                    best, improved = Candidate(best.chunks, best.placement, sizes, objective, name, seed), True
-                    break
-                if budget.expired():
-                    return best
-            if improved or budget.expired():
+        for sizes in _moves(best.sizes, work, rank_of, layers.ranks)[:MOVES_TRIED]:
+            problem = _stage_problem(layers, best.chunks, best.placement, sizes)
+            if problem is None or lower_bound(problem).value >= best.objective:
+                continue  # (no schedule of this cut can be shorter)
+            objective, name = quick_best(problem)
+            if objective < best.objective:
+                seed = best.seed if best.seed.endswith("+moves") else best.seed + "+moves"
+                best, improved = Candidate(best.chunks, best.placement, sizes, objective, name, seed), True
+                break
+            if budget.expired():
                 break
     return best
+
+
+def _moves(sizes: list[int], work: list[float], rank_of: tuple[int, ...], ranks: int) -> list[list[int]]:
+    """Every cut one block away (a block from stage a to stage b), the lightest busiest rank first."""
+    def loads(cut: list[int]) -> tuple[float, int]:
+        per_rank, at = [0.0] * ranks, 0
+        for s, k in enumerate(cut):
+            per_rank[rank_of[s]] += sum(work[at:at + k])
+            at += k
+        top = max(per_rank)
+        return round(top, 9), sum(1 for x in per_rank if x >= top * (1 - 1e-9))
+
+    out = []
+    for a in range(len(sizes)):
+        if sizes[a] < 2:
+            continue
+        for b in range(len(sizes)):
+            if b != a:
+                cut = list(sizes)
+                cut[a] -= 1
+                cut[b] += 1
+                out.append((loads(cut), cut))
+    return [cut for _, cut in sorted(out, key=lambda x: x[0])]
