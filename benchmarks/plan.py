@@ -35,8 +35,8 @@ the shapes;
 --partition time`` writes) on the case's first shape, ``schedc solve --time-limit T``; ``Megatron``
 (DeepSeek-V3): the published layout with Megatron-LM's interleaved 1F1B; ``plan``: ``schedc plan
 --time-limit T`` (its wall time beside), with its bound over every cut and shape and the gap.
-Partial: AdaPipe's baseline (per-stage recompute chosen with the cut, the order fixed) is not
-built yet, and the V placement has no Megatron-LM layout to compare with.
+``AdaPipe-like`` (cases that declare recompute): ``adapipe_like``. Partial: the V placement has no
+Megatron-LM layout to compare with.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from schedc.layers import LayerProblem  # noqa: E402
 from schedc.layout import parse_megatron_layout  # noqa: E402
 from schedc.partition import balanced, uniform  # noqa: E402
 from schedc.simulate import simulate  # noqa: E402
-from schedc.solvers.registry import REGISTRY  # noqa: E402
+from schedc.solvers.families.memtime import with_policies  # noqa: E402
+from schedc.solvers.registry import REGISTRY, unfuse  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 THROUGHPUT = 400e12  # FLOP/s per GPU on these matmuls (one figure: only ratios matter)
@@ -144,6 +145,52 @@ def best_registry(problem) -> tuple[float, str]:
     return best
 
 
+def adapipe_like(lp: LayerProblem) -> dict | None:
+    """AdaPipe's idea as a baseline (Sun et al., ASPLOS'24: the cut and each stage's recompute
+    chosen together, the order fixed): 1F1B on one chunk, each stage recomputing all its
+    microbatches exactly where 1F1B's peak there (static memory plus p - s microbatches' activation
+    on stage s) would pass the limit, and the cut that minimises the heaviest stage's work with
+    that recompute included (dynamic programming over the cut points, each stage's cost its blocks'
+    m (F + B + W), plus m F where it must recompute). Coarser than AdaPipe's own (it recomputes
+    whole stages, not chosen layers). None where the problem declares no recompute."""
+    if not lp.recompute:
+        return None
+    blocks, p, m = lp.blocks, lp.ranks, lp.microbatches
+    limit = lp.memory.limit
+
+    def cost(j: int, i: int, s: int) -> float:
+        part = blocks[j:i]
+        work = m * sum(b.F + b.B + b.W for b in part)
+        static = lp.memory.static + sum(b.static for b in part)
+        held = (p - s) * sum(b.activation for b in part)
+        return work if limit is None or static + held <= limit else work + m * sum(b.F for b in part)
+
+    n = len(blocks)
+    best, cuts = [0.0] + [float("inf")] * n, []
+    for s in range(p):
+        nxt, cut = [float("inf")] * (n + 1), [0] * (n + 1)
+        for i in range(s + 1, n - (p - 1 - s) + 1):
+            nxt[i], cut[i] = min((max(best[j], cost(j, i, s)), j) for j in range(s, i) if best[j] < float("inf"))
+        best = nxt
+        cuts.append(cut)
+    sizes, i = [], n
+    for s in range(p - 1, -1, -1):
+        sizes.append(i - cuts[s][i])
+        i = cuts[s][i]
+    sizes.reverse()
+    problem = lp.stage_problem(sizes, 1, "loop")
+    schedule = unfuse(REGISTRY["1f1b"].build(problem))
+    at, recomputed = 0, []
+    for s, k in enumerate(sizes):
+        if cost(at, at + k, s) > m * sum(b.F + b.B + b.W for b in blocks[at:at + k]):
+            recomputed.append(s)
+        at += k
+    policy = {(s, i): "R" for s in recomputed for i in range(m)}
+    t = simulate(problem, with_policies(problem, schedule, policy, "adapipe-like"))
+    return {"objective": t.objective_value() if t.fits else None, "fits": t.fits, "stage_blocks": sizes,
+            "recomputed_stages": recomputed}
+
+
 def baselines(lp: LayerProblem) -> dict:
     """uniform + best (over the shapes), the balanced cut of the first shape, and (DeepSeek-V3)
     Megatron-LM's published layout with its interleaved 1F1B."""
@@ -158,6 +205,9 @@ def baselines(lp: LayerProblem) -> dict:
     v, placement = lp.shapes[0]
     out["balanced"] = {"chunks": v, "placement": placement,
                        "stage_blocks": balanced([b.F + b.B + b.W for b in lp.blocks], lp.ranks * v)}
+    adapipe = adapipe_like(lp)
+    if adapipe is not None:
+        out["adapipe"] = adapipe
     if lp.name.startswith("deepseek"):
         sizes = [len(s) for s in parse_megatron_layout(MEGATRON_DEEPSEEK)]
         problem = lp.stage_problem(sizes, 2, "loop")
@@ -190,6 +240,9 @@ def run_case(case: str, time_limit: float, out_dir: Path) -> dict:
 
 
 def report(rows: list[dict], command: str) -> str:
+    def fitted(base: dict | None) -> str:
+        return "-" if base is None else (f"{base['objective']:.1f}" if base["fits"] else "does not fit")
+
     def pct(a, b) -> str:
         return f"{100 * (b - a) / b:.1f}%" if a is not None and b else "-"
 
@@ -197,25 +250,27 @@ def report(rows: list[dict], command: str) -> str:
              "Time per iteration (makespan, ms) of the cost models in the script's notes. uniform + best: uniform block"
              " counts and the best registry schedule that fits, over the case's shapes; balanced + solve: the"
              " time-balanced cut of the first shape, `schedc solve`; Megatron: its published layout and interleaved"
-             " 1F1B; plan: `schedc plan` (its layout, bound over every cut and shape, gap, wall time). A % is how much"
-             " shorter plan's iteration is.", "",
-             "| case | uniform + best | balanced + solve | Megatron layout | plan | plan's layout | bound | gap |"
-             " vs uniform | vs balanced | vs Megatron | plan wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             " 1F1B; AdaPipe-like: the cut and whole-stage recompute chosen together, 1F1B; plan: `schedc plan` (its layout,"
+             " bound over every cut and shape, gap, wall time). A % is how much shorter plan's iteration is; at most:"
+             " how much shorter any schedule of any cut could be (1 - bound / uniform + best).", "",
+             "| case | uniform + best | balanced + solve | Megatron layout | AdaPipe-like | plan | plan's layout | bound"
+             " | gap | vs uniform (at most) | vs balanced | vs Megatron | vs AdaPipe-like | plan wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         plan = r["plan"]
         obj = plan.get("objective")
         uni, bal = r["base_uniform"], r["base_balanced"]
-        meg = r.get("base_megatron")
+        meg, ada = r.get("base_megatron"), r.get("base_adapipe")
         layout = (f"v {plan['chunks']} {plan['placement']} {plan['stage_blocks']}" if obj is not None
                   else plan.get("error", "")[:80])
         lines.append(
             f"| {r['case']} | {uni['objective']:.1f} ({uni['schedule']}, v {uni['chunks']} {uni['placement']})"
             f" | {bal['objective'] if bal['objective'] is None else round(bal['objective'], 1)}"
-            f" | {'-' if meg is None else (round(meg['objective'], 1) if meg['fits'] else 'does not fit')}"
+            f" | {fitted(meg)} | {fitted(ada)}"
             f" | {'-' if obj is None else round(obj, 1)} | {layout} | {plan.get('bound', 0):.1f}"
-            f" | {100 * plan.get('gap', 0):.1f}% | {pct(obj, uni['objective'])} | {pct(obj, bal['objective'])}"
-            f" | {pct(obj, meg['objective']) if meg and meg['fits'] else '-'} | {r['plan_wall']:.1f} |")
+            f" | {100 * plan.get('gap', 0):.1f}% | {pct(obj, uni['objective'])} ({pct(plan.get('bound'), uni['objective'])})"
+            f" | {pct(obj, bal['objective'])} | {pct(obj, meg['objective']) if meg and meg['fits'] else '-'}"
+            f" | {pct(obj, ada['objective']) if ada and ada['fits'] else '-'} | {r['plan_wall']:.1f} |")
     return "\n".join(lines)
 
 
