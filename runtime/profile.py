@@ -107,6 +107,7 @@ from torch import nn
 
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind, check_supported
+from schedc.layers import LayerProblem
 from schedc.partition import balanced, stage_weights, uniform
 from schedc.problem import Problem
 from schedc.runtime.dtensor import is_dtensor, local_bytes, refused_output, waited
@@ -1059,6 +1060,65 @@ def profile_model(
                            comm=comm, memory_limit=memory_limit, objective=objective, name=name, stage_blocks=sizes,
                            policies=policies, data_parallel=dp, replicas=sync, tied=tied)
     return problem, prof
+
+
+def profile_layers(
+    model: ModelSpec,
+    *,
+    ranks: int,
+    microbatches: int,
+    comm: float | None = None,
+    memory_limit: float | None = None,
+    objective: str = "makespan",
+    name: str = "profiled",
+    warmup: int = 2,
+    repeats: int = 7,
+    device: torch.device | str | None = None,
+    load: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    recompute: bool = False,
+) -> tuple[LayerProblem, StageProfile]:
+    """Each block profiled on its own, with ``load`` copies beside it as ``profile_model`` runs
+    stages, and written as the layer-level problem ``schedc plan`` reads: per block its F, B, W,
+    activation, what B keeps until W, static memory and recompute time (ms, MiB). Types: E for the
+    first block, L for the last, t between (Megatron-LM's symbols for a decoder: edit the file
+    where they do not hold); chunks 1 and 2 and both placements where the blocks suffice (2p).
+    ``recompute``: the problem lets ``plan`` recompute (``LayerProblem.recompute``)."""
+    say = progress or (lambda msg: None)
+    inputs, targets = model.batch
+    blocks = model.blocks
+    if len(blocks) < ranks:
+        raise ValueError(f"cannot cut {len(blocks)} blocks into stages on {ranks} ranks: every stage holds a block")
+    if load is None:
+        load = ranks - 1 if torch.device(device or _device_of(blocks[0])).type == "cpu" else 0
+    say(f"profiling {len(blocks)} blocks one by one" + (f" with {load} busy copies beside each" if load else ""))
+    prof = profile_stages(blocks, inputs, targets, model.loss_fn, microbatches=microbatches, warmup=warmup,
+                          repeats=repeats, device=device, optimizer_state=model.optimizer_state, load=load,
+                          progress=say, label="block")
+    if comm is None:
+        comm = 0.0
+        if ranks > 1:
+            mib = max(prof.sends)
+            comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
+            say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
+    tiny = 1e-6  # ms: a block with nothing to time (no weights: W) still has a cost > 0, as a problem needs
+
+    def block(k: int) -> dict:
+        out = dict(type="E" if k == 0 else "L" if k == len(blocks) - 1 else "t",
+                   F=max(prof.F[k], tiny), B=max(prof.B[k], tiny), W=max(prof.W[k], tiny),
+                   activation=prof.activation[k], held_for_w=min(prof.kept_for_w[k], prof.activation[k]),
+                   static=prof.static[k])
+        if prof.recompute and prof.recompute[k] > 0:
+            out["recompute"] = prof.recompute[k]
+        return out
+
+    chunks = [1, 2] if len(blocks) >= 2 * ranks else [1]
+    data: dict[str, Any] = dict(name=name, ranks=ranks, microbatches=microbatches, chunks=chunks,
+                                placements=["loop", "v"] if 2 in chunks else ["loop"], comm=comm, objective=objective,
+                                recompute=recompute, layers=[block(k) for k in range(len(blocks))])
+    if memory_limit is not None:
+        data["memory"] = {"limit": memory_limit}
+    return LayerProblem.validated(data, name), prof
 
 
 def _comm_probe(rank: int, world: int, mib: float, repeats: int) -> float:

@@ -230,3 +230,20 @@ def test_whole_blocks_is_the_least_busiest_rank_over_every_assignment(p, kinds):
     singles = sum(c for w, c in counts.items() if c < p)
     if len(repeated) <= 1 and singles <= WHOLE_SINGLES:
         assert value == pytest.approx(least, rel=1e-9)
+
+
+def test_schedc_profile_layers_writes_what_plan_reads(tmp_path):
+    """Each block of the example GPT profiled alone, written as a layer-level problem, planned."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_gpt.py"
+    out = tmp_path / "gpt-layers.yaml"
+    run = CliRunner().invoke(main, ["profile", f"{example}:gpt", "-p", "2", "-m", "2", "--comm", "0.1", "--repeats",
+                                    "1", "--layers", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    lp = load_layers(out)
+    assert [b.type for b in lp.blocks] == ["E"] + ["t"] * (len(lp.blocks) - 2) + ["L"]
+    assert all(b.F > 0 and b.B > 0 and b.W > 0 and b.static > 0 for b in lp.blocks)
+    result = plan(lp, time_limit=5, threads=1)
+    assert sum(result.chosen.sizes) == len(lp.blocks) and result.bound <= result.objective + 1e-9
+    run = CliRunner().invoke(main, ["profile", f"{example}:gpt", "-p", "2", "-m", "2", "--layers", "-v", "2",
+                                    "-o", str(out)])
+    assert run.exit_code == 2 and "--layers leaves the cut, chunks and placement to `schedc plan`" in run.output

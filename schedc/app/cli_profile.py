@@ -52,13 +52,16 @@ def spread_comment(prof) -> str:
 @click.option("--replicas", type=click.IntRange(min=1, max=2), default=1, show_default=True,
               help="2: two pipelines in opposite directions (Chimera, DualPipe, BitPipe): also write the replicas"
                    " section, each stage's copies' gradient sum estimated from the same all-reduce measurement.")
+@click.option("--layers", "per_layer", is_flag=True,
+              help="Profile each block on its own and write a layer-level problem for `schedc plan` (the cut,"
+                   " chunks and placement left to plan) instead of a stage problem.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Problem file to write (.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @click.option("--strict", is_flag=True,
               help="Fail (exit 2, nothing written) when the timings are noisy after re-measuring, instead of warning.")
 def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: str, partition: str,
             comm: float | None, memory_limit: float | None, objective: str, threads: int | None, repeats: int,
-            device: str | None, policies: bool, data_parallel: int, replicas: int, output: str,
+            device: str | None, policies: bool, data_parallel: int, replicas: int, per_layer: bool, output: str,
             as_json: bool, strict: bool) -> None:
     """Profile a model on this machine and write the Problem for `schedc solve`.
 
@@ -71,6 +74,8 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     stage_blocks. With --policies, also what activation recompute and offload cost and keep per
     stage. When the repeats spread, or stages of the same blocks disagree, over a limit, the stages
     are measured again (twice at most), then a one-line warning names them (--strict: an error).
+    With --layers, each block is profiled alone and the file is a layer-level problem for
+    `schedc plan` (docs/plan.md), which chooses the cut, chunks and placement itself.
     See docs/profile.md.
     """
     from schedc.runtime.device import choose_device  # torch: loaded only by commands that run a model
@@ -82,6 +87,10 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     say(f"profiling {model} on {dev} ({n_threads} threads): {len(spec.blocks)} blocks,"
         f" batch {tuple(spec.batch[0].shape)}, {microbatches} microbatches")
     name = Path(output).stem
+    if per_layer:
+        _profile_layers(spec, ranks, microbatches, comm, memory_limit, objective, name, repeats, dev, say, policies,
+                        output, as_json, strict, (chunks, placement, partition, data_parallel, replicas))
+        return
     try:
         prob, prof = profile_model(spec, ranks=ranks, microbatches=microbatches, chunks=chunks, placement=placement,
                                    partition=partition, comm=comm, memory_limit=memory_limit, objective=objective,
@@ -135,3 +144,41 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     click.echo(f"comm {fmt(prob.comm)} ms; wrote {output}")
 
 
+
+
+def _profile_layers(spec, ranks, microbatches, comm, memory_limit, objective, name, repeats, dev, say, policies,
+                    output, as_json, strict, stage_options) -> None:
+    """``schedc profile --layers``: each block alone, written as a layer-level problem."""
+    from schedc.runtime.noise import advice  # torch: loaded only by commands that run a model, as above
+    from schedc.runtime.profile import profile_layers  # torch, likewise
+
+    if stage_options != (1, "loop", "time", 1, 1):
+        raise click.UsageError("--layers leaves the cut, chunks and placement to `schedc plan`: drop -v, --placement,"
+                               " --partition, --data-parallel and --replicas")
+    if objective == "steady":
+        raise click.UsageError("--layers: plan's objectives are makespan and span")
+    try:
+        layers, prof = profile_layers(spec, ranks=ranks, microbatches=microbatches, comm=comm,
+                                      memory_limit=memory_limit, objective=objective, name=name, repeats=repeats,
+                                      device=dev, progress=say, recompute=policies)
+    except ValueError as e:
+        raise SchedcError(str(e)) from None
+    if prof.warning and strict:
+        raise SchedcError(f"--strict: {prof.warning} {advice()}; nothing written to {output}")
+    data = layers.model_dump(mode="json", exclude_none=True)
+    header = (f"# {' '.join(['schedc', *sys.argv[1:]])}\n# each block profiled alone on {dev}; times in ms, memory"
+              " in MiB; types E, t, L guessed (first, middle, last block): edit them where they do not hold\n")
+    try:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+    except OSError as e:
+        raise SchedcError(f"{output}: cannot write: {e.strerror or e}") from None
+    if prof.warning:
+        click.echo(f"warning: {prof.warning} {advice()}", err=True)
+    if as_json:
+        click.echo(json.dumps({"layers": data, "profile": prof.to_dict(), "output": output}, indent=2))
+        return
+    print_table(["block", "type", "F ms", "B ms", "W ms", "activation MiB", "kept for W", "static MiB"],
+                [[str(k), b.type, fmt(b.F), fmt(b.B), fmt(b.W), fmt(b.activation), fmt(b.held_for_w), fmt(b.static)]
+                 for k, b in enumerate(layers.blocks)])
+    click.echo(f"comm {fmt(layers.comm)} ms; wrote {output} (for `schedc plan`)")
