@@ -4,6 +4,12 @@
     schedc solve out/gpt.yaml -o out/gpt.json                               # the schedule file
     torchrun --nproc_per_node 2 examples/train_gpt.py out/gpt.json          # train with it
 
+or, with the layer split, chunks and placement chosen too (docs/plan.md):
+
+    schedc profile examples/train_gpt.py:gpt -p 2 -m 8 --layers -o out/gpt-layers.yaml
+    schedc plan out/gpt-layers.yaml -o out/gpt-plan.json
+    torchrun --nproc_per_node 2 examples/train_gpt.py out/gpt-plan.json
+
 ``gpt()`` is the model as the profiler takes it (blocks, a batch, the loss). Under torchrun each
 rank builds the same model (same seed), cuts it as the schedule's problem says (``stage_blocks``),
 keeps its own stages and trains them with ``PipelineRuntime``: gloo on CPU, NCCL on GPU (one
