@@ -167,6 +167,11 @@ class LayerProblem(_Layers):
             out.append(tuple(names))
         return tuple(out)
 
+    def stage_ranks(self, chunks: int, placement: str) -> tuple[int, ...]:
+        """Each stage's rank with ``chunks`` stages per rank on ``placement`` (the cut does not matter)."""
+        return Problem.parse(dict(ranks=self.ranks, microbatches=1, chunks=chunks, placement=placement,
+                                  costs=dict(F=1, B=1, W=1))).stage_rank
+
     def stage_problem(self, sizes: list[int], chunks: int, placement: str, name: str | None = None) -> Problem:
         """The stage problem of a partition: ``sizes`` blocks per stage (model order), ``chunks``
         stages per rank on ``placement``; each stage's costs and memory its blocks' sums."""
@@ -189,8 +194,7 @@ class LayerProblem(_Layers):
             costs=dict(F=total("F"), B=total("B"), W=total("W")),
             memory=dict(F=activation, B=[h - a for a, h in zip(activation, held)], W=[-h for h in held]),
         )
-        rank_of = Problem.parse(dict(ranks=self.ranks, microbatches=1, chunks=chunks, placement=placement,
-                                     costs=dict(F=1, B=1, W=1))).stage_rank
+        rank_of = self.stage_ranks(chunks, placement)
         static = [self.memory.static] * self.ranks
         for s, stage in enumerate(stages):
             static[rank_of[s]] += sum(b.static for b in stage)

@@ -1267,8 +1267,7 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
     n_stages = p * chunks
     work = [m * (x.F + x.B + x.W) for x in blocks]
     busiest = sum(work) / p
-    rank_of = Problem.parse(dict(ranks=p, microbatches=1, chunks=chunks, placement=placement,
-                                 costs=dict(F=1, B=1, W=1))).stage_rank
+    rank_of = layers.stage_ranks(chunks, placement)
     hops = sum(rank_of[s] != rank_of[s + 1] for s in range(n_stages - 1))
     path = sum(x.F + x.B for x in blocks) + 2 * hops * c + blocks[0].W
     whole = m * whole_blocks(layers)

@@ -247,3 +247,10 @@ def test_schedc_profile_layers_writes_what_plan_reads(tmp_path):
     run = CliRunner().invoke(main, ["profile", f"{example}:gpt", "-p", "2", "-m", "2", "--layers", "-v", "2",
                                     "-o", str(out)])
     assert run.exit_code == 2 and "--layers leaves the cut, chunks and placement to `schedc plan`" in run.output
+
+
+def test_a_limit_no_cut_can_meet_is_named():
+    """Static memory alone above the limit on any cut: plan says so in one line, not a traceback."""
+    lp = LayerProblem.validated({**HEAVY_HEAD, "memory": {"limit": 10}})  # rank 0 holds E (8) and more
+    with pytest.raises(ProblemError, match="no cut of any shape tried leaves room under the memory limit"):
+        plan(lp, time_limit=5, threads=1)

@@ -18,8 +18,9 @@ The shape and cut with the shortest quick schedule go to ``solve`` for the rest 
 memory for time, the greedy's searches and the exact search, as for any stage problem. The
 answer's bound is the least over the shapes of ``partition_bound``: valid for every cut of every
 shape the plan was allowed, so ``(objective - bound) / objective`` is a proven gap over the layout
-as well as the order. Partial: with two chunks the bound has no term for the layout (the busiest
-rank and the critical path only), so its gap there is loose; empty stages are not considered.
+as well as the order. Partial: with two chunks or more the bound counts the busiest rank (whole
+blocks) and the critical path, not a cut's fill and drain nor the recompute a limit forces, so the
+gap there can be loose; empty stages are not considered.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def _descend(layers: LayerProblem, start: Candidate, budget: Budget) -> Candidat
     that do not lighten it last, at most MOVES_TRIED per step."""
     best = start
     work = [b.F + b.B + b.W for b in layers.blocks]
-    rank_of = layers.stage_problem(best.sizes, best.chunks, best.placement).stage_rank
+    rank_of = layers.stage_ranks(best.chunks, best.placement)
     improved = True
     while improved and not budget.expired():
         improved = False
