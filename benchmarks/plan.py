@@ -57,7 +57,7 @@ from zb_paper import run_json  # noqa: E402
 
 from schedc.layers import LayerProblem  # noqa: E402
 from schedc.layout import parse_megatron_layout  # noqa: E402
-from schedc.partition import balanced, uniform  # noqa: E402
+from schedc.partition import balanced, min_max_cut, uniform  # noqa: E402
 from schedc.simulate import simulate  # noqa: E402
 from schedc.solvers.families.memtime import with_policies  # noqa: E402
 from schedc.solvers.registry import REGISTRY, unfuse  # noqa: E402
@@ -165,19 +165,7 @@ def adapipe_like(lp: LayerProblem) -> dict | None:
         held = (p - s) * sum(b.activation for b in part)
         return work if limit is None or static + held <= limit else work + m * sum(b.F for b in part)
 
-    n = len(blocks)
-    best, cuts = [0.0] + [float("inf")] * n, []
-    for s in range(p):
-        nxt, cut = [float("inf")] * (n + 1), [0] * (n + 1)
-        for i in range(s + 1, n - (p - 1 - s) + 1):
-            nxt[i], cut[i] = min((max(best[j], cost(j, i, s)), j) for j in range(s, i) if best[j] < float("inf"))
-        best = nxt
-        cuts.append(cut)
-    sizes, i = [], n
-    for s in range(p - 1, -1, -1):
-        sizes.append(i - cuts[s][i])
-        i = cuts[s][i]
-    sizes.reverse()
+    _, sizes = min_max_cut(len(blocks), p, cost)
     problem = lp.stage_problem(sizes, 1, "loop")
     schedule = unfuse(REGISTRY["1f1b"].build(problem))
     at, recomputed = 0, []

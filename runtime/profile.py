@@ -1031,11 +1031,7 @@ def profile_model(
         blocks_too = f"the partition's per-block profile: {per_block.warning}"
         prof = replace(prof, warning=f"{prof.warning}; {blocks_too}" if prof.warning else blocks_too)
     if comm is None:
-        comm = 0.0
-        if ranks > 1:
-            mib = max(prof.sends)
-            comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
-            say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
+        comm = _measured_comm(prof, ranks, repeats, say)
     dp = sync = tied = None
     probe = None
     if data_parallel > 1 or replicas > 1 or (shared and ranks > 1):
@@ -1096,11 +1092,7 @@ def profile_layers(
                           repeats=repeats, device=device, optimizer_state=model.optimizer_state, load=load,
                           progress=say, label="block")
     if comm is None:
-        comm = 0.0
-        if ranks > 1:
-            mib = max(prof.sends)
-            comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
-            say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
+        comm = _measured_comm(prof, ranks, repeats, say)
     tiny = 1e-6  # ms: a block with nothing to time (no weights: W) still has a cost > 0, as a problem needs
 
     def block(k: int) -> dict:
@@ -1119,6 +1111,17 @@ def profile_layers(
     if memory_limit is not None:
         data["memory"] = {"limit": memory_limit}
     return LayerProblem.validated(data, name), prof
+
+
+def _measured_comm(prof: StageProfile, ranks: int, repeats: int, say: Callable[[str], None]) -> float:
+    """The transfer of the largest tensor a stage (or block) sends, timed between two local
+    processes (0 on one rank)."""
+    if ranks < 2:
+        return 0.0
+    mib = max(prof.sends)
+    comm = run_local(_comm_probe, 2, mib, repeats, timeout=300)[0]
+    say(f"transfer of {mib:.3f} MiB between two local processes: {comm:.3f} ms")
+    return comm
 
 
 def _comm_probe(rank: int, world: int, mib: float, repeats: int) -> float:

@@ -86,6 +86,7 @@ from dataclasses import dataclass
 
 from schedc.kinds import ROWS, Kind, check_supported
 from schedc.layers import LayerProblem
+from schedc.partition import min_max_cut
 from schedc.problem import Problem
 from schedc.schedule import Op, comm_ops, producers
 
@@ -1288,8 +1289,8 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
 
 def one_chunk_cut(layers: LayerProblem) -> tuple[float, list[int]]:
     """``partition_bound``'s one-chunk term and a cut that attains it: the least over contiguous
-    cuts into p stages of the largest stage cost, by dynamic programming (stage k holds blocks
-    j..i-1, its cost a function of j and i only): ``(that least, blocks per stage)``."""
+    cuts into p stages of the largest stage cost (stage k holds blocks j..i-1, its cost a function
+    of j, i and k only: ``min_max_cut``): ``(that least, blocks per stage)``."""
     blocks, p, m, c = layers.blocks, layers.ranks, layers.microbatches, layers.comm
     n = len(blocks)
     pre_f, pre_b, pre_fb, pre_work = [0.0], [0.0], [0.0], [0.0]
@@ -1308,19 +1309,7 @@ def one_chunk_cut(layers: LayerProblem) -> tuple[float, list[int]]:
         return max(head + m * (pre_work[i] - pre_work[j]),
                    head + m * (pre_fb[i] - pre_fb[j]) + pre_b[j] + k * c + w_first)
 
-    best = [0.0] + [math.inf] * n  # the first k stages over the first i blocks
-    cuts: list[list[int]] = []  # per stage k, per i: where it starts
-    for k in range(p):
-        nxt, cut = [math.inf] * (n + 1), [0] * (n + 1)
-        for i in range(k + 1, n - (p - 1 - k) + 1):
-            nxt[i], cut[i] = min((max(best[j], cost(j, i, k)), j) for j in range(k, i) if best[j] < math.inf)
-        best = nxt
-        cuts.append(cut)
-    sizes, i = [], n
-    for k in range(p - 1, -1, -1):
-        sizes.append(i - cuts[k][i])
-        i = cuts[k][i]
-    return best[n], sizes[::-1]
+    return min_max_cut(n, p, cost)
 
 
 WHOLE_SINGLES = 6  # whole_blocks: the blocks of a rarer kind kept as they are (their partitions enumerated)

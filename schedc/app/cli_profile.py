@@ -105,15 +105,7 @@ def profile(model: str, ranks: int, microbatches: int, chunks: int, placement: s
     data = prob.model_dump(exclude_none=True)
     header = (f"# {' '.join(['schedc', *sys.argv[1:]])}\n# profiled on {dev} with {n_threads} threads;"
               f" times in ms, memory in MiB; stage_blocks: model blocks per stage\n" + spread_comment(prof))
-    try:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
-    except OSError as e:
-        raise SchedcError(f"{output}: cannot write: {e.strerror or e}") from None
-    if prof.warning:
-        click.echo(f"warning: {prof.warning} {advice()}", err=True)
-    if as_json:
-        click.echo(json.dumps({"problem": data, "profile": prof.to_dict(), "output": output}, indent=2))
+    if _written(output, header, data, prof, "problem", as_json):
         return
     print_table(
         ["stage", "blocks", "F ms", "B ms", "W ms", "BW ms", "spread F/B/W %", "activation MiB", "kept for W",
@@ -168,6 +160,19 @@ def _profile_layers(spec, ranks, microbatches, comm, memory_limit, objective, na
     data = layers.model_dump(mode="json", exclude_none=True)
     header = (f"# {' '.join(['schedc', *sys.argv[1:]])}\n# each block profiled alone on {dev}; times in ms, memory"
               " in MiB; types E, t, L guessed (first, middle, last block): edit them where they do not hold\n")
+    if _written(output, header, data, prof, "layers", as_json):
+        return
+    print_table(["block", "type", "F ms", "B ms", "W ms", "activation MiB", "kept for W", "static MiB"],
+                [[str(k), b.type, fmt(b.F), fmt(b.B), fmt(b.W), fmt(b.activation), fmt(b.held_for_w), fmt(b.static)]
+                 for k, b in enumerate(layers.blocks)])
+    click.echo(f"comm {fmt(layers.comm)} ms; wrote {output} (for `schedc plan`)")
+
+
+def _written(output: str, header: str, data: dict, prof, key: str, as_json: bool) -> bool:
+    """Write ``data`` under ``header`` to ``output``, warn where the timings are noisy, and with
+    ``as_json`` print it (under ``key``) with the profile: True when that is all there is to print."""
+    from schedc.runtime.noise import advice  # torch: loaded only by commands that run a model, as above
+
     try:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
@@ -176,9 +181,5 @@ def _profile_layers(spec, ranks, microbatches, comm, memory_limit, objective, na
     if prof.warning:
         click.echo(f"warning: {prof.warning} {advice()}", err=True)
     if as_json:
-        click.echo(json.dumps({"layers": data, "profile": prof.to_dict(), "output": output}, indent=2))
-        return
-    print_table(["block", "type", "F ms", "B ms", "W ms", "activation MiB", "kept for W", "static MiB"],
-                [[str(k), b.type, fmt(b.F), fmt(b.B), fmt(b.W), fmt(b.activation), fmt(b.held_for_w), fmt(b.static)]
-                 for k, b in enumerate(layers.blocks)])
-    click.echo(f"comm {fmt(layers.comm)} ms; wrote {output} (for `schedc plan`)")
+        click.echo(json.dumps({key: data, "profile": prof.to_dict(), "output": output}, indent=2))
+    return as_json
