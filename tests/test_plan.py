@@ -252,5 +252,5 @@ def test_schedc_profile_layers_writes_what_plan_reads(tmp_path):
 def test_a_limit_no_cut_can_meet_is_named():
     """Static memory alone above the limit on any cut: plan says so in one line, not a traceback."""
     lp = LayerProblem.validated({**HEAVY_HEAD, "memory": {"limit": 10}})  # rank 0 holds E (8) and more
-    with pytest.raises(ProblemError, match="no cut of any shape tried leaves room under the memory limit"):
+    with pytest.raises(ProblemError, match="no cut of any shape tried makes a stage problem schedc accepts"):
         plan(lp, time_limit=5, threads=1)

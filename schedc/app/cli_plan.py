@@ -17,8 +17,6 @@ from schedc.layout import deepspeed_parts, megatron_layout, torchtitan_modules
 from schedc.solvers.search.common import BACKENDS
 from schedc.solvers.search.plan import plan as plan_layers
 
-EXPORTS = ("megatron", "torchtitan", "deepspeed", "stage_blocks")
-
 
 @main.command()
 @click.argument("layers", type=click.Path(exists=True, dir_okay=False))

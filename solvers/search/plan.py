@@ -123,8 +123,8 @@ def plan(layers: LayerProblem, *, time_limit: float | Budget = 60.0, solver: str
         problem = layers.stage_problem(chosen.sizes, chosen.chunks, chosen.placement,
                                        name=f"{layers.name or 'plan'}-v{chosen.chunks}-{chosen.placement}")
     except ProblemError as e:
-        raise ProblemError(f"{layers.name or 'layers'}: no cut of any shape tried leaves room under the memory"
-                           f" limit; the best cut's stage problem: {e}") from None
+        raise ProblemError(f"{layers.name or 'layers'}: no cut of any shape tried makes a stage problem schedc"
+                           f" accepts (a memory limit below what any schedule needs, say); the best cut's: {e}") from None
     say(f"solving the chosen cut {chosen.sizes} ({chosen.chunks} chunk(s), {chosen.placement})")
     result = solve(problem, solver=solver, time_limit=budget, threads=threads, progress=progress)
     bounds = [partition_bound(layers, v, placement) for v, placement in shapes]
@@ -160,8 +160,8 @@ def _judge(layers: LayerProblem, chunks: int, placement: str, sizes: list[int], 
 
 
 def _stage_problem(layers: LayerProblem, chunks: int, placement: str, sizes: list[int]) -> Problem | None:
-    """The cut's stage problem, or None where its memory limit is below what any schedule of it
-    needs (the stage problem refuses it)."""
+    """The cut's stage problem, or None where the stage problem refuses it (its memory limit below
+    what any schedule of it needs, say)."""
     try:
         return layers.stage_problem(sizes, chunks, placement)
     except ProblemError:
