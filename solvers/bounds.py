@@ -1274,7 +1274,7 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
     whole = m * whole_blocks(layers)
     terms = [(busiest, f"the busiest rank: 1/{p} of all blocks' work {sum(work):g}"),
              (whole, "the busiest rank holding whole blocks (the least, over every way to share them among the"
-                     f" ranks, of the most work one holds): {whole:g}"),
+                     " ranks, of the most work one holds)"),
              (path, f"critical path of one microbatch through every block ({hops} hops between ranks each way),"
                     " then stage 0's W")]
     if chunks == 1 and len(blocks) <= PARTITION_DP_BLOCKS:
