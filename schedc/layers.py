@@ -37,7 +37,7 @@ from pydantic import Field, StrictInt, field_validator, model_validator
 
 from schedc.errors import ProblemError
 from schedc.inputs import read_data
-from schedc.problem import Boundary, Problem
+from schedc.problem import Boundary, Problem, check_numbers
 
 # The module names a block type is given by default (torchtitan's decoder: tok_embeddings,
 # layers.<i>, norm and output; DeepSeek-V3's MTP modules as torchtitan names them).
@@ -50,18 +50,6 @@ class _Layers(Boundary):
     model_config = Boundary.model_config | {"frozen": True}
     _error: ClassVar[type[Exception]] = ProblemError
     _source: ClassVar[str] = "layers"
-
-
-def _positive(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
-        raise ValueError(f"must be a finite number > 0, got {v!r}")
-    return v
-
-
-def _nonnegative(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
-        raise ValueError(f"must be a finite number >= 0, got {v!r}")
-    return v
 
 
 class Layer(_Layers):
@@ -78,9 +66,10 @@ class Layer(_Layers):
     recompute: Optional[float] = None
     modules: Optional[list[str]] = None
 
-    _times = field_validator("F", "B", "W", mode="before")(lambda v: _positive(v))
-    _amounts = field_validator("activation", "held_for_w", "static", mode="before")(lambda v: _nonnegative(v))
-    _recompute = field_validator("recompute", mode="before")(lambda v: v if v is None else _positive(v))
+    _times = field_validator("F", "B", "W", mode="before")(lambda v: check_numbers(v, positive=True))
+    _amounts = field_validator("activation", "held_for_w", "static", mode="before")(
+        lambda v: check_numbers(v, nonnegative=True))
+    _recompute = field_validator("recompute", mode="before")(lambda v: v if v is None else check_numbers(v, positive=True))
 
     @model_validator(mode="after")
     def _held(self) -> "Layer":
@@ -102,8 +91,8 @@ class LayerMemory(_Layers):
     limit: Optional[float] = None
     static: float = 0.0
 
-    _limit = field_validator("limit", mode="before")(lambda v: v if v is None else _positive(v))
-    _static = field_validator("static", mode="before")(lambda v: _nonnegative(v))
+    _limit = field_validator("limit", mode="before")(lambda v: v if v is None else check_numbers(v, positive=True))
+    _static = field_validator("static", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
 class LayerProblem(_Layers):
@@ -120,7 +109,7 @@ class LayerProblem(_Layers):
     recompute: bool = False
     layers: list[Layer] = Field(min_length=1)
 
-    _comm = field_validator("comm", mode="before")(lambda v: _nonnegative(v))
+    _comm = field_validator("comm", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
     @model_validator(mode="after")
     def _shapes(self) -> "LayerProblem":

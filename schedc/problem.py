@@ -146,7 +146,7 @@ SMALLEST, LARGEST = 1e-9, 1e15
 MAX_STAGE_MICROBATCHES = 2**18
 
 
-def _check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = False) -> Any:
+def check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = False) -> Any:
     """Per-element check of a scalar-or-list field, so the message names the offending value."""
     items = value if isinstance(value, list) else [value]
     if isinstance(value, list) and not value:
@@ -183,7 +183,7 @@ class Costs(_Strict):
         " default the two one after the other, F + B")
 
     _positive = field_validator("F", "B", "W", "BW", "FB", mode="before")(
-        lambda v: v if v is None else _check_numbers(v, positive=True)
+        lambda v: v if v is None else check_numbers(v, positive=True)
     )
 
 
@@ -211,17 +211,17 @@ class Memory(_Strict):
     @field_validator("F", "B", "W", mode="before")
     @classmethod
     def _deltas(cls, v: Any) -> Any:
-        return v if v is None else _check_numbers(v)
+        return v if v is None else check_numbers(v)
 
     @field_validator("static", mode="before")
     @classmethod
     def _static(cls, v: Any) -> Any:
-        return _check_numbers(v, nonnegative=True)
+        return check_numbers(v, nonnegative=True)
 
     @field_validator("limit", "working", "weights", mode="before")
     @classmethod
     def _nonnegative(cls, v: Any) -> Any:
-        return v if v is None else _check_numbers(v, nonnegative=True)
+        return v if v is None else check_numbers(v, nonnegative=True)
 
 
 class Selective(_Strict):
@@ -232,8 +232,8 @@ class Selective(_Strict):
     time: Number
     keep: Number
 
-    _time = field_validator("time", mode="before")(lambda v: _check_numbers(v, positive=True))
-    _keep = field_validator("keep", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+    _time = field_validator("time", mode="before")(lambda v: check_numbers(v, positive=True))
+    _keep = field_validator("keep", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
 class Recompute(_Strict):
@@ -246,8 +246,8 @@ class Recompute(_Strict):
     keep: Number = Field(default=0.0, description="what a dropped microbatch holds until its recompute; default 0")
     selective: Optional[Selective] = None
 
-    _time = field_validator("time", mode="before")(lambda v: v if v is None else _check_numbers(v, positive=True))
-    _keep = field_validator("keep", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+    _time = field_validator("time", mode="before")(lambda v: v if v is None else check_numbers(v, positive=True))
+    _keep = field_validator("keep", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
 class Offload(_Strict):
@@ -258,7 +258,7 @@ class Offload(_Strict):
 
     time: Number
 
-    _time = field_validator("time", mode="before")(lambda v: _check_numbers(v, positive=True))
+    _time = field_validator("time", mode="before")(lambda v: check_numbers(v, positive=True))
 
 
 class DataParallel(_Strict):
@@ -274,7 +274,7 @@ class DataParallel(_Strict):
     overlap: bool = Field(default=True, strict=True, description="issue each reduce as soon as its stage's "
                           "gradients are complete (else all after the rank's last compute op)")
 
-    _reduce = field_validator("reduce", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+    _reduce = field_validator("reduce", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
 class Replicas(_Strict):
@@ -291,7 +291,7 @@ class Replicas(_Strict):
     count: int = Field(ge=2, le=8, strict=True, description="pipelines (2: two directions)")
     sync: Number = Field(default=0.0, description="summing the weight gradients of one model stage's copies")
 
-    _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+    _sync = field_validator("sync", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
 SHARE_SUM_TOLERANCE = 0.01  # how far a kind's sequence-chunk shares may sum from 1 (rounding in a file)
@@ -319,7 +319,7 @@ class SequenceChunks(_Strict):
     memory: Optional[list[float]] = Field(default=None, description="per chunk, its share of the activation")
 
     _shares = field_validator("F", "B", "W", "memory", mode="before")(
-        lambda v: v if v is None else _check_numbers(v, positive=True))
+        lambda v: v if v is None else check_numbers(v, positive=True))
 
     @model_validator(mode="after")
     def _lengths(self) -> "SequenceChunks":
@@ -349,7 +349,7 @@ class Tied(_Strict):
     groups: list[list[StrictInt]] = Field(description="stages that share weights, e.g. [[0, 7]]")
     sync: Number = Field(default=0.0, description="summing the tied weights' gradient over their ranks")
 
-    _sync = field_validator("sync", mode="before")(lambda v: _check_numbers(v, nonnegative=True))
+    _sync = field_validator("sync", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
 class Problem(_Strict):
@@ -385,7 +385,7 @@ class Problem(_Strict):
     @field_validator("comm", mode="before")
     @classmethod
     def _comm(cls, v: Any) -> Any:
-        return _check_numbers(v, nonnegative=True)
+        return check_numbers(v, nonnegative=True)
 
     @field_validator("replicas", mode="before")
     @classmethod
