@@ -60,8 +60,9 @@ def plan(layers: str, output: str, problem_out: str | None, time_limit: float, s
         return
     chosen = result.chosen
     click.echo(f"plan: {chosen.chunks} chunk(s), {chosen.placement}, blocks per stage {chosen.sizes}")
-    click.echo(f"{lp.objective} {fmt(result.objective)} ({result.result.status} for this cut), bound over every"
-               f" cut and shape {fmt(result.bound)} (gap {100 * result.gap:.2f}%)")
+    click.echo(f"{lp.objective} {fmt(result.objective)} ({result.result.status} for this cut, gap"
+               f" {100 * result.result.gap:.2f}% to its own bound), bound over every cut and shape"
+               f" {fmt(result.bound)} (gap {100 * result.gap:.2f}%)")
     click.echo(f"bound: {result.bound_reason}")
     click.echo("baselines (best registry schedule of the seed cuts; the cut searched from the best):")
     for c in [*result.seeds, *result.best_per_shape]:
