@@ -30,13 +30,14 @@ also carries ``memory.static`` of the problem, the rest of what a rank holds for
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 from schedc.errors import ProblemError
 from schedc.inputs import read_data
+from schedc.layout import stages_of
 from schedc.problem import Boundary, Problem, check_numbers
 
 # The module names a block type is given by default (torchtitan's decoder: tok_embeddings,
@@ -158,8 +159,7 @@ class LayerProblem(_Layers):
 
     def stage_ranks(self, chunks: int, placement: str) -> tuple[int, ...]:
         """Each stage's rank with ``chunks`` stages per rank on ``placement`` (the cut does not matter)."""
-        return Problem.parse(dict(ranks=self.ranks, microbatches=1, chunks=chunks, placement=placement,
-                                  costs=dict(F=1, B=1, W=1))).stage_rank
+        return _stage_ranks(self.ranks, chunks, placement)
 
     def stage_problem(self, sizes: list[int], chunks: int, placement: str, name: str | None = None) -> Problem:
         """The stage problem of a partition: ``sizes`` blocks per stage (model order), ``chunks``
@@ -168,10 +168,7 @@ class LayerProblem(_Layers):
         if len(sizes) != n or sum(sizes) != len(self.blocks) or min(sizes) < 1:
             raise ProblemError(f"{self.name or 'layers'}: a partition of {len(self.blocks)} blocks into {n} stages of"
                                f" one block or more, got {sizes}")
-        stages, at = [], 0
-        for k in sizes:
-            stages.append(self.blocks[at:at + k])
-            at += k
+        stages = stages_of(sizes, self.blocks)
 
         def total(field: str) -> list[float]:
             return [round(sum(getattr(b, field) for b in stage), 12) for stage in stages]
@@ -194,6 +191,13 @@ class LayerProblem(_Layers):
             data["recompute"] = dict(time=[round(sum(b.F if b.recompute is None else b.recompute for b in stage), 12)
                                            for stage in stages])
         return Problem.parse(data, source=data["name"])
+
+
+@lru_cache(maxsize=64)
+def _stage_ranks(ranks: int, chunks: int, placement: str) -> tuple[int, ...]:
+    """``LayerProblem.stage_ranks``, worked out once per shape (the plan's descent asks per cut)."""
+    return Problem.parse(dict(ranks=ranks, microbatches=1, chunks=chunks, placement=placement,
+                              costs=dict(F=1, B=1, W=1))).stage_rank
 
 
 def load_layers(path) -> LayerProblem:
