@@ -4,6 +4,7 @@ thousand to 400 000 ops.
     python benchmarks/scale.py [--write] [--time-limit S] [--only TEXT[,TEXT...]] [--jobs N] [--max-ops N] [--out DIR]
     python benchmarks/scale.py --report [--write] [--out DIR]   # the table again from a run's cells
     python benchmarks/scale.py --resolve [--write]   # only the re-solve figure (point 6)
+    python benchmarks/scale.py --per-op [--write]    # only the constants per op (point 4)
 
 Cells (issue 40):
 
@@ -33,6 +34,12 @@ The re-solve (``--resolve``): the grid's p = 8, v = 2, m = 32 cell at 1x memory,
 then RESOLVES copies with every stage's F, B and W scaled by a factor drawn within +-5 % (seeded),
 each solved in 1 s (``solve(problem, time_limit=1)``) from scratch and with the first schedule as
 its start (``start=``): the gap to each copy's proven bound and the solver's seconds.
+
+The constants per op (``--per-op``): at the ceiling, the p = 64, v = 2, m = 1024 cell at 1.5x
+(393 216 ops), `schedc check`'s CPU and peak resident memory on its `zb-v` schedule file against
+`schedc --version`'s; there and at p = 32, v = 2, m = 256 (49 152 ops), in one process, the CPU of
+loading against saving the file and of the critical path against the simulation (best of three
+each).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -95,8 +103,16 @@ def ops(problem: Problem) -> int:
     return 3 * problem.n_stages * problem.microbatches
 
 
-def timed(args: list[str], cwd: Path) -> tuple[float, float, str, str]:
-    """(wall seconds, CPU seconds of it and its children, stdout, stderr) of a `schedc` command."""
+class Run(NamedTuple):
+    wall: float  # seconds
+    cpu: float  # user + system seconds of the command and every process it started
+    peak_kib: int  # the largest resident set of it or of any one of its children (KiB)
+    out: str
+    err: str
+
+
+def timed(args: list[str], cwd: Path) -> Run:
+    """A `schedc` command run to its end (a failure raises, with its last words)."""
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
         began = time.perf_counter()
         proc = subprocess.Popen([*schedc_command(), *args], cwd=cwd, stdout=out_file, stderr=err_file)
@@ -108,7 +124,7 @@ def timed(args: list[str], cwd: Path) -> tuple[float, float, str, str]:
         out, err = out_file.read(), err_file.read()
     if code != 0:
         raise RuntimeError(f"schedc {' '.join(args)} failed ({code}): {err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, out, err
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, out, err)
 
 
 def run_cell(problem: Problem, time_limit: float, threads: int | None, out_dir: Path) -> dict:
@@ -116,16 +132,16 @@ def run_cell(problem: Problem, time_limit: float, threads: int | None, out_dir: 
     here.mkdir(parents=True, exist_ok=True)
     path = here / "problem.json"
     path.write_text(problem.model_dump_json(exclude_none=True))
-    _, compare_cpu, out, _ = timed(["compare", str(path), "--json"], here)
+    _, compare_cpu, _, out, _ = timed(["compare", str(path), "--json"], here)
     fitting = [r[problem.objective] for r in json.loads(out)["results"] if r.get("applies") and r.get("fits")]
     best = min(fitting) if fitting else None
     solve = ["solve", str(path), "-o", "solved.json", "--time-limit", f"{time_limit:g}", "--json"]
-    wall, solve_cpu, out, err = timed(solve + (["--threads", str(threads)] if threads else []), here)
+    wall, solve_cpu, _, out, err = timed(solve + (["--threads", str(threads)] if threads else []), here)
     result = json.loads(out)
     named = "zb-v" if problem.chunks == 2 else "zb-h1"
-    _, compile_cpu, _, _ = timed(["compile", str(path), "-s", named, "-o", "compiled.json"], here)
-    _, simulate_cpu, _, _ = timed(["simulate", "solved.json", "--json"], here)
-    _, check_cpu, _, _ = timed(["check", "solved.json", "--json"], here)
+    compile_cpu = timed(["compile", str(path), "-s", named, "-o", "compiled.json"], here).cpu
+    simulate_cpu = timed(["simulate", "solved.json", "--json"], here).cpu
+    check_cpu = timed(["check", "solved.json", "--json"], here).cpu
     proven = result["status"] == "optimal" and result["warm_objective"] <= result["objective"] + 1e-9
     return dict(
         name=problem.name, ops=ops(problem), time_limit=time_limit, wall=wall, best_registry=best,
@@ -140,7 +156,7 @@ def run_cell(problem: Problem, time_limit: float, threads: int | None, out_dir: 
 
 def startup(cwd: Path) -> float:
     """CPU seconds of `schedc --version`: the interpreter and the CLI's imports (best of three)."""
-    return min(timed(["--version"], cwd)[1] for _ in range(3))
+    return min(timed(["--version"], cwd).cpu for _ in range(3))
 
 
 def report(rows: list[dict], start_cpu: float, command: str, loads: tuple[float, float], head: str) -> str:
@@ -249,6 +265,74 @@ def resolve_figure(command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# One process: each pass on the file, best of three (CPU seconds), as JSON.
+PASSES = """
+import json, sys, time
+from schedc import schedfile
+from schedc.critical import critical_path
+from schedc.simulate import simulate
+def best(work):
+    times = []
+    for _ in range(3):
+        began = time.process_time()
+        work()
+        times.append(time.process_time() - began)
+    return min(times)
+path, again = sys.argv[1], sys.argv[2]
+compiled = schedfile.load(path)
+print(json.dumps({
+    "load": best(lambda: schedfile.load(path)),
+    "save": best(lambda: schedfile.save(compiled, again)),
+    "simulate": best(lambda: simulate(compiled.problem, compiled.schedule)),
+    "critical path": best(lambda: critical_path(compiled.timeline)),
+}))
+"""
+
+
+def per_op_figure(out_dir: Path, command: str) -> str:
+    """Issue 40's point 4: at the ceiling (the p = 64, v = 2, m = 1024 cell at 1.5x, 393 216 ops),
+    `schedc check` on its ZB-V schedule file, CPU and peak memory above the start-up's (best of
+    three); there and at p = 32, v = 2, m = 256 (49 152 ops), in one process, loading the file
+    against saving it and the critical path against the simulation."""
+    start, passes, sizes = None, {}, []
+    for problem in (grid_problem(32, 2, 256, 1.5), grid_problem(64, 2, 1024, 1.5)):
+        here = out_dir / "per-op" / problem.name
+        here.mkdir(parents=True, exist_ok=True)
+        (here / "problem.json").write_text(problem.model_dump_json(exclude_none=True))
+        timed(["compile", "problem.json", "-s", "zb-v", "-o", "zb-v.json"], here)
+        passes[problem.name] = json.loads(subprocess.run(
+            [sys.executable, "-c", PASSES, "zb-v.json", "again.json"], cwd=here, check=True, capture_output=True,
+            text=True).stdout)
+        start = start or min((timed(["--version"], here) for _ in range(3)), key=lambda run: run.cpu)
+        sizes.append(f"{problem.name}, {ops(problem)} ops: {(here / 'zb-v.json').stat().st_size / 2**20:.0f} MiB")
+    check = min((timed(["check", "zb-v.json", "--json"], here) for _ in range(3)), key=lambda run: run.cpu)
+    n = ops(problem)
+    above = check.peak_kib - start.peak_kib
+    lines = [
+        "## Scale: the constants per op",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}; load average {os.getloadavg()[0]:.1f}. Commit: {commit()}  ",
+        f"Each cell's `zb-v` schedule file ({'; '.join(sizes)}); CPU is user + system, best of three.",
+        "",
+        "| figure | measured | target |",
+        "|---|---|---|",
+        f"| `schedc check` CPU, {problem.name} ({n} ops) | {check.cpu:.1f} s ({check.cpu - start.cpu:.1f} s above the"
+        f" start-up's {start.cpu:.2f} s) | at most 15 s |",
+        f"| `schedc check` peak memory above the start-up's, {problem.name} | {above / 1024:.0f} MiB,"
+        f" {above / n:.2f} KiB per op ({check.peak_kib / 1024:.0f} MiB in all, start-up {start.peak_kib / 1024:.0f}"
+        " MiB) | at most 1 KiB per op |",
+    ]
+    for name, got in passes.items():
+        lines += [
+            f"| loading the file against saving it, {name} | {got['load']:.2f} s against {got['save']:.2f} s:"
+            f" {got['load'] / got['save']:.2f}x | at most 3x |",
+            f"| the critical path against the simulation, {name} | {got['critical path']:.2f} s against"
+            f" {got['simulate']:.2f} s: {got['critical path'] / got['simulate']:.2f}x | at most 1x |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--time-limit", type=float, default=60.0, help="solve's --time-limit per cell (60)")
@@ -259,7 +343,14 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write RESULTS.md's section and benchmarks/scale.png")
     ap.add_argument("--report", action="store_true", help="only the table, from the cells a run left in --out")
     ap.add_argument("--resolve", action="store_true", help="only the re-solve figure (see the notes above)")
+    ap.add_argument("--per-op", action="store_true", help="only the constants per op (see the notes above)")
     args = ap.parse_args()
+    if args.per_op:
+        text = per_op_figure(Path(args.out), ("python benchmarks/scale.py " + " ".join(sys.argv[1:])).strip())
+        print(text)
+        if args.write:
+            write_section("per-op", text)
+        return
     if args.resolve:
         text = resolve_figure(("python benchmarks/scale.py " + " ".join(sys.argv[1:])).strip())
         print(text)

@@ -34,8 +34,10 @@ If the ranks stop short, the wait-for graph has a cycle, which the error names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import NamedTuple
 
+from schedc.bulk import bulk
 from schedc.errors import ProgramError, ScheduleError
 from schedc.kinds import GRADS, ROWS, Kind, candidates, in_order, unsupported
 from schedc.problem import Problem
@@ -51,6 +53,10 @@ _SAME_STAGE = {k: tuple((candidates(need), 0) for need, offset in row.needs if o
 # kind -> per need on a neighbouring chunk of its sequence (sequence chunks), the kinds and the chunk offset
 _CHUNK = {k: tuple((candidates(need), offset) for need, offset in row.chunk_needs) for k, row in ROWS.items()}
 _MOVES = frozenset({Opcode.SEND, Opcode.RECV, Opcode.LOCAL})  # the instructions that move a message
+# the instructions whose microbatch field has a rule of its own (``_check_fields``)
+_MB_RULED = frozenset({Opcode.STEP, Opcode.UPDATE, *(k for k, row in ROWS.items() if row.per_stage)})
+_LANE = {k: row.lane for k, row in ROWS.items()}
+_new = tuple.__new__
 # tensor -> the kinds whose output carries it, in the table's order (act: F; grad: B, BW)
 _MAKERS = {tensor: tuple(k for k, row in ROWS.items() if row.carries == tensor) for tensor in TENSORS}
 
@@ -73,6 +79,7 @@ class CheckReport:
         }
 
 
+@bulk
 def check(problem: Problem, program: Program, schedule: Schedule | None = None, issue: bool = True) -> CheckReport:
     """Raise ProgramError naming the first thing wrong; with ``schedule``, the compute order of
     every rank must also equal it, and its copy lane's order and (with ``issue``) the compute op
@@ -85,16 +92,11 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
         raise ProgramError(f"the program runs {rounds} round(s) of the microbatches but the schedule"
                            f" {schedule.name!r} has {schedule.rounds}: a synchronous and an asynchronous one do not mix")
     shape = _Shape(problem.n_stages, problem.units * rounds, rounds, problem.stage_rank, problem.pipeline_stages)
-    messages = [[i.message if i.op in _MOVES else None for i in instrs] for instrs in program.ranks]
-    for r, instrs in enumerate(program.ranks):
-        for k, (instr, msg) in enumerate(zip(instrs, messages[r])):
-            _check_fields(shape, r, k, instr, msg)
-        steps = [k for k, i in enumerate(instrs) if i.op is Opcode.STEP]
-        if steps != [len(instrs) - 1]:
-            raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {len(steps)})")
-
-    order = Schedule.from_lists("program", program.compute_order(), program.copy_order(), program.issued_after(),
-                                rounds=rounds)
+    scans = [_scan(shape, r, instrs) for r, instrs in enumerate(program.ranks)]
+    copied = any(scan.lanes["copy"] for scan in scans)
+    order = Schedule("program", tuple(tuple(scan.lanes["compute"]) for scan in scans),  # (Ops already: no copies)
+                     tuple(tuple(scan.lanes["copy"]) for scan in scans) if copied else (),
+                     tuple(tuple(scan.after) for scan in scans) if copied else (), rounds=rounds)
     try:
         order.check_complete(problem)
     except ScheduleError as e:
@@ -122,16 +124,25 @@ def check(problem: Problem, program: Program, schedule: Schedule | None = None, 
 
     _check_reduces(problem, program, schedule if issue else None)
     _check_updates(problem, program, rounds)
-    feeds = _check_dataflow(problem, program, messages)
-    buffers = _run(program, _pair(program, messages), feeds)
-    count = lambda op: tuple(sum(i.op is op for i in instrs) for instrs in program.ranks)  # noqa: E731
+    feeds = _check_dataflow(problem, program, scans)
+    buffers = _run(program, _pair(program, scans, feeds), feeds)
     return CheckReport(
         instructions=tuple(len(instrs) for instrs in program.ranks),
-        sends=count(Opcode.SEND),
-        receives=count(Opcode.RECV),
-        local=count(Opcode.LOCAL),
+        sends=tuple(scan.count[Opcode.SEND] for scan in scans),
+        receives=tuple(scan.count[Opcode.RECV] for scan in scans),
+        local=tuple(scan.count[Opcode.LOCAL] for scan in scans),
         receive_buffers=buffers,
     )
+
+
+class _Scan(NamedTuple):
+    """One rank's instructions read once (``_scan``), each list aligned with them where it says."""
+
+    messages: list[Message | None]  # aligned: the message a SEND, RECV or LOCAL moves
+    ops: list[Op | None]  # aligned: the op a compute instruction runs
+    lanes: dict[str, list[Op]]  # lane -> its ops in program order
+    after: list[Op | None]  # per copy op, the compute op listed last before it
+    count: dict[Opcode, int]  # SEND, RECV, LOCAL, STEP
 
 
 class _Shape(NamedTuple):
@@ -143,6 +154,46 @@ class _Shape(NamedTuple):
     rounds: int
     stage_rank: tuple[int, ...]
     depth: int
+
+
+def _scan(shape: _Shape, r: int, instrs: tuple[Instr, ...]) -> _Scan:
+    """Rank r's instructions in one pass: each one's fields checked (``_check_fields``; fields
+    found good once, for a microbatch in range, are good for every microbatch in range, unless the
+    op rules its microbatch: STEP, UPDATE, a per-stage op), the program ending in its one STEP, and
+    what the other checks read (``_Scan``)."""
+    messages: list[Message | None] = []
+    ops: list[Op | None] = []
+    lanes: dict[str, list[Op]] = {"compute": [], "copy": [], "comm": []}
+    after: list[Op | None] = []
+    count = dict.fromkeys(Opcode, 0)
+    good: set[tuple] = set()
+    m, last = shape.m, None
+    for k, instr in enumerate(instrs):
+        op, stage, mb, tensor, peer, peer_stage = instr
+        msg = None
+        if op in _MOVES:  # (Instr.message, without a call per instruction)
+            msg = _new(Message, (tensor, mb, peer_stage, stage) if op is Opcode.RECV else (tensor, mb, stage, peer_stage))
+        key = (op, stage, tensor, peer, peer_stage)
+        if key not in good or not 0 <= mb < m:
+            _check_fields(shape, r, k, instr, msg)
+            if 0 <= mb < m and op not in _MB_RULED:
+                good.add(key)
+        messages.append(msg)
+        if op.__class__ is Kind:
+            run = _new(Op, (op, stage, mb))
+            ops.append(run)
+            lane = _LANE[op]
+            lanes[lane].append(run)
+            if lane == "compute":
+                last = run
+            elif lane == "copy":
+                after.append(last)
+        else:
+            ops.append(None)
+            count[op] += 1
+    if count[Opcode.STEP] != 1 or instrs[-1].op is not Opcode.STEP:
+        raise ProgramError(f"rank {r}: the program must end with exactly one STEP (found {count[Opcode.STEP]})")
+    return _Scan(messages, ops, lanes, after, count)
 
 
 def _check_fields(shape: _Shape, r: int, k: int, instr: Instr, msg: Message | None) -> None:
@@ -298,128 +349,158 @@ def _issued(ops, after) -> str:
     return ", ".join(f"{op} after {a or 'nothing'}" for op, a in zip(ops, after))
 
 
-def _check_dataflow(problem: Problem, program: Program, messages: list[list[Message | None]]) -> list[dict[int, int]]:
-    """Every message moves exactly once, after its producer ran, and reaches its consumer first
-    (``messages``: per rank, each instruction's message or None). Returns, per rank, compute index
-    -> index of the RECV that brings its input."""
+def _check_dataflow(problem: Problem, program: Program, scans: list[_Scan]) -> list[dict[int, int]]:
+    """Every message moves exactly once, after its producer ran, and reaches its consumer first.
+    Returns, per rank, compute index -> index of the RECV that brings its input."""
     n, chunks = problem.pipeline_stages, problem.seq_chunks
-    ops_of = [[i.compute if isinstance(i.op, Kind) else None for i in instrs] for instrs in program.ranks]
-    held = {op for ops in ops_of for op in ops if op is not None}  # every op it runs
+    # the ops it runs of the kinds that meet a need ahead of another (B's activation: R, S or L
+    # ahead of F): the others need not be looked up
+    ahead = {kind for rows in (_SAME_STAGE, _CHUNK) for needs in rows.values() for kinds, _ in needs
+             for kind in kinds[:-1]}
+    held = {op for scan in scans for op in scan.ops if op is not None and op[0] in ahead}
+    needs = {k: _SAME_STAGE[k] + (_CHUNK[k] if chunks > 1 else ()) for k in ROWS}
+    brings: dict[tuple[Kind, int], tuple[str, int] | None] = {}  # (kind, stage) -> what it receives
+    makes: dict[tuple[Kind, int], bool] = {}  # (kind, stage) -> whether it sends a message on
+    expected = 0  # messages the ops it runs send on
     moved: dict[Message, Instr] = {}
     feeds: list[dict[int, int]] = []
-    for r, instrs in enumerate(program.ranks):
+    for r, (instrs, scan) in enumerate(zip(program.ranks, scans)):
         done: set[Op] = set()
         arrived: dict[Message, int] = {}  # -> index of its RECV, or -1 for a LOCAL
-        feeds.append({})
-        for k, (instr, op, msg) in enumerate(zip(instrs, ops_of[r], messages[r])):
-            if instr.op is Opcode.SEND or instr.op is Opcode.LOCAL:
-                if msg in moved:
-                    raise ProgramError(f"rank {r}: {msg} is moved twice ({moved[msg]} and {instr})")
-                moved[msg] = instr
-                maker = _maker(msg, done)
-                if maker is None:
-                    raise ProgramError(f"rank {r}: {instr} comes before the op that computes it")
-                if instr.op is Opcode.LOCAL:
-                    arrived[msg] = -1
-            elif instr.op is Opcode.RECV:
-                arrived[msg] = k
-            elif op is not None:
-                need = consumed(op, n)
-                if need is not None and need not in arrived:
-                    raise ProgramError(f"rank {r}: {op} needs {need}, which no earlier RECV or LOCAL on rank {r} brings")
-                if need is not None and arrived[need] >= 0:
-                    feeds[r][k] = arrived[need]
-                for kinds, offset in _SAME_STAGE[op.kind] + (_CHUNK[op.kind] if chunks > 1 else ()):
+        fed: dict[int, int] = {}
+        feeds.append(fed)
+        for k, (instr, op, msg) in enumerate(zip(instrs, scan.ops, scan.messages)):
+            if op is not None:
+                kind, stage, mb = op
+                if (kind, stage) not in brings:  # (what an op receives and sends depends on its kind and stage alone)
+                    need = consumed(op, n)
+                    brings[kind, stage] = None if need is None else (need.tensor, need.src)
+                    makes[kind, stage] = produced(op, n) is not None
+                expected += makes[kind, stage]
+                if (got := brings[kind, stage]) is not None:
+                    need = Message(got[0], mb, got[1], stage)
+                    at = arrived.get(need)
+                    if at is None:
+                        raise ProgramError(f"rank {r}: {op} needs {need}, which no earlier RECV or LOCAL on rank {r}"
+                                           " brings")
+                    if at >= 0:
+                        fed[k] = at
+                for kinds, offset in needs[kind]:
                     # the op the program holds for this need: the first of its candidates it runs
                     # (B's activation: its R, S or L, else its F), never just any candidate; with
                     # sequence chunks also the neighbouring chunk's (``KindRow.chunk_needs``)
-                    i = op.mb + offset
-                    if offset and not 0 <= op.mb % chunks + offset < chunks:
+                    if offset and not 0 <= mb % chunks + offset < chunks:
                         continue
                     # (plain tuples: they find the Ops in held and done, same hash and equal)
-                    need_op = next((o for kind in kinds if (o := (kind, op.stage, i)) in held), (kinds[-1], op.stage, i))
+                    need_op = (kinds[-1], stage, mb + offset)
+                    for candidate in kinds[:-1]:
+                        if (candidate, stage, mb + offset) in held:
+                            need_op = (candidate, stage, mb + offset)
+                            break
                     if need_op not in done:
                         raise ProgramError(f"rank {r}: {op} runs before {Op(*need_op)}")
                 done.add(op)
-    expected = {msg for op in held if (msg := produced(op, n)) is not None}
-    missing = expected - moved.keys()
-    if missing:
-        raise ProgramError(f"{min(missing)} is computed but never sent or handed off")
+            elif msg is None:
+                continue
+            elif instr.op is Opcode.RECV:
+                arrived[msg] = k
+            else:  # SEND, LOCAL
+                if msg in moved:
+                    raise ProgramError(f"rank {r}: {msg} is moved twice ({moved[msg]} and {instr})")
+                moved[msg] = instr
+                if not any((kind, msg.src, msg.mb) in done for kind in _MAKERS[msg.tensor]):
+                    raise ProgramError(f"rank {r}: {instr} comes before the op that computes it")
+                if instr.op is Opcode.LOCAL:
+                    arrived[msg] = -1
+    # Each message moved is one an op it runs sends on (made before, by its maker's kind, along
+    # the direction its tensor goes): as many moved as expected is every one of them.
+    if len(moved) != expected:
+        missing = {msg for scan in scans for op in scan.ops if op is not None and (msg := produced(op, n)) is not None}
+        missing -= moved.keys()
+        if missing:
+            raise ProgramError(f"{min(missing)} is computed but never sent or handed off")
     return feeds
 
 
-def _maker(msg: Message, done: set[Op]) -> Op | None:
-    return next((Op(*op) for k in _MAKERS[msg.tensor] if (op := (k, msg.src, msg.mb)) in done), None)
-
-
-def _pair(program: Program, messages: list[list[Message | None]]) -> dict[tuple[int, int], int]:
-    """(rank, index of a SEND or RECV) -> (peer rank, index of its partner), after checking that
-    each channel's sends and receives list the same messages in the same order."""
-    sends: dict[tuple[int, int], list[tuple[int, Message]]] = {}
-    recvs: dict[tuple[int, int], list[tuple[int, Message]]] = {}
-    for r, instrs in enumerate(program.ranks):
-        for k, (instr, msg) in enumerate(zip(instrs, messages[r])):
-            if instr.op is Opcode.SEND:
-                sends.setdefault((r, instr.peer), []).append((k, msg))
-            elif instr.op is Opcode.RECV:
-                recvs.setdefault((instr.peer, r), []).append((k, msg))
-    partner: dict[tuple[int, int], tuple[int, int]] = {}
+def _pair(program: Program, scans: list[_Scan], feeds: list[dict[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """Per rank, two lists aligned with its instructions: the rank and the instruction of it that
+    each waits for under the strict rules (a SEND: its partner RECV's posting; a compute op fed by a
+    RECV: that RECV's partner SEND), rank p where it waits for nothing; after checking that each
+    channel's sends and receives list the same messages in the same order. (``feeds``:
+    ``_check_dataflow``'s. Two lists of shared ints, not a tuple per instruction: a large program's
+    check holds them all at once.)"""
+    p = len(program.ranks)
+    sends: dict[tuple[int, int], tuple[list[int], list[Message]]] = {}  # (from, to) -> indices, messages
+    recvs: dict[tuple[int, int], tuple[list[int], list[Message]]] = {}
+    for r, (instrs, scan) in enumerate(zip(program.ranks, scans)):
+        for k, (instr, msg) in enumerate(zip(instrs, scan.messages)):
+            if instr.op is Opcode.SEND or instr.op is Opcode.RECV:
+                at, got = (sends.setdefault((r, instr.peer), ([], [])) if instr.op is Opcode.SEND
+                           else recvs.setdefault((instr.peer, r), ([], [])))
+                at.append(k)
+                got.append(msg)
+    waits = [([p] * len(instrs), [-1] * len(instrs)) for instrs in program.ranks]
+    sender: list[dict[int, int]] = [{} for _ in program.ranks]  # RECV index -> its SEND's, on the RECV's peer
     for src, dst in sorted(sends.keys() | recvs.keys()):
-        out, into = sends.get((src, dst), []), recvs.get((src, dst), [])
-        for j in range(max(len(out), len(into))):
-            sent = out[j][1] if j < len(out) else None
-            got = into[j][1] if j < len(into) else None
-            if sent != got:
-                raise ProgramError(
-                    f"rank {src}'s send #{j} to rank {dst} is {sent or 'missing'} but rank {dst}'s receive #{j}"
-                    f" from rank {src} is {got or 'missing'}: sends and receives must pair in the same order"
-                )
-            partner[(src, out[j][0])] = (dst, into[j][0])
-            partner[(dst, into[j][0])] = (src, out[j][0])
-    return partner
+        (out, sent), (into, got) = sends.pop((src, dst), ([], [])), recvs.pop((src, dst), ([], []))
+        if sent != got:
+            j = next(j for j, (a, b) in enumerate(zip_longest(sent, got)) if a != b)
+            raise ProgramError(
+                f"rank {src}'s send #{j} to rank {dst} is {_nth(sent, j) or 'missing'} but rank {dst}'s receive #{j}"
+                f" from rank {src} is {_nth(got, j) or 'missing'}: sends and receives must pair in the same order"
+            )
+        on, at = waits[src]
+        for k, j in zip(out, into):
+            on[k], at[k] = dst, j
+        sender[dst].update(zip(into, out))
+    for instrs, (on, at), fed, by in zip(program.ranks, waits, feeds, sender):
+        for k, j in fed.items():
+            on[k], at[k] = instrs[j].peer, by[j]
+    return waits
 
 
-def _run(program: Program, partner: dict[tuple[int, int], tuple[int, int]], feeds: list[dict[int, int]]):
-    """Interpret all ranks under the strict rules; raise ProgramError on deadlock. Returns each
-    rank's largest number of posted, not yet used receives."""
+def _nth(items: list, j: int):
+    return items[j] if j < len(items) else None
+
+
+def _run(program: Program, waits: list[tuple[list[int], list[int]]], feeds: list[dict[int, int]]):
+    """Interpret all ranks under the strict rules (``waits``: ``_pair``'s); raise ProgramError on
+    deadlock. Returns each rank's largest number of posted, not yet used receives."""
     ranks = program.ranks
     p = len(ranks)
-    pc = [0] * p
+    pc = [0] * (p + 1)  # (rank p: what waits for nothing waits for its instruction -1)
     progress = True
     while progress:
         progress = False
         for r in range(p):
-            while pc[r] < len(ranks[r]) and _blocker(ranks, pc, partner, feeds, r) is None:
-                pc[r] += 1
-                progress = True
+            (on, at), k, end = waits[r], pc[r], len(ranks[r])
+            while k < end and pc[on[k]] > at[k]:
+                k += 1
+            if k > pc[r]:
+                pc[r], progress = k, True
     stuck = [r for r in range(p) if pc[r] < len(ranks[r])]
     if stuck:
-        raise ProgramError(f"deadlock: {_cycle(ranks, pc, partner, feeds, stuck[0])}")
+        raise ProgramError(f"deadlock: {_cycle(ranks, pc, waits, stuck[0])}")
     return tuple(_buffers(instrs, fed) for instrs, fed in zip(ranks, feeds))
 
 
-def _blocker(ranks, pc, partner, feeds, r) -> tuple[int, str] | None:
-    """(rank, what it has not done yet) that rank r waits for at its current instruction, or None."""
-    k = pc[r]
-    if ranks[r][k].op is Opcode.SEND:
-        peer, j = partner[(r, k)]
-        return None if pc[peer] > j else (peer, f"post {ranks[peer][j]}")
-    if k in feeds[r]:  # a compute op whose input comes by RECV: wait for the matching SEND
-        peer, j = partner[(r, feeds[r][k])]
-        return None if pc[peer] > j else (peer, f"run {ranks[peer][j]}")
-    return None
+def _blocker(ranks, pc, waits, r) -> tuple[int, str]:
+    """(rank, what it has not done yet) that rank r, stopped, waits for at its current instruction."""
+    on, at = waits[r]
+    peer, j = on[pc[r]], at[pc[r]]
+    return peer, f"{'post' if ranks[r][pc[r]].op is Opcode.SEND else 'run'} {ranks[peer][j]}"
 
 
-def _cycle(ranks, pc, partner, feeds, r) -> str:
+def _cycle(ranks, pc, waits, r) -> str:
     """Follow who waits for whom from rank r until a rank repeats; describe that cycle."""
     seen: list[int] = []
     while r not in seen:
         seen.append(r)
-        r = _blocker(ranks, pc, partner, feeds, r)[0]
+        r = _blocker(ranks, pc, waits, r)[0]
     cycle = seen[seen.index(r):]
     parts = []
     for q in cycle:
-        peer, what = _blocker(ranks, pc, partner, feeds, q)
+        peer, what = _blocker(ranks, pc, waits, q)
         parts.append(f"rank {q} at instruction {pc[q]} ({ranks[q][pc[q]]}) waits for rank {peer} to {what}")
     return "; ".join(parts) + f" (a cycle of {len(cycle)} ranks)"
 

@@ -3,10 +3,12 @@ configs, torch CSVs and measured traces all come through here.
 
 A file is read only if it is a regular file no larger than a cap (a named pipe, a device or a
 directory is refused before anything is read), decoded as UTF-8 with a clear error, and parsed
-strictly: YAML without duplicate keys, JSON without duplicate keys or NaN/Infinity. The parsed
-data is then walked once with a bound on nesting depth and on the number of values, which also
-stops YAML alias bombs (a few hundred bytes whose aliases expand to billions of values), and
-every number in it must be finite and of a sane magnitude. Field-level rules (positive costs,
+strictly: YAML without duplicate keys, JSON without duplicate keys or NaN/Infinity. Parsed YAML
+is then walked once with a bound on nesting depth and on the number of values, which also stops
+YAML alias bombs (a few hundred bytes whose aliases expand to billions of values); JSON has no
+aliases, and its nesting is bounded on the text before it is parsed (a walk over a large schedule
+file's million values would cost more than the parse). Every number must be finite and of a sane
+magnitude. Field-level rules (positive costs,
 booleans that are not numbers, ranges) belong to the models that validate the data afterwards.
 
 Every error is raised as the caller's error class (a SchedcError) with a one-line message; the
@@ -106,9 +108,16 @@ def read_text(path: str | Path, *, error: type[SchedcError] = SchedcError, what:
 
 def parse_json(text: str, *, source: str, error: type[SchedcError] = SchedcError) -> Any:
     """Strict JSON: no duplicate keys, no NaN/Infinity, bounded depth, numbers and size."""
+    raw = text.encode()  # (UTF-8: no byte of a multi-byte character is an ASCII bracket, quote or digit)
+    if _nesting(raw) > MAX_DEPTH:  # (before parsing: a walk of the text costs less than one of the values)
+        raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels")
+    # Integers are read by int() itself unless the text may hold one too long for schedc (a run of
+    # 17 digits not after a decimal point): a hook per integer costs a large schedule file a second.
+    ints = {"parse_int": _json_int} if _LONG_INT in b" " + raw.translate(_DIGITS) else {}
+    del raw  # (a large file's copy: not held while parsing)
     try:
-        data = json.loads(text, object_pairs_hook=_json_object, parse_constant=_json_constant,
-                          parse_int=_json_int, parse_float=_json_float)
+        data = json.loads(text, object_pairs_hook=_json_object_hook(), parse_constant=_json_constant,
+                          parse_float=_json_float, **ints)
     except _Refused as e:
         raise error(f"{_name(source)}: {e}") from None
     except json.JSONDecodeError as e:
@@ -118,8 +127,7 @@ def parse_json(text: str, *, source: str, error: type[SchedcError] = SchedcError
         raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:
         raise error(f"{_name(source)}: not valid JSON ({one_line(e, 120)})") from None
-    # JSON has no aliases, and its parser has checked every number: only the depth is left to bound.
-    _within_depth(data, source, error)
+    # JSON has no aliases, and its parser has checked every number and the nesting was bounded first.
     return data
 
 
@@ -177,15 +185,27 @@ def checked(data: Any, *, source: str, error: type[SchedcError] = SchedcError, b
     return data
 
 
-def _within_depth(data: Any, source: str, error: type[SchedcError]) -> None:
-    """Refuse ``data`` nested deeper than MAX_DEPTH: a walk over its containers only."""
-    level, depth = [data] if isinstance(data, (dict, list)) else [], 0
-    while level:
-        depth += 1
-        if depth > MAX_DEPTH:
-            raise error(f"{_name(source)}: nested deeper than {MAX_DEPTH} levels")
-        level = [item for value in level for item in (value.values() if isinstance(value, dict) else value)
-                 if isinstance(item, (dict, list))]
+_PAIRED = re.compile(rb"\[\]|\{\}")  # an innermost pair, once strings and all else are gone
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'[]{}"'))
+_DIGITS = bytes(b"0"[0] if chr(c) in "0123456789" else c if chr(c) == "." else b" "[0] for c in range(256))
+_LONG_INT = b" " + b"0" * 17
+
+
+def _nesting(raw: bytes) -> int:
+    """How deep the brackets of ``raw`` (a JSON text's UTF-8) nest, strings left out, counted to
+    MAX_DEPTH + 1 at most: each pass of a substitution takes the innermost pairs away. Text that is
+    not JSON may give any count; the parser refuses it afterwards."""
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes
+    # Quotes now alternate open, close: drop the empty strings (most of them), then the rest.
+    raw = re.sub(rb'"[^"]*"', b"", raw.translate(None, _NOT_STRUCTURE).replace(b'""', b""))
+    depth = 0
+    while raw and depth <= MAX_DEPTH:
+        inner = _PAIRED.sub(b"", raw)
+        if len(inner) == len(raw):  # unbalanced: not JSON
+            break
+        raw, depth = inner, depth + 1
+    return depth
 
 
 def _where(chain: tuple | None) -> str:
@@ -205,13 +225,20 @@ def _name(source: str) -> str:
     return one_line(source, 120)
 
 
-def _json_object(pairs: list[tuple[str, Any]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):  # a key written twice (dict() keeps the last): name the first
-        seen: set[str] = set()
-        key = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise _Refused(f"duplicate key {shorten(key)}")
-    return out
+def _json_object_hook():
+    """A mapping from its key-value pairs, refusing a key written twice. String values are kept
+    once per text (a schedule file repeats "F", "SEND" and "act" a million times)."""
+    strings: dict[str, str] = {}
+
+    def mapping(pairs: list[tuple[str, Any]]) -> dict:
+        out = {key: strings.setdefault(value, value) if value.__class__ is str else value for key, value in pairs}
+        if len(out) != len(pairs):  # a key written twice (the last kept): name the first
+            seen: set[str] = set()
+            key = next(key for key, _ in pairs if key in seen or seen.add(key))
+            raise _Refused(f"duplicate key {shorten(key)}")
+        return out
+
+    return mapping
 
 
 def _json_constant(name: str) -> Any:

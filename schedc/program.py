@@ -58,8 +58,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
+from schedc.bulk import bulk
 from schedc.errors import ProgramError
 from schedc.kinds import BY_NAME, GRADS, ROWS, Kind, candidates, check_supported
 from schedc.problem import Problem
@@ -120,6 +123,9 @@ class Message(NamedTuple):
         return f"{self.tensor}{self.mb} s{self.src}->s{self.dst}"
 
 
+_new = tuple.__new__  # an Instr or Message of fields already checked (``lower`` makes one per op)
+
+
 class _InstrFields(NamedTuple):
     op: Kind | Opcode
     stage: int = -1  # the stage on this rank: computed, sending, receiving, or handing off
@@ -127,6 +133,9 @@ class _InstrFields(NamedTuple):
     tensor: str = ""  # SEND / RECV / LOCAL: "act" or "grad"
     peer: int = -1  # SEND / RECV: the other rank
     peer_stage: int = -1  # SEND / RECV / LOCAL: the stage at the other end
+
+
+_DEFAULTS = tuple((name, _InstrFields._field_defaults[name]) for name in _InstrFields._fields[1:])
 
 
 class Instr(_InstrFields):
@@ -334,65 +343,87 @@ class Program:
     def from_data(cls, per_rank: list[list[dict]], header: Header | None = None) -> "Program":
         """From ``to_data``'s form: per rank, dicts with "op" and the fields it uses (an unknown
         op is a ProgramError, as ``Instr`` says)."""
-        of, make = _OPCODE_OF.get, tuple.__new__
-
-        def instr(d: dict) -> Instr:
-            op = of(d["op"])
-            if op is None:
-                return Instr(d["op"])  # (raises, naming it)
-            return make(Instr, (op, d.get("stage", -1), d.get("mb", -1), d.get("tensor", ""), d.get("peer", -1),
-                                d.get("peer_stage", -1)))
-
-        return cls(tuple(tuple(map(instr, instrs)) for instrs in per_rank), header)
+        return cls(tuple(map(rank_from_data, per_rank)), header)
 
 
+def rank_from_data(instrs: list[dict]) -> tuple[Instr, ...]:
+    """One rank's instructions from ``Program.to_data``'s dicts (``Program.from_data``), field by
+    field over the whole rank (a schedule file's program is most of it, read at C speed)."""
+    return from_columns(columns_of(instrs))
+
+
+def columns_of(instrs: list[dict]) -> list[list]:
+    """Per field of an Instr, in its order, the field's values over ``instrs`` (``to_data``'s
+    dicts; the op as its name, a field left out as its default)."""
+    return [list(map(itemgetter("op"), instrs)),
+            *(list(map(dict.get, instrs, repeat(name), repeat(default))) for name, default in _DEFAULTS)]
+
+
+def from_columns(columns: list[list]) -> tuple[Instr, ...]:
+    """The instructions whose fields ``columns`` holds (``columns_of``); an unknown op is a
+    ProgramError, as ``Instr`` says."""
+    names, *fields = columns
+    ops = list(map(_OPCODE_OF.get, names))
+    if None in ops:
+        Instr(names[ops.index(None)])  # (raises, naming it)
+    return tuple(map(_new, repeat(Instr), zip(ops, *fields)))
+
+
+@bulk
 def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     """The Program for ``schedule`` on ``problem``: compute in the Schedule's order, a SEND (or a
     LOCAL hand-off) right after each producing op, each RECV posted early, the copy lane's
     offloads and reloads where the schedule issues them and the gradient all-reduces where
     ``comm_lane`` issues them (see the module notes), then the optimizer step. ``timeline`` is
     ``simulate(problem, schedule)``, computed if omitted."""
-    check_supported({op.kind for op in schedule.ops()}, "lowering", LOWERED)
+    present = {op.kind for op in schedule.ops()}
+    check_supported(present, "lowering", LOWERED)
     timeline = timeline or simulate(problem, schedule)
     depth, stage_rank = problem.pipeline_stages, problem.stage_rank
-    times = timeline.op_times()
     where = schedule.locate()
     keyed: list[list[tuple[tuple, Instr]]] = [[] for _ in schedule.ranks]
 
     # Per consumer rank, when the compute op before each position starts (-inf for the first).
     before = [[float("-inf"), *starts[:-1]] for starts in timeline.start]
     channels: dict[tuple[int, int], list[tuple[float, float, Message]]] = {}  # (send time, post time, msg)
-    for r, ops in enumerate(schedule.ranks):
-        for i, op in enumerate(ops):
-            _, start, end = times[op]
-            keyed[r].append(((start, 2), Instr(op.kind, op.stage, op.mb)))
-            msg = produced(op, depth)
-            if msg is None:
+    # (kind, stage) -> (tensor, to stage, the kinds of the schedule that may use it first) or None
+    sends_on: dict[tuple[Kind, int], tuple[str, int, tuple[Kind, ...]] | None] = {}
+    for r, (ops, starts, ends) in enumerate(zip(schedule.ranks, timeline.start, timeline.end)):
+        mine = keyed[r]
+        for op, start, end in zip(ops, starts, ends):
+            kind, stage, mb = op
+            mine.append(((start, 2), _new(Instr, (kind, stage, mb, "", -1, -1))))
+            if (kind, stage) not in sends_on:  # (what an op sends on depends on its kind and stage alone)
+                msg = produced(op, depth)
+                sends_on[kind, stage] = None if msg is None else (msg.tensor, msg.dst, tuple(
+                    k for k in _CONSUMERS[msg.tensor, msg.src - msg.dst] if k in present))
+            if (sent := sends_on[kind, stage]) is None:
                 continue
-            dst_rank = stage_rank[msg.dst]
+            tensor, dst, users = sent
+            dst_rank = stage_rank[dst]
             if dst_rank == r:
-                keyed[r].append(((end, 1), Instr(Opcode.LOCAL, msg.src, msg.mb, msg.tensor, -1, msg.dst)))
+                mine.append(((end, 1), _new(Instr, (Opcode.LOCAL, stage, mb, tensor, -1, dst))))
                 continue
-            keyed[r].append(((end, 1), Instr(Opcode.SEND, msg.src, msg.mb, msg.tensor, dst_rank, msg.dst)))
-            user = _consumer(msg, where)
-            post = min(end, before[dst_rank][where[user][1]])
+            mine.append(((end, 1), _new(Instr, (Opcode.SEND, stage, mb, tensor, dst_rank, dst))))
+            msg = _new(Message, (tensor, mb, stage, dst))
+            post = min(end, before[dst_rank][_first_use(users, dst, mb, where)])
             channels.setdefault((r, dst_rank), []).append((end, post, msg))
 
     # On each channel the receives go in send order: a receive is posted no later than any
     # receive that follows it (a suffix minimum keeps every post time <= its send time).
     for (src_rank, dst_rank), msgs in channels.items():
-        msgs.sort(key=lambda x: x[0])
+        msgs.sort(key=itemgetter(0))
         latest = float("inf")
         for seq in range(len(msgs) - 1, -1, -1):
             _, post, msg = msgs[seq]
             latest = min(latest, post)
-            recv = Instr(Opcode.RECV, msg.dst, msg.mb, msg.tensor, src_rank, msg.src)
+            recv = _new(Instr, (Opcode.RECV, msg.dst, msg.mb, msg.tensor, src_rank, msg.src))
             keyed[dst_rank].append(((latest, 0, src_rank, seq), recv))
 
     ranks = []
     reduces = comm_lane(problem, schedule)
     for r, items in enumerate(keyed):
-        items.sort(key=lambda x: x[0])
+        items.sort(key=itemgetter(0))
         instrs = [instr for _, instr in items]
         if schedule.copy and schedule.copy[r]:
             instrs = _with_issued(instrs, schedule.copy[r], schedule.after[r])
@@ -447,14 +478,16 @@ def _listed_after(instrs: list[Instr], placed: dict[Op | None, list[Instr]]) -> 
     return out + pending
 
 
-def _consumer(msg: Message, where: dict[Op, tuple[int, int]]) -> Op:
-    """The op of the schedule that first uses ``msg``: F(dst) for an activation; for a gradient
-    B(dst) or BW(dst), or the RG / SG before it (Megatron's recompute waits for the gradient too):
-    of those the schedule holds, the one its rank runs first."""
-    kinds = _CONSUMERS[msg.tensor, msg.src - msg.dst]
-    first, kind = None, kinds[-1]
-    for k in kinds:
-        at = where.get((k, msg.dst, msg.mb))  # (a plain tuple finds the Op: same hash, equal)
+def _first_use(users: tuple[Kind, ...], stage: int, mb: int, where: dict[Op, tuple[int, int]]) -> int:
+    """Where, in its rank's compute order, the schedule first uses what stage ``stage`` receives
+    for microbatch ``mb``: of the ops of kinds ``users`` it holds there, the one its rank runs first
+    (an activation: F; a gradient: B or BW, or the RG / SG before it, for Megatron's recompute waits
+    for the gradient too)."""
+    first = None
+    for k in users:
+        at = where.get((k, stage, mb))  # (a plain tuple finds the Op: same hash, equal)
         if at is not None and (first is None or at[1] < first):
-            first, kind = at[1], k
-    return Op(kind, msg.dst, msg.mb)
+            first = at[1]
+    if first is None:
+        raise ProgramError(f"no op of the schedule on stage {stage} uses what microbatch {mb} brings it")
+    return first

@@ -54,12 +54,13 @@ from typing_extensions import NotRequired, TypedDict
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
+from schedc.bulk import bulk
 from schedc.errors import ProgramError, SchedcError, ScheduleError, ScheduleFileError
 from schedc.check import CheckReport, check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
 from schedc.kinds import POLICIES, ROWS, Kind
 from schedc.problem import Boundary, Problem, load_problem
-from schedc.program import OPCODES, Header, Program, lower
+from schedc.program import OPCODES, Header, Instr, Program, columns_of, from_columns, lower, rank_from_data
 from schedc.schedule import MAX_ROUNDS, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.tolerance import meets
@@ -125,6 +126,7 @@ class _Strict(Boundary):
 # and the other opcodes; loading turns them into Kind and Opcode members (Op, Instr).
 KIND_NAMES = tuple(k.value for k in Kind)  # F, B, W, BW, R, S, O, L, AR
 OPCODE_NAMES = tuple(o.value for o in OPCODES)  # the kinds, then SEND, RECV, LOCAL, STEP
+_OPCODE_SET = frozenset(OPCODE_NAMES)
 POLICY_NAMES = tuple(ROWS[k].policy for k in POLICIES)  # recompute, selective, offload
 
 
@@ -223,6 +225,7 @@ def schema() -> dict:
     return ScheduleFile.model_json_schema()
 
 
+@bulk
 def dump(compiled) -> str:
     """The file's text: JSON, one op or instruction per line so that a person can read it."""
     compact = json.JSONEncoder(separators=(",", ":")).encode
@@ -301,6 +304,7 @@ def timeline_summary(timeline: Timeline, version: int) -> dict:
     return summary if version < 2 else {**summary, "policies": timeline.schedule.policy_counts()}
 
 
+@bulk
 def save(compiled, path: str | Path) -> None:
     """Write the schedule file whole or not at all: into a temporary file beside it, then renamed
     over it (a run stopped mid-write leaves the old file, or none); a path that is not a plain file
@@ -332,6 +336,7 @@ def load_any(path: str | Path):
     return load_problem(path)
 
 
+@bulk
 def load(path: str | Path, *, verify: bool = False):
     """Read, validate and verify a schedule file; return a CompiledSchedule. Its program is
     checked in full (``check``) unless it is the one this schedc lowers from the file's schedule;
@@ -344,6 +349,7 @@ def _read_json(path: Path) -> Any:
     return parse_json(text, source=str(path), error=ScheduleFileError)
 
 
+@bulk
 def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = False, consume: bool = False):
     """Validate and verify parsed JSON; return a CompiledSchedule (``verify``: as ``load``;
     ``consume``: ``data`` may be taken apart as it is read, as ``load`` lets it, nothing else
@@ -359,7 +365,9 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
             f" {__version__} reads version {VERSION}): upgrade schedc or write the file again"
         )
     model, stored = _validated(data, str(path), consume)
-    del data  # (the model holds its own copy: let the parsed JSON go; a large file's is most of the memory)
+    if consume:  # (the model holds its own copy: let the parsed JSON go, the caller's reference too)
+        data.clear()
+    del data  # (a large file's parsed JSON is most of the memory)
 
     problem = model.problem
     try:
@@ -397,7 +405,7 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
         timeline = simulate(problem, schedule)
         program, report = None if verify else _lowered(problem, schedule, timeline, stored), None
         if program is None:
-            program = Program.from_data(stored, Header.of(problem, schedule))
+            program = Program(stored, Header.of(problem, schedule))
             del stored
             report = check(problem, program, schedule, issue=version >= 3)
     except (ScheduleError, ProgramError) as e:
@@ -409,46 +417,67 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
     return CompiledSchedule(problem, schedule, program, timeline, solver, provenance, report)
 
 
-def _validated(data: dict, path: str, consume: bool) -> tuple[ScheduleFile, list[list[dict]]]:
+def _validated(data: dict, path: str, consume: bool) -> tuple[ScheduleFile, tuple[tuple[Instr, ...], ...]]:
     """The file's model and its program's instructions, validated. The program, most of a large
-    file, is validated a rank at a time after the rest, and with ``consume`` each rank's parsed
-    instructions go once read, so that the parsed file and its validated copy are never both held
-    whole (an error is located in the file as the model's own would be)."""
+    file, is validated a rank at a time after the rest and turned into instructions at once, and
+    with ``consume`` each rank's parsed dicts go once read, so that the parsed file, its validated
+    copy and the instructions are never all held whole (an error is located in the file as the
+    model's own would be)."""
     program = data.get("program")
     if not (isinstance(program, list) and all(isinstance(rank, list) for rank in program)):
         model = ScheduleFile.validated(data, path)
-        return model, model.program
+        return model, tuple(map(rank_from_data, model.program))
     model = ScheduleFile.validated({**data, "program": []}, path)
     ranks = []
     for r in range(len(program)):
         try:
-            ranks.append(_RANK.validate_python(program[r]))
+            rank = _as_written(program[r])
+            ranks.append(rank if rank is not None else rank_from_data(_RANK.validate_python(program[r])))
         except ValidationError as e:  # (located as in the whole file)
             raise ScheduleFile._one_line(ValidationError.from_exception_data(e.title, [
                 {"type": err["type"], "loc": ("program", r, *err["loc"]), "input": err["input"],
                  **({"ctx": err["ctx"]} if "ctx" in err else {})} for err in e.errors()]), path) from None
         if consume:
             program[r] = None
-    return model, ranks
+    return model, tuple(ranks)
 
 
-def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline, stored: list[list[dict]]) -> Program | None:
-    """The program this schedc lowers ``schedule`` to, if the file's program is exactly that one
-    (written as ``Program.to_data`` writes it), else None. Such a program needs no check: a
-    lowered program cannot deadlock for any schedule that simulates (the argument in
-    ``schedc.program``'s notes; the property tests check lowered programs of every registry schedule
-    and of random policies). Any other program (edited, or lowered by another version of schedc)
-    is checked in full."""
+_FIELDS = frozenset(InstrData.__annotations__)
+_TENSORS = frozenset({"", "act", "grad"})
+
+
+def _as_written(instrs: Any) -> tuple[Instr, ...] | None:
+    """One rank of the file's program, read field by field at C speed where every instruction is
+    as ``Program.to_data`` writes one (a dict of InstrData's fields with "op", names it knows, ints
+    from -1, a tensor it knows); None for anything else, which the model then validates (and
+    refuses, or reads as it reads any input). A large file's program is a million such dicts."""
+    if not isinstance(instrs, list) or not set(map(type, instrs)) <= {dict} or not set().union(*instrs) <= _FIELDS:
+        return None
+    try:
+        columns = columns_of(instrs)
+        names, stage, mb, tensor, peer, peer_stage = columns
+        if not (set(names) <= _OPCODE_SET and set(tensor) <= _TENSORS):
+            return None
+    except (KeyError, TypeError):  # (an instruction without "op", or a value that is no name)
+        return None
+    for numbers in (stage, mb, peer, peer_stage):
+        if not set(map(type, numbers)) <= {int} or min(numbers, default=0) < -1:
+            return None
+    return from_columns(columns)
+
+
+def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline,
+             stored: tuple[tuple[Instr, ...], ...]) -> Program | None:
+    """The program this schedc lowers ``schedule`` to, if the file's program (``stored``) is
+    exactly that one, else None. Such a program needs no check: a lowered program cannot deadlock
+    for any schedule that simulates (the argument in ``schedc.program``'s notes; the property tests
+    check lowered programs of every registry schedule and of random policies). Any other program
+    (edited, or lowered by another version of schedc) is checked in full."""
     try:
         program = lower(problem, schedule, timeline)
     except SchedcError:  # (a schedule compile would not lower: the check names what is wrong)
         return None
-    if len(stored) != len(program.ranks) or any(len(a) != len(b) for a, b in zip(stored, program.ranks)):
-        return None
-    if any([i.to_data() for i in instrs] != rank for instrs, rank in zip(program.ranks, stored)):
-        return None
-    stored.clear()  # (read and matched: the instructions' dicts go)
-    return program
+    return program if program.ranks == stored else None
 
 
 def _same(path, field: str, stored: dict, actual: dict, keys) -> None:

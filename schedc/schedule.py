@@ -4,6 +4,9 @@ offloads, each with the compute op it is issued after). Nothing else (times come
 from __future__ import annotations
 
 import re
+from collections import Counter
+from itertools import repeat
+from operator import itemgetter
 from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple
 
@@ -124,8 +127,7 @@ class Schedule:
         pairs: Iterable[Iterable[Op | tuple[str, int, int]]] = (),
         rounds: int = 1,
     ) -> "Schedule":
-        return cls(name, tuple(tuple(Op(*op) for op in ops) for ops in per_rank),
-                   tuple(tuple(Op(*op) for op in ops) for ops in copy),
+        return cls(name, tuple(map(_ops, per_rank)), tuple(map(_ops, copy)),
                    tuple(tuple(None if op is None else Op(*op) for op in ops) for ops in after),
                    tuple(tuple(Op(*op) for op in ops) for ops in pairs), rounds)
 
@@ -213,9 +215,14 @@ class Schedule:
         if not self.synchronous:
             self._check_versions(where, problem)
         allowed = set(problem.kinds)
+        counts: Counter[Kind] = Counter()
         for lane, per_rank in self.lanes.items():
             for r, ops in enumerate(per_rank):
+                counts.update(map(itemgetter(0), ops))
+                good: set[tuple[Kind, int]] = set()  # (kind, stage) found right on this lane of rank r
                 for op in ops:
+                    if (op[0], op[1]) in good and 0 <= op[2] < m:
+                        continue
                     if ROWS[op.kind].lane != lane:
                         raise ScheduleError(f"{self.name}: {op}: {_off_lane(op.kind, lane)}")
                     if op.kind not in allowed:
@@ -227,8 +234,14 @@ class Schedule:
                             f"{self.name}: {op} is on rank {r} but stage {op.stage} is placed on rank"
                             f" {problem.stage_rank[op.stage]}"
                         )
+                    good.add((op[0], op[1]))
+        optional = any(counts[k] for k in _OPTIONAL)
+        every = n * m  # (no op is listed twice and each is in range: a kind n x m times is there for each)
+        if not optional and all(counts[k] == every for k in _ALWAYS) and any(
+                all(counts[k] == every for k in have) and not any(counts[k] for k in other)
+                for have, other in ((_SPLIT, _FUSED), (_FUSED, _SPLIT))):
+            return where
         missing = []
-        optional = any(op.kind in _OPTIONAL for op in where)
         for s in range(n):
             for i in range(m):
                 missing += [op for k in _ALWAYS if (op := _new(Op, (k, s, i))) not in where]
@@ -457,6 +470,21 @@ def members(problem: Problem, op: Op) -> tuple[Op, ...]:
                  for t in g if t != op.stage)
 
 
+def _ops(items: Iterable[Op | tuple[str, int, int]]) -> tuple[Op, ...]:
+    """``Op(*item)`` for each of ``items``, field by field at C speed where each has three fields
+    and a known kind (a schedule file lists hundreds of thousands), else one by one (which raises,
+    naming the first that is wrong)."""
+    items = items if isinstance(items, (list, tuple)) else list(items)
+    try:
+        names, stages, mbs = zip(*items, strict=True)
+        kinds = tuple(map(BY_NAME.get, names))  # (a Kind finds itself: a str Enum, equal to its name)
+    except (ValueError, TypeError):  # (not three fields each, or none, or a kind that is no name)
+        kinds = None
+    if kinds is None or None in kinds:
+        return tuple(Op(*item) for item in items)
+    return tuple(map(_new, repeat(Op), zip(kinds, stages, mbs)))
+
+
 def _off_lane(kind: Kind, lane: str) -> str:
     """Why a lane's order cannot hold an op of ``kind``: it runs on another lane."""
     on = ", ".join(k.value for k, row in ROWS.items() if row.lane == lane)
@@ -489,18 +517,28 @@ def producers(op: Op, depth: int, where: dict[Op, tuple[int, int]] | None = None
     unless i is the last.
     """
     kind, s, i = op
-    if kind in _PER_STAGE:
-        return []
-    deps = []
-    for kinds, usual, offset in _NEEDS[kind]:
-        t = s + offset
-        if 0 <= t and t // depth == s // depth:
-            deps.append(_met(kinds, usual, t, i, where))
-    if chunks > 1:
-        for kinds, usual, offset in _CHUNK_NEEDS[kind]:
-            if 0 <= i % chunks + offset < chunks:
-                deps.append(_met(kinds, usual, s, i + offset, where))
+    deps = [_met(kinds, usual, t, i, where) for kinds, usual, t in stage_needs(kind, s, depth)]
+    if chunks > 1 and kind not in _PER_STAGE:
+        deps += chunk_producers(op, where, chunks)
     return deps
+
+
+def stage_needs(kind: Kind, s: int, depth: int) -> tuple[tuple[tuple[Kind, ...], Kind, int], ...]:
+    """``producers``' rule for an op of ``kind`` on stage ``s`` without its microbatch: per need
+    met by an op of the same microbatch, (the kinds that may meet it, the usual one, their stage).
+    What an op needs depends on its kind and stage alone, so a pass over many ops can look it up
+    once per (kind, stage)."""
+    if kind in _PER_STAGE:
+        return ()
+    return tuple((kinds, usual, s + offset) for kinds, usual, offset in _NEEDS[kind]
+                 if 0 <= s + offset and (s + offset) // depth == s // depth)
+
+
+def chunk_producers(op: Op, where, chunks: int) -> list[Op]:
+    """``producers``' needs on a neighbouring chunk of the op's own sequence (``chunks`` > 1)."""
+    kind, s, i = op
+    return [_met(kinds, usual, s, i + offset, where) for kinds, usual, offset in _CHUNK_NEEDS[kind]
+            if 0 <= i % chunks + offset < chunks]
 
 
 def _met(kinds: tuple[Kind, ...], usual: Kind, stage: int, i: int, where) -> Op:

@@ -25,10 +25,18 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import accumulate
+from operator import itemgetter, sub
 
+from schedc.bulk import bulk
 from schedc.errors import ScheduleError
+from schedc.kinds import Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, comm_lane, members, producers
+from schedc.schedule import Op, Schedule, chunk_producers, comm_lane, members, producers, stage_needs
+
+_KIND_STAGE = itemgetter(0, 1)
+_new = tuple.__new__  # an Op without Op.__new__'s check (``dependencies`` makes one per need of every op)
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,14 @@ class Timeline:
     comm_end: tuple[tuple[float, ...], ...] = ()
 
     # ---- times ----
-    @property
+    @cached_property
     def busy(self) -> tuple[float, ...]:
         """Per rank, the time its compute lane runs (an overlapped pair once)."""
+        if not self.schedule.pairs:
+            return tuple(sum(map(sub, es, ss)) for ss, es in zip(self.start, self.end))
         out = []
         for r, (ss, es) in enumerate(zip(self.start, self.end)):
-            paired = set(self.schedule.pairs[r]) if self.schedule.pairs else ()
+            paired = set(self.schedule.pairs[r])
             out.append(sum(e - s for op, s, e in zip(self.schedule.ranks[r], ss, es) if op not in paired))
         return tuple(out)
 
@@ -238,6 +248,7 @@ class Timeline:
         }
 
 
+@bulk
 def simulate(problem: Problem, schedule: Schedule) -> Timeline:
     """Replay ``schedule`` on ``problem``. Raises ScheduleError for missing or duplicated ops
     and for deadlock; memory-limit violations are reported in the Timeline."""
@@ -287,23 +298,42 @@ def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
     on other ranks wait for (``together``; ``comm`` is the communication lanes), and for the
     forward of an overlapped pair (``paired``: forward -> its backward) its backward's producers
     too: the pair starts when both may."""
-    rank_of, depth = problem.stage_rank, problem.pipeline_stages
+    rank_of, depth, chunks, comm_latency = problem.stage_rank, problem.pipeline_stages, problem.seq_chunks, problem.comm
     joint = together(problem, comm, anchors) if comm else {}
     paired = paired or {}
 
-    chunks = problem.seq_chunks
+    def latency(d: Op, op: Op) -> float:
+        return 0.0 if rank_of[d.stage] == rank_of[op.stage] else comm_latency
 
-    def waits(op: Op):
-        yield from producers(op, depth, where, chunks)
+    # (kind, stage) -> per need of its own microbatch: (the kinds that meet it ahead of the last, the
+    # kind that meets it else, the stage, the latency): ``producers``' _met, looked up once
+    rules: dict[tuple[Kind, int], tuple[tuple[tuple[Kind, ...], Kind, int, float], ...]] = {}
+    out = []
+    for op in ops:
+        kind, s, i = op
+        rule = rules.get((kind, s))
+        if rule is None:
+            rule = rules[kind, s] = tuple(
+                ((kinds[:-1], kinds[-1]) if where is not None and len(kinds) > 1 else ((), usual))
+                + (t, 0.0 if rank_of[t] == rank_of[s] else comm_latency)
+                for kinds, usual, t in stage_needs(kind, s, depth))
+        deps = []
+        for ahead, met, t, lat in rule:
+            for k in ahead:
+                if (k, t, i) in where:
+                    met = k
+                    break
+            deps.append((index[_new(Op, (met, t, i))], lat))
+        if chunks > 1:
+            deps += [(index[d], 0.0) for d in chunk_producers(op, where, chunks)]
         if op in paired:
-            yield from producers(paired[op], depth, where, chunks)
-        yield from _anchor(anchors, op)
-
-    return [
-        [(index[d], 0.0 if rank_of[d.stage] == rank_of[op.stage] else problem.comm) for d in waits(op)]
-        + [(index[d], 0.0) for d in joint.get(op, ())]
-        for op in ops
-    ]
+            deps += [(index[d], latency(d, op)) for d in producers(paired[op], depth, where, chunks)]
+        if op in anchors:
+            deps.append((index[anchors[op]], latency(anchors[op], op)))
+        if op in joint:
+            deps += [(index[d], 0.0) for d in joint[op]]
+        out.append(deps)
+    return out
 
 
 def durations(problem: Problem, ops: list[Op], paired: dict[Op, Op]) -> list[float]:
@@ -335,12 +365,6 @@ def together(problem: Problem, comm: tuple[tuple[Op, ...], ...], anchors: dict[O
             if waits:
                 out[op] = waits
     return out
-
-
-def _anchor(anchors: dict[Op, Op], op: Op) -> tuple[Op, ...]:
-    """The compute op that ``op`` is issued after, if it is a copy op or reduce issued after one."""
-    a = anchors.get(op)
-    return () if a is None else (a,)
 
 
 def replay(
@@ -494,7 +518,16 @@ def _memory(problem: Problem, schedule: Schedule, start, end, copy_start, copy_e
         return mem[op.kind][op.stage]
 
     levels, peaks, violations = [], [], []
+    by_kind_stage = not policy and problem.sequence_chunks is None and not schedule.copy
     for r, ops in enumerate(schedule.ranks):
+        if by_kind_stage:  # one lane, each op's delta by its kind and stage: the levels at C speed
+            deltas = {(kind, s): mem[kind][s] for kind in mem for s in problem.rank_stages[r]}
+            after = tuple(accumulate(map(deltas.__getitem__, map(_KIND_STAGE, ops))))
+            peak = max(0.0, *after) if after else 0.0  # (an op holds the higher of the levels before and after it)
+            if room is None or not tol.gt(peak, room[r]):
+                levels.append(after)
+                peaks.append(peak + working[r])
+                continue
         lanes = [(ops, start[r], end[r])] + ([(schedule.copy[r], copy_start[r], copy_end[r])] if schedule.copy else [])
         streams = [  # (when it counts, 0 for a free and 1 for an allocation, delta, op, on the compute lane)
             [(s if d > 0 else e, 1 if d > 0 else 0, d, op, lane == 0)

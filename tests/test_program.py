@@ -143,6 +143,9 @@ def test_a_cycle_through_a_waiting_compute_is_named():
         (lambda r0, r1: r0.__setitem__(6, ("BW", 0, 0)), "has both BW and B/W|runs before"),
         (lambda r0, r1: r1.__setitem__(5, ("B", 1, 1)), "scheduled twice|missing"),
         (lambda r0, r1: r1.insert(0, r1.pop(2)), "B0@s1 runs before F0@s1"),
+        # fields found good once on a rank hold for every microbatch in range, and only then
+        (lambda r0, r1: r0.__setitem__(5, ("F", 0, 99)), "stage or microbatch outside 2 stages x"),
+        (lambda r0, r1: r0.__setitem__(6, ("SEND", 0, -1, "act", 1, 1)), "stage or microbatch outside"),
     ],
 )
 def test_malformed_programs_are_rejected_with_what_is_wrong(edit, message):
