@@ -65,7 +65,8 @@ from typing import Iterator
 
 from schedc.kinds import Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule, producers
+from schedc.bulk import bulk
+from schedc.schedule import Op, Schedule, stage_needs
 from schedc.simulate import simulate
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import any_placement, register
@@ -74,6 +75,7 @@ from schedc.tolerance import Tolerance, meets
 # The kinds the list scheduler makes, as module globals: looking a member up on the enum class
 # costs several times a global's lookup, and the scheduler's loop does it per op and per step.
 F_, B_, W_ = Kind.F, Kind.B, Kind.W
+_new = tuple.__new__  # an Op of a Kind, without Op.__new__'s check of the name (the scheduler makes one per op and step)
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ class ListScheduler:
         search share it, so the rule is applied once per op, not once per op and pass."""
         self.problem, self.policy = problem, policy
         self.deps = {} if deps is None else deps
+        self.needs: dict[tuple[Kind, int], tuple[tuple[Kind, int], ...]] = {}  # (kind, stage) -> ``stage_needs``
         self.tol, self.mtol = problem.time_tol, problem.memory_tol
         self.n, self.m = problem.n_stages, problem.microbatches
         self.depth = problem.pipeline_stages
@@ -266,6 +269,7 @@ class ListScheduler:
                 cap = min(cap, int((window + self.tol.eps) // f[s]))
             rank.stair = before = max(1, min(cap, before - 1))
 
+    @bulk
     def build(self, name: str) -> Schedule:
         """Run the pass to its end (once): the schedule, or RuntimeError if ranks wait forever (a bug)."""
         while self.heap:
@@ -296,8 +300,8 @@ class ListScheduler:
         their inputs arrived or not; with the strict switch, no B straight after a B while another
         op can free memory for the forwards left."""
         rank, next_f, next_b = self.ranks[r], self.next_f, self.next_b
-        bs = [Op(B_, s, next_b[s]) for s in rank.stages if next_b[s] < next_f[s]]
-        fs = [Op(F_, s, next_f[s]) for s in rank.stages if next_f[s] < self.m]
+        bs = [_new(Op, (B_, s, next_b[s])) for s in rank.stages if next_b[s] < next_f[s]]
+        fs = [_new(Op, (F_, s, next_f[s])) for s in rank.stages if next_f[s] < self.m]
         if self.policy.strict and self.problem.chunks == 1 and rank.seen_b and rank.last_fb == B_ and fs:
             if rank.pending_w or any(self.admits(f, r) for f in fs):  # else only a B can free memory
                 bs = []
@@ -438,7 +442,11 @@ class ListScheduler:
     def producers_of(self, op: Op) -> list[Op]:
         deps = self.deps.get(op)
         if deps is None:
-            deps = self.deps[op] = producers(op, self.depth)
+            kind, s, mb = op
+            needs = self.needs.get((kind, s))
+            if needs is None:  # (what an op needs depends on its kind and stage alone)
+                needs = self.needs[kind, s] = tuple((usual, t) for _, usual, t in stage_needs(kind, s, self.depth))
+            deps = self.deps[op] = [_new(Op, (usual, t, mb)) for usual, t in needs]
         return deps
 
     def arrival(self, op: Op, r: int) -> float:
@@ -533,7 +541,7 @@ class ListScheduler:
             self.next_f[s] += 1
         elif kind == B_:
             self.next_b[s] += 1
-            rank.pending_w.append(Op(W_, s, op.mb))
+            rank.pending_w.append(_new(Op, (W_, s, op.mb)))
         elif kind == W_ and s == rank.first:
             rank.finished += 1
         elif kind != W_:  # a recompute
