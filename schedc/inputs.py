@@ -8,8 +8,8 @@ is then walked once with a bound on nesting depth and on the number of values, w
 YAML alias bombs (a few hundred bytes whose aliases expand to billions of values); JSON has no
 aliases, and its nesting is bounded on the text before it is parsed (a walk over a large schedule
 file's million values would cost more than the parse). Every number must be finite and of a sane
-magnitude. Field-level rules (positive costs,
-booleans that are not numbers, ranges) belong to the models that validate the data afterwards.
+magnitude. Field-level rules (positive costs, booleans that are not numbers, ranges) belong to the
+models that validate the data afterwards.
 
 Every error is raised as the caller's error class (a SchedcError) with a one-line message; the
 offending value is cut to a few dozen characters (``shorten``), a message to a few hundred
@@ -187,7 +187,9 @@ def checked(data: Any, *, source: str, error: type[SchedcError] = SchedcError, b
 
 _PAIRED = re.compile(rb"\[\]|\{\}")  # an innermost pair, once strings and all else are gone
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'[]{}"'))
-_DIGITS = bytes(b"0"[0] if chr(c) in "0123456789" else c if chr(c) == "." else b" "[0] for c in range(256))
+# each digit to "0", "." kept, any other byte to " ": an integer of 17 digits or more shows as _LONG_INT
+_DIGITS = bytes(ord("0") if chr(c).isascii() and chr(c).isdigit() else c if chr(c) == "." else ord(" ")
+                for c in range(256))
 _LONG_INT = b" " + b"0" * 17
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass, replace
 from itertools import repeat
 from operator import itemgetter
-from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple
 
 from schedc.errors import ScheduleError
