@@ -11,7 +11,8 @@ decoder layer, ``m`` MTP layer, ``L`` head and loss; any other name for other bl
     ranks: 4
     microbatches: 16
     chunks: [1, 2]              # v to consider (default 1)
-    placements: [loop, v]       # placements to consider (default loop; v needs 2 chunks)
+    placements: [loop, v]       # placements to consider (default loop; v needs 2 chunks;
+                                # bidirectional: two pipelines in opposite directions, 1 chunk)
     comm: 0.05
     memory: {limit: 60}         # per rank, the same unit as the blocks' memory
     layers:
@@ -22,10 +23,15 @@ decoder layer, ``m`` MTP layer, ``L`` head and loss; any other name for other bl
 Per block: F, B, W (time of one microbatch), ``activation`` (what its forward allocates and holds
 until its backward), ``held_for_w`` (of that, what stays after B until W: default nothing),
 ``static`` (memory for the whole step: weights, gradients, optimizer state), ``recompute`` (time
-to recompute its forward; default its F, used where the problem sets ``recompute: true``) and
-``modules`` (names for the exports; ``{i}`` is numbered along the blocks of the same pattern).
-A stage's costs and memory are its blocks' sums (``stage_problem``); the first stage of each rank
-also carries ``memory.static`` of the problem, the rest of what a rank holds for the whole step.
+to recompute its forward; default its F, used where the problem sets ``recompute: true``),
+``sync`` (the ``bidirectional`` placement: time to sum its weight gradients with its copy's in the
+other direction; default 0) and ``modules`` (names for the exports; ``{i}`` is numbered along the
+blocks of the same pattern). A stage's costs and memory are its blocks' sums (``stage_problem``);
+each rank also carries ``memory.static`` of the problem, the rest of what it holds for the whole
+step. The ``bidirectional`` placement (Chimera, DualPipe) is the stage problem with ``replicas``
+2: each direction runs half the step's ``microbatches`` (an even number), rank r holds stage r of
+one and stage p-1-r of the other (both copies' weights), and each stage's copies sum their
+gradients (``replicas.sync``, its blocks' ``sync``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from schedc.errors import ProblemError
 from schedc.inputs import read_data
 from schedc.layout import stages_of
 from schedc.problem import Boundary, Problem, check_numbers
+
+BIDIRECTIONAL = "bidirectional"  # the placement of two pipelines in opposite directions (``replicas`` 2)
 
 # The module names a block type is given by default (torchtitan's decoder: tok_embeddings,
 # layers.<i>, norm and output; DeepSeek-V3's MTP modules as torchtitan names them).
@@ -65,10 +73,11 @@ class Layer(_Layers):
     held_for_w: float = 0.0
     static: float = 0.0
     recompute: Optional[float] = None
+    sync: float = 0.0
     modules: Optional[list[str]] = None
 
     _times = field_validator("F", "B", "W", mode="before")(lambda v: check_numbers(v, positive=True))
-    _amounts = field_validator("activation", "held_for_w", "static", mode="before")(
+    _amounts = field_validator("activation", "held_for_w", "static", "sync", mode="before")(
         lambda v: check_numbers(v, nonnegative=True))
     _recompute = field_validator("recompute", mode="before")(lambda v: v if v is None else check_numbers(v, positive=True))
 
@@ -103,7 +112,7 @@ class LayerProblem(_Layers):
     ranks: StrictInt = Field(ge=1, le=4096)
     microbatches: StrictInt = Field(ge=1)
     chunks: Union[StrictInt, list[StrictInt]] = 1
-    placements: list[Literal["loop", "v"]] = ["loop"]
+    placements: list[Literal["loop", "v", "bidirectional"]] = ["loop"]
     comm: float = 0.0
     objective: Literal["makespan", "span"] = "makespan"
     memory: LayerMemory = LayerMemory()
@@ -118,9 +127,18 @@ class LayerProblem(_Layers):
         if not chunks or any(v < 1 for v in chunks):
             raise ValueError(f"chunks: one or more counts >= 1, got {self.chunks!r}")
         if not self.placements:
-            raise ValueError("placements: one or more of loop, v")
+            raise ValueError("placements: one or more of loop, v, bidirectional")
         if "v" in self.placements and 2 not in chunks:
             raise ValueError("placements: the V placement holds 2 chunks per rank: add 2 to chunks or drop v")
+        if BIDIRECTIONAL in self.placements and 1 not in chunks:
+            raise ValueError("placements: the bidirectional placement holds one stage of each direction per rank"
+                             " (1 chunk): add 1 to chunks or drop bidirectional")
+        if BIDIRECTIONAL in self.placements and self.ranks % 2:
+            raise ValueError(f"placements: the bidirectional placement puts model stage s on ranks s and p-1-s,"
+                             f" two ranks only where p is even, not {self.ranks}")
+        if BIDIRECTIONAL in self.placements and self.microbatches % 2:
+            raise ValueError(f"placements: the bidirectional placement gives each direction half the microbatches:"
+                             f" {self.microbatches} is odd")
         if not self.shapes:
             raise ValueError(f"no pipeline shape fits {len(self.blocks)} blocks on {self.ranks} ranks: every stage holds"
                              f" at least one block, so at least ranks x chunks ({self.ranks * min(chunks)}) blocks")
@@ -141,7 +159,8 @@ class LayerProblem(_Layers):
         stages as there are blocks at most."""
         n = len(self.blocks)
         return tuple((v, pl) for v in self.chunk_choices for pl in self.placements
-                     if (pl == "loop" or v == 2) and self.ranks * v <= n)
+                     if (pl == "loop" or (pl == "v" and v == 2) or (pl == BIDIRECTIONAL and v == 1))
+                     and self.ranks * v <= n)
 
     @cached_property
     def module_names(self) -> tuple[tuple[str, ...], ...]:
@@ -158,7 +177,9 @@ class LayerProblem(_Layers):
         return tuple(out)
 
     def stage_ranks(self, chunks: int, placement: str) -> tuple[int, ...]:
-        """Each stage's rank with ``chunks`` stages per rank on ``placement`` (the cut does not matter)."""
+        """Each stage's rank with ``chunks`` stages per rank on ``placement`` (the cut does not
+        matter); bidirectional: the stages of both directions, the model's stage s at s and at
+        s + ranks (``Problem.stage_rank`` with replicas)."""
         return _stage_ranks(self.ranks, chunks, placement)
 
     def stage_problem(self, sizes: list[int], chunks: int, placement: str, name: str | None = None) -> Problem:
@@ -174,16 +195,19 @@ class LayerProblem(_Layers):
             return [round(sum(getattr(b, field) for b in stage), 12) for stage in stages]
 
         activation, held = total("activation"), total("held_for_w")
+        two = placement == BIDIRECTIONAL  # (each direction runs half the step's microbatches)
         data: dict[str, Any] = dict(
-            name=name or self.name or "plan", ranks=self.ranks, microbatches=self.microbatches, chunks=chunks,
-            placement=placement, comm=self.comm, objective=self.objective, stage_blocks=list(sizes),
+            name=name or self.name or "plan", ranks=self.ranks, microbatches=self.microbatches // (2 if two else 1),
+            chunks=chunks, placement="loop" if two else placement, comm=self.comm, objective=self.objective,
+            stage_blocks=list(sizes),
             costs=dict(F=total("F"), B=total("B"), W=total("W")),
             memory=dict(F=activation, B=[h - a for a, h in zip(activation, held)], W=[-h for h in held]),
         )
-        rank_of = self.stage_ranks(chunks, placement)
+        if two:
+            data["replicas"] = dict(count=2, sync=total("sync"))
         static = [self.memory.static] * self.ranks
-        for s, stage in enumerate(stages):
-            static[rank_of[s]] += sum(b.static for b in stage)
+        for s, r in enumerate(self.stage_ranks(chunks, placement)):  # (bidirectional: both copies)
+            static[r] += sum(b.static for b in stages[s % n])
         data["memory"]["static"] = [round(x, 12) for x in static]
         if self.memory.limit is not None:
             data["memory"]["limit"] = self.memory.limit
@@ -196,8 +220,9 @@ class LayerProblem(_Layers):
 @lru_cache(maxsize=64)
 def _stage_ranks(ranks: int, chunks: int, placement: str) -> tuple[int, ...]:
     """``LayerProblem.stage_ranks``, worked out once per shape (the plan's descent asks per cut)."""
-    return Problem.parse(dict(ranks=ranks, microbatches=1, chunks=chunks, placement=placement,
-                              costs=dict(F=1, B=1, W=1))).stage_rank
+    two = placement == BIDIRECTIONAL
+    return Problem.parse(dict(ranks=ranks, microbatches=1, chunks=chunks, placement="loop" if two else placement,
+                              costs=dict(F=1, B=1, W=1), **({"replicas": {"count": 2}} if two else {}))).stage_rank
 
 
 def load_layers(path) -> LayerProblem:

@@ -85,7 +85,7 @@ import math
 from dataclasses import dataclass
 
 from schedc.kinds import ROWS, Kind, check_supported
-from schedc.layers import LayerProblem
+from schedc.layers import BIDIRECTIONAL, LayerProblem
 from schedc.partition import min_max_cut
 from schedc.problem import Problem
 from schedc.schedule import Op, comm_ops, producers
@@ -1262,22 +1262,29 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
       all its F and B, then the gradient runs down the blocks before it and stage 0's W:
       ``head(r) + m (f + b) + (b of the blocks before, a latency per rank) + w(first block)``.
       Span: rank r's own span holds its work, ``m (f + b + w)`` alone, the least largest of which is
-      the time-balanced partition (``schedc.partition.balanced``). ``one_chunk_cut`` finds it."""
+      the time-balanced partition (``schedc.partition.balanced``). ``one_chunk_cut`` finds it.
+
+    The bidirectional placement (two pipelines in opposite directions, ``replicas`` 2, m / 2
+    microbatches each): the busiest rank as above (all m microbatches' work is shared among the
+    ranks); whole blocks counted in one direction's copies, m / 2 times (a rank holds at least its
+    blocks of that direction); the critical path is one microbatch's in either direction; no
+    one-chunk term (the other direction's first stage starts on the last rank at once)."""
     p, m, c = layers.ranks, layers.microbatches, layers.comm
     blocks = layers.blocks
     n_stages = p * chunks
-    work = [m * (x.F + x.B + x.W) for x in blocks]
+    work = [m * (x.F + x.B + x.W) for x in blocks]  # (bidirectional: m / 2 microbatches each way)
     busiest = sum(work) / p
     rank_of = layers.stage_ranks(chunks, placement)
     hops = sum(rank_of[s] != rank_of[s + 1] for s in range(n_stages - 1))
     path = sum(x.F + x.B for x in blocks) + 2 * hops * c + blocks[0].W
-    whole = m * whole_blocks(layers)
+    two = placement == BIDIRECTIONAL
+    whole = (m / 2 if two else m) * whole_blocks(layers)
     terms = [(busiest, f"the busiest rank: 1/{p} of all blocks' work {sum(work):g}"),
              (whole, "the busiest rank holding whole blocks (the least, over every way to share them among the"
                      " ranks, of the most work one holds)"),
              (path, f"critical path of one microbatch through every block ({hops} hops between ranks each way),"
                     " then stage 0's W")]
-    if chunks == 1 and len(blocks) <= PARTITION_DP_BLOCKS:
+    if chunks == 1 and not two and len(blocks) <= PARTITION_DP_BLOCKS:
         value, _ = one_chunk_cut(layers)
         terms.append((value, "over every cut into stages: the least largest of a rank's start (the blocks before it)"
                              " plus its work, and of its F and B, the gradient's way down and stage 0's W"

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from schedc import load, simulate
 from schedc.app.cli import main
+from schedc.app.cli_plan import layout_exports
 from schedc.errors import ProblemError
 from schedc.layers import LayerProblem, load_layers
 from schedc.layout import deepspeed_parts, megatron_layout, parse_megatron_layout, torchtitan_modules
@@ -49,6 +50,9 @@ def test_a_stage_is_its_blocks_sums():
     (dict(layers=[dict(type="t", F=1, B=1, W=1, activation=1, held_for_w=2)]), "held_for_w 2 is above activation 1"),
     (dict(chunks=1), "the V placement holds 2 chunks per rank"),
     (dict(ranks=9), "no pipeline shape fits 8 blocks on 9 ranks"),
+    (dict(placements=["bidirectional"], chunks=2), "holds one stage of each direction per rank (1 chunk)"),
+    (dict(placements=["bidirectional"], chunks=1, microbatches=5), "half the microbatches: 5 is odd"),
+    (dict(placements=["bidirectional"], chunks=1, ranks=3), "two ranks only where p is even, not 3"),
 ])
 def test_a_mistake_in_the_file_is_one_line(change, message):
     with pytest.raises(ProblemError, match=None) as e:
@@ -87,6 +91,25 @@ def test_a_layout_string_it_cannot_read_is_named(text, where):
     assert where in str(e.value)
 
 
+def test_two_directions_are_a_stage_problem_with_replicas():
+    """Each direction runs half the step's microbatches; rank r holds model stage r of one and
+    p - 1 - r of the other, both copies' weights; each stage's copies sum their gradients for its
+    blocks' sync."""
+    layers = [dict(HEAVY_HEAD["layers"][0], sync=0.1), dict(HEAVY_HEAD["layers"][1], sync=0.2),
+              dict(HEAVY_HEAD["layers"][2], sync=0.4)]
+    lp = LayerProblem.validated({**HEAVY_HEAD, "placements": ["loop", "bidirectional"], "layers": layers})
+    assert lp.shapes == ((1, "loop"), (1, "bidirectional"), (2, "loop"))
+    problem = lp.stage_problem([3, 5], 1, "bidirectional")
+    assert problem.pipelines == 2 and problem.microbatches == 2 and problem.stage_blocks == [3, 5]
+    assert problem.stage_rank == (0, 1, 1, 0)
+    assert problem.static_memory == pytest.approx((8 + 2 * 3.5 + 4 * 3.5 + 8,) * 2)  # (both stages' weights)
+    assert problem.replicas.sync == pytest.approx([0.1 + 2 * 0.2, 4 * 0.2 + 0.4])
+    assert problem.cost[problem.kinds[0]] == pytest.approx((2.3, 7.0) * 2)
+    exports = layout_exports(lp, [3, 5], 1, "bidirectional")
+    assert exports["stage_blocks"] == [3, 5]
+    assert all(exports[name].startswith("n/a: ") for name in ("megatron", "torchtitan", "deepspeed"))
+
+
 def test_exports_each_framework_can_hold():
     assert deepspeed_parts([3, 2, 2]) == [0, 3, 5, 7]
     with pytest.raises(ProblemError, match="one stage per rank"):
@@ -110,8 +133,10 @@ def layer_problems(draw):
     n = draw(st.integers(p * 2, p * 2 + 3))
     cost = st.floats(0.1, 3)
     layers = [dict(type=draw(st.sampled_from("EtmL")), F=draw(cost), B=draw(cost), W=draw(cost)) for _ in range(n)]
-    return LayerProblem.validated(dict(ranks=p, microbatches=draw(st.integers(1, 4)), chunks=[1, 2],
-                                       placements=["loop", "v"], comm=draw(st.sampled_from([0.0, 0.3])),
+    m = draw(st.integers(1, 4))
+    two = ["bidirectional"] if m % 2 == 0 and p % 2 == 0 else []  # (half the microbatches each way; p even)
+    return LayerProblem.validated(dict(ranks=p, microbatches=m, chunks=[1, 2],
+                                       placements=["loop", "v", *two], comm=draw(st.sampled_from([0.0, 0.3])),
                                        objective=draw(st.sampled_from(["makespan", "span"])), layers=layers))
 
 
@@ -174,6 +199,15 @@ def test_plan_is_never_slower_than_its_seeds_and_its_bound_holds():
     assert result.bound <= result.objective + 1e-9
     assert result.problem.stage_blocks == result.chosen.sizes
     assert {(c.chunks, c.placement, c.seed) for c in result.seeds} >= {(1, "loop", "uniform"), (2, "v", "balanced")}
+
+
+def test_plan_in_two_directions_is_an_ordinary_schedule_file(tmp_path):
+    lp = LayerProblem.validated({**HEAVY_HEAD, "chunks": 1, "placements": ["bidirectional"]})
+    result = plan(lp, time_limit=10, threads=1)
+    assert result.problem.pipelines == 2 and result.chosen.placement == "bidirectional"
+    assert result.bound <= result.objective + 1e-9
+    result.compiled().save(tmp_path / "plan.json")
+    assert load(tmp_path / "plan.json", verify=True).timeline.objective_value() == pytest.approx(result.objective)
 
 
 def test_the_cli_writes_a_schedule_file_and_the_layouts(tmp_path):

@@ -12,7 +12,7 @@ import yaml
 
 from schedc.app.cli_base import Finite, Registered, fmt, main
 from schedc.app.cli_solve import time_budget
-from schedc.layers import load_layers
+from schedc.layers import BIDIRECTIONAL, load_layers
 from schedc.layout import deepspeed_parts, megatron_layout, torchtitan_modules
 from schedc.solvers.search.common import BACKENDS
 from schedc.solvers.search.plan import plan as plan_layers
@@ -67,7 +67,7 @@ def plan(layers: str, output: str, problem_out: str | None, time_limit: float, s
     click.echo("baselines (best registry schedule of the seed cuts; the cut searched from the best):")
     for c in [*result.seeds, *result.best_per_shape]:
         value = fmt(c.objective) if c.objective < math.inf else "nothing fits"
-        click.echo(f"  {c.chunks} chunk(s) {c.placement:4} {c.seed:18} {value:>12}  {c.schedule}  {c.sizes}")
+        click.echo(f"  {c.chunks} chunk(s) {c.placement:13} {c.seed:18} {value:>12}  {c.schedule}  {c.sizes}")
     for name, value in exports.items():
         click.echo(f"{name}: {value if isinstance(value, str) else json.dumps(value)}")
     click.echo(f"wrote {output}" + (f" and {problem_out}" if problem_out else ""))
@@ -81,6 +81,9 @@ def layout_exports(lp, sizes: list[int], chunks: int, placement: str) -> dict:
                        ("torchtitan", lambda: torchtitan_modules(sizes, lp.module_names)),
                        ("deepspeed", lambda: deepspeed_parts(sizes, chunks)),
                        ("stage_blocks", lambda: list(sizes))):
+        if placement == BIDIRECTIONAL and name in ("torchtitan", "deepspeed"):
+            out[name] = f"n/a: {name}'s pipeline schedules run one direction, not two"
+            continue
         try:
             out[name] = make()
         except ValueError as e:  # (ProblemError: this framework cannot hold the cut)

@@ -20,7 +20,10 @@ answer's bound is the least over the shapes of ``partition_bound``: valid for ev
 shape the plan was allowed, so ``(objective - bound) / objective`` is a proven gap over the layout
 as well as the order. Partial: with two chunks or more the bound counts the busiest rank (whole
 blocks) and the critical path, not a cut's fill and drain nor the recompute a limit forces, so the
-gap there can be loose; empty stages are not considered.
+gap there can be loose; empty stages are not considered. The bidirectional placement (two
+pipelines in opposite directions) is one more shape where the layer file allows it: its stage
+problem has ``replicas`` 2, which the registry's two-direction families (DualPipe, Chimera) and
+the search schedule as any such problem.
 """
 
 from __future__ import annotations
@@ -228,10 +231,13 @@ def _descend(layers: LayerProblem, start: Candidate, budget: Budget) -> Candidat
 def _moves(sizes: list[int], work: list[float], rank_of: tuple[int, ...], ranks: int) -> list[list[int]]:
     """Every cut one block away (a block from stage a to stage b), the lightest busiest rank first."""
     def loads(cut: list[int]) -> tuple[float, int]:
-        per_rank, at = [0.0] * ranks, 0
-        for s, k in enumerate(cut):
-            per_rank[rank_of[s]] += sum(work[at:at + k])
+        per_stage, at = [], 0
+        for k in cut:
+            per_stage.append(sum(work[at:at + k]))
             at += k
+        per_rank = [0.0] * ranks
+        for s, r in enumerate(rank_of):  # (bidirectional: both directions' copies of each stage)
+            per_rank[r] += per_stage[s % len(cut)]
         top = max(per_rank)
         return round(top, 9), sum(1 for x in per_rank if x >= top * (1 - 1e-9))
 
