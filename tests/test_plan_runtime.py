@@ -1,5 +1,6 @@
 """A plan's schedule file trains as its cut says: the runtime cuts the model by the stage
-problem's ``stage_blocks`` (``local_stages``), and training is exact against one process."""
+problem's ``stage_blocks`` (``local_stages``), and training is exact against one process, in one
+direction and in two."""
 
 from __future__ import annotations
 
@@ -64,3 +65,38 @@ def test_a_plans_uneven_cut_trains_exactly_like_one_process(chunks, placement, t
     assert weights.keys() == ref_weights.keys()
     for k, t in ref_weights.items():
         torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def train_two_ways(rank, world, path, batch):
+    """As ``train``, each weight named by (direction, "model stage.name")."""
+    compiled = schedc.load(path)
+    depth = compiled.problem.pipeline_stages
+    mine = local_stages(compiled, gpt_blocks(n_layers=N_LAYERS, seed=1), rank=rank)
+    losses = sgd_steps(compiled, mine, batch)
+    return {"losses": losses, "weights": {(s // depth, f"{s % depth}.{k}"): t for s, mod in mine.items()
+                                          for k, t in mod.state_dict().items()}}
+
+
+def test_a_plans_cut_in_two_directions_trains_exactly_like_one_process(tmp_path):
+    """The same blocks planned in two directions (half the microbatches each way): each
+    direction's copy of every model stage ends at one process's weights on the global batch, and
+    the two directions' mean losses average to its losses."""
+    m = 4
+    lp = LayerProblem.validated(dict(ranks=2, microbatches=m, placements=["bidirectional"], comm=0.1, layers=[
+        dict(type="E", F=0.2, B=0.2, W=0.1), dict(type="t", count=N_LAYERS, F=1, B=1.1, W=0.9),
+        dict(type="L", F=5, B=5.5, W=4.5, sync=0.5)]))
+    result = plan(lp, time_limit=10, threads=1)
+    assert result.problem.pipelines == 2
+    sizes = result.chosen.sizes
+    path = tmp_path / "plan.json"
+    result.compiled().save(path)
+    ranks = run_local(train_two_ways, 2, str(path), 2 * m, timeout=600)
+    ref_losses, ref_weights = reference(m, 2 * m, sizes)
+    per_direction = [r["losses"] for r in ranks if r["losses"][0] is not None]
+    assert len(per_direction) == 2  # (each rank holds the last stage of one direction)
+    torch.testing.assert_close(torch.tensor(per_direction).mean(dim=0), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    for k in (0, 1):
+        weights = {name: t for r in ranks for (way, name), t in r["weights"].items() if way == k}
+        assert weights.keys() == ref_weights.keys()
+        for name, t in ref_weights.items():
+            torch.testing.assert_close(weights[name], t, rtol=1e-5, atol=1e-6, msg=f"direction {k}: {name}")
