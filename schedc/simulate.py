@@ -523,7 +523,7 @@ def _memory(problem: Problem, schedule: Schedule, start, end, copy_start, copy_e
         if by_kind_stage:  # one lane, each op's delta by its kind and stage: the levels at C speed
             deltas = {(kind, s): mem[kind][s] for kind in mem for s in problem.rank_stages[r]}
             after = tuple(accumulate(map(deltas.__getitem__, map(_KIND_STAGE, ops))))
-            peak = max(0.0, *after) if after else 0.0  # (an op holds the higher of the levels before and after it)
+            peak = max(0.0, max(after, default=0.0))  # (an op holds the higher of the levels before and after it)
             if room is None or not tol.gt(peak, room[r]):
                 levels.append(after)
                 peaks.append(peak + working[r])
