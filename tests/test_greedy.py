@@ -1,8 +1,10 @@
 """The memory-aware zero-bubble heuristic: as good as the handcrafted zero-bubble schedules at
 their memory, and never over the memory limit it is given."""
 
+import math
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,8 +13,9 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
 from schedc.kinds import Kind
+from schedc.solvers.families import greedy
 from schedc.solvers.families.greedy import (
-    NEWER, PAPER_LIKE, ListScheduler, Policy, best_greedy, flags_for, greedy_schedule, greedy_search, policies,
+    NEWER, PAPER_LIKE, ListScheduler, Policy, Worse, best_greedy, flags_for, greedy_schedule, greedy_search, policies,
     reference_limit, same_pass,
 )
 from tests.strategies import with_working, working_memory
@@ -225,3 +228,98 @@ def test_the_search_as_it_goes_ends_at_best_greedy_and_only_gets_better(name):
         assert fits == t.fits
     for a, b in zip(judged, judged[1:]):  # fitting before not fitting, then no slower
         assert (not b.fits, b.objective_value()) <= (not a.fits, a.objective_value() + 1e-9)
+
+
+# ---- the pass's own record of the simulator's times, and passes stopped early ----
+
+MEMORY_TIME = sorted((Path(__file__).parent.parent / "examples" / "problems" / "memory-time").glob("mt-1.5B-m24-*.yaml"))
+
+
+def _drawn_pass(problem, data) -> tuple[Problem, Policy]:
+    problem = problem.with_changes(objective=data.draw(st.sampled_from(["span", "makespan"]), label="objective"))
+    return problem, Policy(**{f: data.draw(st.booleans(), label=f) for f in flags_for(problem)})
+
+
+def _same_as_simulated(problem, policy):
+    scheduler = ListScheduler(problem, policy, timed=True)
+    try:
+        built = scheduler.build("g")
+    except RuntimeError:  # (a lean pass may stall: no schedule to judge)
+        return
+    t = simulate(problem, built)
+    assert scheduler.sim_end == {op: end for op, (_, _, end) in t.op_times().items()}
+    assert scheduler.judged() == (not t.fits, t.objective_value(), t.makespan)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limited_problems(), st.data())
+def test_a_timed_pass_knows_what_the_simulator_will_say(problem, data):
+    """A timed pass keeps the simulator's end of every op (not its own clock's, which can differ)
+    and from them the simulator's verdict, to the last bit: over the limit, objective, makespan."""
+    _same_as_simulated(*_drawn_pass(problem, data))
+
+
+@pytest.mark.parametrize("path", EXAMPLES + MEMORY_TIME, ids=lambda p: p.stem)
+def test_a_timed_pass_knows_what_the_simulator_will_say_on_the_examples(path):
+    """The same on the bundled problems (recompute, several chunks, two directions), a few
+    policies each; where more than the compute lane decides (a gradient sync), ``judged`` leaves
+    it to the simulator."""
+    problem = load_problem(path)
+    for policy in (Policy(), PAPER_LIKE, Policy(lean=True, b_first=False), Policy(timed_warmup=True, eager_w=False)):
+        scheduler = ListScheduler(problem, policy, timed=True)
+        scheduler.build("g")
+        if problem.data_parallel is not None or problem.replicas is not None:
+            assert scheduler.judged() is None
+        else:
+            _same_as_simulated(problem, policy)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limited_problems(), st.data())
+def test_the_least_objective_left_is_a_lower_bound_all_along(problem, data):
+    """Looked at after every op, what a pass says its objective will be at least never exceeds what
+    the simulator then gives its schedule (so a pass stopped for it could not have won)."""
+    problem, policy = _drawn_pass(problem, data)
+    seen = []
+
+    class Watched(ListScheduler):
+        def least_objective(self):
+            seen.append(super().least_objective())
+            return seen[-1]
+
+    with mock.patch.object(greedy, "STOP_CHECK", 1):
+        scheduler = Watched(problem, policy, stop_above=math.inf)
+        try:
+            built = scheduler.build("g")
+        except RuntimeError:
+            return
+    final = simulate(problem, built).objective_value()
+    assert seen and max(seen) <= final + 1e-9
+
+
+def test_a_pass_that_cannot_win_stops_early():
+    problem = load_problem(Path(__file__).parent.parent / "examples" / "problems" / "v_shape.yaml")
+    whole = simulate(problem, greedy_schedule(problem, Policy(), "g")).objective_value()
+    with mock.patch.object(greedy, "STOP_CHECK", 1):
+        with pytest.raises(Worse) as stopped:
+            ListScheduler(problem, Policy(), stop_above=whole / 2).build("g")
+        assert whole / 2 < stopped.value.least <= whole
+        assert ListScheduler(problem, Policy(), stop_above=whole).build("g")  # (it cannot be above itself)
+
+
+def _search_both_ways(problem):
+    with mock.patch.object(greedy, "STOP_CHECK", 3):  # (small problems: look often)
+        early = [(s.ranks, fits) for s, fits in greedy_search(problem, "g")]
+    whole = [(s.ranks, fits) for s, fits in greedy_search(problem, "g", stop_early=False)]
+    assert early == whole
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limited_problems(), st.data())
+def test_stopping_passes_early_changes_nothing_the_search_yields(problem, data):
+    _search_both_ways(problem.with_changes(objective=data.draw(st.sampled_from(["span", "makespan"]))))
+
+
+@pytest.mark.parametrize("path", EXAMPLES + MEMORY_TIME[:3], ids=lambda p: p.stem)
+def test_stopping_passes_early_changes_nothing_the_search_yields_on_the_examples(path):
+    _search_both_ways(load_problem(path))

@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from schedc.kinds import Kind
+from schedc.kinds import ROWS, Kind
 from schedc.problem import Problem
 from schedc.bulk import bulk
 from schedc.schedule import Op, Schedule, stage_needs
@@ -164,6 +164,7 @@ class RankState:
     ops: list[Op] = field(default_factory=list)  # what it ran, in order
     pending_w: list[Op] = field(default_factory=list)  # W whose B ran, in the order they did
     level: float = 0.0  # activation memory held, in schedule order
+    peak: float = 0.0  # the highest level so far (as the simulator counts it: 0 before any op)
     reserved: float = 0.0  # promised to the later local forwards of started microbatches
     clock: float = 0.0  # when it next looks for work: its last op's end, or the arrival it waits for
     last_end: float = 0.0  # when its last op ended
@@ -186,14 +187,39 @@ class RankState:
     seen_b: bool = False  # its first B ran: the warm-up is over
 
 
+class Worse(Exception):
+    """A pass stopped early (``ListScheduler.stop_above``): the simulator would time its schedule
+    at ``least`` or more, which is above the objective it had to beat."""
+
+    def __init__(self, least: float) -> None:
+        super().__init__(f"the pass's objective is at least {least:g}")
+        self.least = least
+
+
+STOP_CHECK = 1024  # ``stop_above``: the ops run between two looks at the least objective left
+
+
 class ListScheduler:
     """The list scheduler of one policy under the problem's memory limit: all ranks at once, in
-    time order, the earliest free rank advancing first (``build``)."""
+    time order, the earliest free rank advancing first (``build``).
 
-    def __init__(self, problem: Problem, policy: Policy, deps: dict[Op, list[Op]] | None = None) -> None:
+    ``stop_above``: a pass that cannot beat an objective stops early. Beside its own clock (which
+    decides what runs) the pass keeps the times the simulator will give each op run so far: the
+    simulator replays the same order with each op as early as its rank and inputs allow, and the
+    ops run so far are all that decide their own times (``sim_end``). A rank's remaining F, B and W
+    run after its last op so far, one after another, so its objective is at least that op's end
+    plus their cost (less its first op's start, for span; compute ops only: a reduce lane can only
+    add). When that exceeds ``stop_above`` beyond float noise on some rank, ``build`` raises
+    ``Worse``; the ``steady`` objective is never stopped. ``timed`` keeps those times without a
+    limit, for ``judged``."""
+
+    def __init__(self, problem: Problem, policy: Policy, deps: dict[Op, list[Op]] | None = None,
+                 stop_above: float | None = None, timed: bool = False) -> None:
         """``deps``: each op's producers, filled as asked (``producers_of``); the passes of one
         search share it, so the rule is applied once per op, not once per op and pass."""
         self.problem, self.policy = problem, policy
+        self.stop_above = stop_above if problem.objective in ("span", "makespan") else None
+        self.timed = timed or self.stop_above is not None
         self.deps = {} if deps is None else deps
         self.needs: dict[tuple[Kind, int], tuple[tuple[Kind, int], ...]] = {}  # (kind, stage) -> ``stage_needs``
         self.tol, self.mtol = problem.time_tol, problem.memory_tol
@@ -238,6 +264,14 @@ class ListScheduler:
         self.next_b = [0] * self.n
         self.heap = [(0.0, r) for r in range(problem.ranks)]  # (clock, rank): always advance the earliest rank
         self.waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
+        # The simulator's times of the ops run so far, for ``stop_above``: per op its end, per rank
+        # its first op's start and last op's end, and the F, B and W work it has left.
+        self.sim_end: dict[Op, float] = {}
+        self.sim_first = [math.nan] * problem.ranks
+        self.sim_last = [0.0] * problem.ranks
+        self.work_left = [self.m * sum(self.cost[k][s] for s in stages for k in (F_, B_, W_))
+                          for stages in problem.rank_stages]
+        self.until_check = STOP_CHECK
 
     def _kept_need(self, r: int) -> float:
         """What one kept microbatch allocates at most through rank r's stages (``min_memory`` without
@@ -278,10 +312,42 @@ class ListScheduler:
             if t != rank.clock or not rank.remaining:
                 continue  # stale entry
             self.advance(r, t)
+            if self.stop_above is not None and self.until_check <= 0:
+                self.until_check = STOP_CHECK
+                least = self.least_objective()
+                if self.tol.gt(least, self.stop_above):
+                    raise Worse(least)
         if any(rank.remaining for rank in self.ranks):
             stuck = sorted({w for ws in self.waiters.values() for w in ws})
             raise RuntimeError(f"{name}: greedy scheduler stalled (a bug): ranks {stuck} wait forever")
         return Schedule.from_lists(name, [rank.ops for rank in self.ranks])
+
+    def judged(self) -> tuple[bool, float, float] | None:
+        """What ``simulate`` says of the finished pass's schedule, from the pass's own record: (over
+        the memory limit, objective, makespan). The simulator's rule, applied as it applies it:
+        each op as early as its rank and inputs allow (``sim_end``), the level the running sum of
+        the deltas in the rank's order and its peak against the room, the objective from the ranks'
+        first starts and last ends. None where more than the compute lane decides (a gradient sync's
+        communication lane, sequence chunks) or the objective is ``steady``, or the pass was not
+        ``timed``: then only ``simulate`` can say."""
+        problem = self.problem
+        if (not self.timed or problem.objective not in ("span", "makespan") or problem.sequence_chunks is not None
+                or any(ROWS[k].per_stage for k in problem.kinds)):
+            return None
+        room = problem.activation_room
+        over = room is not None and any(self.mtol.gt(rank.peak, limit) for rank, limit in zip(self.ranks, room))
+        ran = [(first, last) for first, last in zip(self.sim_first, self.sim_last) if not math.isnan(first)]
+        makespan = max((last for _, last in ran), default=0.0)
+        if problem.objective == "span":
+            return over, max((last - first for first, last in ran), default=0.0), makespan
+        return over, makespan, makespan
+
+    def least_objective(self) -> float:
+        """The least objective the simulator can give the pass's schedule, from the ops run so far
+        (see the class's docstring)."""
+        span = self.problem.objective == "span"
+        return max(work if math.isnan(first) else last + work - (first if span else 0.0)
+                   for first, last, work in zip(self.sim_first, self.sim_last, self.work_left))
 
     def advance(self, r: int, t: float) -> None:
         """Rank r is free at t: run what it may, else wait for the next arrival that can end the wait."""
@@ -528,7 +594,21 @@ class ListScheduler:
         rank.last_end = rank.clock = self.finish[op] = end
         rank.ops.append(op)
         rank.remaining -= 1
+        if self.timed:
+            self.until_check -= 1
+            begin = self.sim_last[r]
+            for d in self.producers_of(op):
+                done = self.sim_end[d] + (self.comm if self.stage_rank[d.stage] != r else 0.0)
+                if done > begin:
+                    begin = done
+            if len(rank.ops) == 1:
+                self.sim_first[r] = begin
+            self.sim_last[r] = self.sim_end[op] = begin + self.cost[kind][s]
+            if kind in (F_, B_, W_):
+                self.work_left[r] -= self.cost[kind][s]
         rank.level += mem[kind][s] if not self.recomputed else self._delta(kind, s, op.mb)
+        if rank.level > rank.peak:
+            rank.peak = rank.level
         if kind == F_ or kind == B_:
             rank.last_fb = kind
             rank.seen_b = rank.seen_b or kind == B_
@@ -631,36 +711,53 @@ def best_greedy(problem: Problem, name: str) -> Schedule:
     return _SEARCHED[key].renamed(name)
 
 
-def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]]:
+def greedy_search(problem: Problem, name: str, stop_early: bool = True) -> Iterator[tuple[Schedule, bool]]:
     """``best_greedy``'s search, as it goes: yields (schedule, whether it fits) for each schedule
     that beats every one before it (fitting before not fitting, then by objective and makespan),
     the last being ``best_greedy``'s result. A caller short of time (the solver's warm start on a
-    large problem, where each variant takes seconds to build) keeps the last it got."""
+    large problem, where each variant takes seconds to build) keeps the last it got.
+
+    ``stop_early``: a variant's pass stops as soon as it cannot beat the one it is judged against
+    (``ListScheduler.stop_above``); the search decides the same and yields the same schedules
+    (tested), faster. False builds every pass whole."""
     seen: dict[Policy, tuple] = {}  # policy -> (over the limit, objective, makespan, schedule)
+    cut: dict[Policy, float] = {}  # policy -> the least objective of its pass, stopped early (``Worse``)
     judged: dict[tuple, tuple] = {}  # a schedule's ops -> its (over, objective, makespan)
     inert: dict[Policy, frozenset[str]] = {}  # policy -> the switches whose flip builds the same pass
     deps: dict[Op, list[Op]] = {}  # each op's producers, for every pass
     tol = problem.time_tol
 
-    def score(policy: Policy) -> tuple:
+    def score(policy: Policy, above: float | None = None) -> tuple | None:
+        """(over the limit, objective, makespan) of ``policy``'s pass; None when the pass cannot
+        reach ``above`` or less (the objective of a fitting schedule it would have to beat), so
+        that it was stopped early (then it is built whole only if asked again against more)."""
         if policy not in seen:
-            scheduler = ListScheduler(problem, policy, deps)
+            if policy in cut and (above is not None and tol.gt(cut[policy], above)):
+                return None
+            scheduler = ListScheduler(problem, policy, deps, stop_above=above if stop_early else None, timed=True)
             try:
                 schedule = scheduler.build(name)
+            except Worse as e:
+                cut[policy] = e.least
+                return None
             except RuntimeError:  # a variant stalled (as lean reservations can): not a candidate
                 seen[policy] = (True, math.inf, math.inf, None)
             else:
                 if schedule.ranks not in judged:  # (variants often build the same schedule)
-                    t = simulate(problem, schedule)
-                    judged[schedule.ranks] = (not t.fits, t.objective_value(), t.makespan)
+                    judged[schedule.ranks] = scheduler.judged() or _simulated(problem, schedule)
                 seen[policy] = (*judged[schedule.ranks], schedule)
                 inert[policy] = same_pass(policy, scheduler)
         return seen[policy][:3]
 
     def better(a: Policy, b: Policy) -> bool:
         """a's schedule beats b's: it fits and b's does not, or it is faster by (objective,
-        makespan) beyond float noise."""
-        (a_over, a_obj, a_make), (b_over, b_obj, b_make) = score(a), score(b)
+        makespan) beyond float noise. b's pass is built whole; a's stops as soon as it cannot beat
+        b's objective (where b's fits), as it then cannot beat b."""
+        b_over, b_obj, b_make = score(b)
+        a_score = score(a, None if b_over else b_obj)
+        if a_score is None:
+            return False
+        a_over, a_obj, a_make = a_score
         if a_over != b_over:
             return b_over
         if not tol.eq(a_obj, b_obj):
@@ -722,6 +819,12 @@ def greedy_search(problem: Problem, name: str) -> Iterator[tuple[Schedule, bool]
         yield greedy_schedule(unlimited, best, name), False
     elif best != top:  # (the news already said it otherwise)
         yield seen[best][3], not seen[best][0]
+
+
+def _simulated(problem: Problem, schedule: Schedule) -> tuple[bool, float, float]:
+    """(over the memory limit, objective, makespan), as ``simulate`` times ``schedule``."""
+    t = simulate(problem, schedule)
+    return not t.fits, t.objective_value(), t.makespan
 
 
 def same_pass(policy: Policy, scheduler: ListScheduler) -> frozenset[str]:
