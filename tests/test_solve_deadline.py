@@ -338,13 +338,14 @@ def test_greedy_searches_cut_short_go_on_beside_the_rest(monkeypatch):
     """With a core to spare, the greedy's searches that the warm start cut short go on in their
     child process through the rest of the warm start and the backend's search (``_GreedyBeside``,
     instead of the local search beside the backend), and what they found counts as soon as the
-    backend is done: here 3 s that find nothing else, by which time the slowed searches have ended
-    with the registry's own schedules."""
+    backend is done: here the time the slowed searches take to end with the registry's own
+    schedules, in which the rest finds nothing else. (They start beside the other registry
+    schedules too, so they are slowed more than the others take.)"""
     import schedc.solvers.families.greedy as greedy
 
     monkeypatch.setattr(deadline, "WORKER_OPS", 0)  # (the searches in a child process, as on a large problem)
     monkeypatch.setattr(driver, "_cores", lambda: 2)
-    slow_down(monkeypatch, greedy, "greedy_search", 0.2)
+    slow_down(monkeypatch, greedy, "greedy_search", 1.0)
     problem = Problem.parse(TIGHT)
     run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.1),
                             beside=Budget.seconds(60))
@@ -354,7 +355,9 @@ def test_greedy_searches_cut_short_go_on_beside_the_rest(monkeypatch):
     worst = max((t for _, t in run.fitting), key=lambda t: t.objective_value())
     out = driver._Outcome(worst, ("w", worst))
     call = driver._Call(problem, "cbc", run, driver._Clock(None))
-    time.sleep(3.0)  # (the rest of the warm start and the backend's turn: they find nothing)
+    waited = time.perf_counter()
+    while not searches.over and time.perf_counter() - waited < 60:  # (the rest of the warm start and the
+        time.sleep(0.1)  # backend's turn: they find nothing)
     run.beside.finish(call, out)
     assert searches.over and not run.paused and run.beside is None  # they ended beside, the worker with them
     whole = evaluate_registry(problem)
@@ -368,6 +371,38 @@ def test_greedy_searches_cut_short_go_on_beside_the_rest(monkeypatch):
                             beside=Budget.seconds(60))
     assert run.beside is None and len(run.paused) == 1
     run.paused[0].stop()
+
+
+@pytest.mark.skipif(not can_fork(), reason="no fork on this platform")
+def test_greedy_searches_start_beside_the_other_registry_schedules(monkeypatch):
+    """With a core to spare, the greedy's searches (the registry's slowest to build) start when the
+    warm start does, beside the other registry schedules, not after them: here those take 2 s, and
+    by then the searches have ended, though their own share of the warm start is nothing. Without
+    a spare core they start after the others, and with no share they are not evaluated."""
+    monkeypatch.setattr(deadline, "WORKER_OPS", 0)  # (the searches in a child process, as on a large problem)
+    monkeypatch.setattr(driver, "_cores", lambda: 2)
+    real = driver.evaluate
+
+    def slow(*args, **kwargs):
+        time.sleep(2.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "evaluate", slow)
+    problem = Problem.parse(TIGHT)
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.0),
+                            beside=Budget.seconds(60))
+    for search in run.paused:
+        search.stop()
+    ended = {name: t.objective_value() for name, t in run.fitting if name in driver.ANYTIME}
+    whole = evaluate_registry(problem)
+    assert ended == {name: t.objective_value() for name, t in whole.fitting if name in driver.ANYTIME}
+    assert not set(driver.ANYTIME) & set(run.not_evaluated)
+    monkeypatch.setattr(driver, "_cores", lambda: 1)
+    run = evaluate_registry(problem, Budget.seconds(60), greedy_budget=lambda: Budget.seconds(0.0),
+                            beside=Budget.seconds(60))
+    for search in run.paused:
+        search.stop()
+    assert set(driver.ANYTIME) <= set(run.not_evaluated)
 
 
 def _counting():

@@ -262,6 +262,11 @@ class ListScheduler:
         self.arrived: dict[Op, float] = {}  # op -> when its inputs are on its rank, once they all are
         self.next_f = [0] * self.n  # per stage, the next microbatch to forward (F and B run in microbatch order)
         self.next_b = [0] * self.n
+        self.f_op = [_new(Op, (F_, s, 0)) for s in range(self.n)]  # per stage, its next F and B as ops
+        self.b_op = [_new(Op, (B_, s, 0)) for s in range(self.n)]
+        self.eps = self.tol.eps  # (``tol.le(a, t)`` is ``a <= t + eps``: written out in the loop)
+        # Per rank, what a kept microbatch's later local forwards allocate (its reservation when it starts).
+        self.later_f = [sum(self.f_mem[x] for x in stages if x != min(stages)) for stages in problem.rank_stages]
         self.heap = [(0.0, r) for r in range(problem.ranks)]  # (clock, rank): always advance the earliest rank
         self.waiters: dict[Op, list[int]] = {}  # unscheduled op -> ranks that wait for it to be scheduled
         # The simulator's times of the ops run so far, for ``stop_above``: per op its end, per rank
@@ -365,9 +370,9 @@ class ListScheduler:
         """Rank r's next B and next F of each local stage (in the policy's stage order), whether
         their inputs arrived or not; with the strict switch, no B straight after a B while another
         op can free memory for the forwards left."""
-        rank, next_f, next_b = self.ranks[r], self.next_f, self.next_b
-        bs = [_new(Op, (B_, s, next_b[s])) for s in rank.stages if next_b[s] < next_f[s]]
-        fs = [_new(Op, (F_, s, next_f[s])) for s in rank.stages if next_f[s] < self.m]
+        rank, next_f, next_b, m = self.ranks[r], self.next_f, self.next_b, self.m
+        bs = [self.b_op[s] for s in rank.stages if next_b[s] < next_f[s]]
+        fs = [self.f_op[s] for s in rank.stages if next_f[s] < m]
         if self.policy.strict and self.problem.chunks == 1 and rank.seen_b and rank.last_fb == B_ and fs:
             if rank.pending_w or any(self.admits(f, r) for f in fs):  # else only a B can free memory
                 bs = []
@@ -378,10 +383,11 @@ class ListScheduler:
         admitted ready F (B first by default), else a pending W where the policy lets it fill the
         wait; with recompute, a forward started recomputed or a recompute ahead of its backward
         (before or after that W, as the policy says)."""
-        tol, policy, rank = self.tol, self.policy, self.ranks[r]
-        ready_b = [op for op in bs if tol.le(self.arrival(op, r), t)]
-        ready_f = [op for op in fs if tol.le(self.arrival(op, r), t)]
-        admitted_f = [op for op in ready_f if self.admits(op, r)]
+        policy, rank, arrival, until = self.policy, self.ranks[r], self.arrival, t + self.eps
+        known = self.arrived.get  # (``arrival``'s own cache, asked here first: the usual case)
+        ready_b = [op for op in bs if (known(op) or arrival(op, r)) <= until]
+        ready_f = [op for op in fs if (known(op) or arrival(op, r)) <= until]
+        admitted_f = [op for op in ready_f if self.admits(op, r)] if ready_f else ready_f
         if ready_b and (policy.b_first or not admitted_f):
             if not self.recomputed:
                 return ready_b[0]
@@ -521,11 +527,11 @@ class ListScheduler:
         if t is not None:
             return t
         t, finish, comm, stage_rank = 0.0, self.finish, self.comm, self.stage_rank
-        for d in self.producers_of(op):
+        for d in self.deps.get(op) or self.producers_of(op):
             done = finish.get(d)
             if done is None:
                 return math.inf
-            t = max(t, done + (comm if stage_rank[d.stage] != r else 0.0))
+            t = max(t, done + (comm if stage_rank[d[1]] != r else 0.0))
         self.arrived[op] = t  # (final once every producer ran)
         return t
 
@@ -586,45 +592,51 @@ class ListScheduler:
 
     def run(self, op: Op, r: int, t: float) -> None:
         """Run ``op`` on rank r from t: its end, the rank's memory and reservations, what comes next."""
-        kind, s, _ = op
-        rank, mem = self.ranks[r], self.mem
-        end = t + self.cost[kind][s]
+        kind, s, mb = op
+        rank, cost = self.ranks[r], self.cost[kind][s]
+        end = t + cost
         if rank.ops:
             rank.idle += max(0.0, t - rank.last_end)
         rank.last_end = rank.clock = self.finish[op] = end
         rank.ops.append(op)
         rank.remaining -= 1
-        if self.timed:
+        if self.timed:  # (the simulator's time of the op: after its rank's last op and its inputs)
             self.until_check -= 1
+            sim_end, comm, stage_rank = self.sim_end, self.comm, self.stage_rank
             begin = self.sim_last[r]
-            for d in self.producers_of(op):
-                done = self.sim_end[d] + (self.comm if self.stage_rank[d.stage] != r else 0.0)
+            for d in self.deps.get(op) or self.producers_of(op):
+                done = sim_end[d] + (comm if stage_rank[d[1]] != r else 0.0)
                 if done > begin:
                     begin = done
             if len(rank.ops) == 1:
                 self.sim_first[r] = begin
-            self.sim_last[r] = self.sim_end[op] = begin + self.cost[kind][s]
-            if kind in (F_, B_, W_):
-                self.work_left[r] -= self.cost[kind][s]
-        rank.level += mem[kind][s] if not self.recomputed else self._delta(kind, s, op.mb)
+            self.sim_last[r] = sim_end[op] = begin + cost
+            if kind is F_ or kind is B_ or kind is W_:
+                self.work_left[r] -= cost
+        plain = not self.recomputed
+        rank.level += self.mem[kind][s] if plain else self._delta(kind, s, mb)
         if rank.level > rank.peak:
             rank.peak = rank.level
-        if kind == F_ or kind == B_:
+        if kind is F_:
             rank.last_fb = kind
-            rank.seen_b = rank.seen_b or kind == B_
-        if kind == F_:
             if s == rank.first:
                 rank.started += 1
-                rank.reserved += sum(self._delta(F_, x, op.mb) for x in self.problem.rank_stages[r] if x != s)
+                rank.reserved += self.later_f[r] if plain else sum(
+                    self._delta(F_, x, mb) for x in self.problem.rank_stages[r] if x != s)
             else:
-                rank.reserved -= self._delta(F_, s, op.mb)
+                rank.reserved -= self.f_mem[s] if plain else self._delta(F_, s, mb)
             self.next_f[s] += 1
-        elif kind == B_:
+            self.f_op[s] = _new(Op, (F_, s, self.next_f[s]))
+        elif kind is B_:
+            rank.last_fb = kind
+            rank.seen_b = True
             self.next_b[s] += 1
-            rank.pending_w.append(_new(Op, (W_, s, op.mb)))
-        elif kind == W_ and s == rank.first:
-            rank.finished += 1
-        elif kind != W_:  # a recompute
+            self.b_op[s] = _new(Op, (B_, s, self.next_b[s]))
+            rank.pending_w.append(_new(Op, (W_, s, mb)))
+        elif kind is W_:
+            if s == rank.first:
+                rank.finished += 1
+        else:  # a recompute
             rank.unrecomputed -= 1
 
 

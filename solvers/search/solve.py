@@ -162,9 +162,18 @@ def evaluate_registry(
     needs = {name for name in REGISTRY if REGISTRY[name].why_not(problem) is None
              and REGISTRY[name].why_not(plain) is not None}
     first = sorted((name for name in REGISTRY if name not in ANYTIME and name not in needs), key=_warm_rank)
-    run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem), say=say,
-                                 found=found))
-    _anytime_greedy(problem, run, greedy_budget(), say, found, beside)
+    # Where a core is spare, the greedy's searches start at once beside the others (they are the
+    # slowest to build), and are read on from there.
+    early = _GreedyBeside.early(problem, beside) if beside is not None and problem.seq_chunks == 1 else None
+    try:
+        run = _registry_run(evaluate(problem, first, warm_start=True, budget=budget, child=in_child(problem),
+                                     say=say, found=found))
+    except BaseException:
+        if early is not None:
+            early.halt()
+            early.search.stop()
+        raise
+    _anytime_greedy(problem, run, greedy_budget(), say, found, beside, early)
     if needs:
         later = _registry_run(evaluate(problem, [name for name in REGISTRY if name in needs], warm_start=True,
                                        budget=later_budget() if later_budget else budget,
@@ -212,16 +221,22 @@ ANYTIME = ("zb-greedy", "zb-1p", "zb-2p")  # searched by greedy.greedy_search, a
 
 
 def _anytime_greedy(problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None],
-                    found: bool = False, beside: Budget | None = None) -> None:
+                    found: bool = False, beside: Budget | None = None, early: _GreedyBeside | None = None) -> None:
     """The greedy scheduler's registry schedules (``ANYTIME``) into ``run``: each search's best so
     far until ``budget`` runs out once a schedule fits (as ``registry.evaluate`` judges the others);
     one cut short joins as NAME+partial, and NAME as not evaluated, and the searches are left paused
     in ``run.paused``, or, given ``beside`` and a core to spare, go on there (``_GreedyBeside``,
-    ``run.beside``). None on a sequence-chunked problem: the greedy scheduler runs whole
-    sequences (its schedules are n/a there)."""
+    ``run.beside``). ``early``: the searches, already going on beside since the warm start began
+    (``_GreedyBeside.early``), are read on from where they are. None on a sequence-chunked problem:
+    the greedy scheduler runs whole sequences (its schedules are n/a there)."""
     if problem.seq_chunks > 1:
         return
-    searches = GreedySearches(problem, fitted=found or bool(run.fitting))
+    if early is not None:
+        early.halt()
+        searches = early.search
+        searches.fitted = searches.fitted or found or bool(run.fitting)
+    else:
+        searches = GreedySearches(problem, fitted=found or bool(run.fitting))
     searches.read(budget)
     for name in ANYTIME:
         if name not in searches.latest:
@@ -282,8 +297,9 @@ class GreedySearches(Paused):
         self.fitted = fitted
         self._last: Timeline | None = None  # the last judged (a capped search whose cap changes nothing repeats it)
 
-    def read(self, budget: Budget) -> None:
-        for name, schedule, fits in self.items(budget, lambda: not self.fitted):
+    def read(self, budget: Budget, wait: bool = True) -> None:
+        """What the searches find until ``budget`` runs out (``wait``: not before a schedule fits)."""
+        for name, schedule, fits in self.items(budget, (lambda: not self.fitted) if wait else (lambda: False)):
             if schedule is None:
                 self.done.add(name)
             else:
@@ -789,12 +805,22 @@ class _GreedyBeside:
     there first. What they found is judged before the warm start is chosen (``collect``) and once
     the backend is done (``finish``); then ``_resume`` goes on with them in turns, as paused."""
 
-    def __init__(self, search: GreedySearches, budget: Budget):
-        self.search, self.judged = search, dict(search.latest)
+    def __init__(self, search: GreedySearches, budget: Budget, wait: bool = True):
+        self.search, self.judged, self.wait = search, dict(search.latest), wait
         self.halted = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._drive, args=(budget,), name="greedy beside", daemon=True)
         self.thread.start()
+
+    @classmethod
+    def early(cls, problem: Problem, budget: Budget) -> _GreedyBeside | None:
+        """The searches started at once, beside the warm start's other schedules, where the machine
+        has a core to spare and the problem is large enough for a child process; read in turns that
+        never wait for a schedule that fits (none may have been judged yet); ``halt`` before the
+        warm start reads them itself."""
+        if not in_child(problem) or not can_fork() or _cores() < 2 or budget.left() < BESIDE_MIN_SECONDS:
+            return None
+        return cls(GreedySearches(problem, fitted=False), budget, wait=False)
 
     @classmethod
     def start(cls, search: GreedySearches, budget: Budget) -> _GreedyBeside | None:
@@ -808,7 +834,7 @@ class _GreedyBeside:
     def _drive(self, budget: Budget) -> None:
         try:  # in turns, so that ``halt`` is heard within one (the child pauses at each turn's end)
             while not self.halted.is_set() and not self.search.over and not budget.expired():
-                self.search.read(budget.at_most(GREEDY_BESIDE_TURN))
+                self.search.read(budget.at_most(GREEDY_BESIDE_TURN), self.wait)
         except BaseException as e:  # (raised again by ``halt``, on the solve's own thread)
             self.error = e
 
