@@ -16,16 +16,18 @@ from schedc.solvers.search.common import BACKENDS
 from schedc.solvers.deadline import Budget
 from schedc.solvers.search.solve import solve as solve_ilp
 
-# Lowering and writing a schedule file takes about 4 to 5 times as long as simulating the schedule
-# (p = 32, m = 256): solve() leaves that much of the time limit unused.
-_WRITE_SIMULATIONS = 6.0
+# Lowering and writing a schedule file takes about 2.6 to 3 times as long as simulating the schedule
+# (p = 64, v = 2, m = 256 and 1024, measured after the per-op work of issue 40): solve() leaves four
+# simulations' worth of the time limit unused (its simulations, timed beside other work, run slower
+# than the one that times the file's writing).
+_WRITE_SIMULATIONS = 4.0
 
 
 def time_budget(time_limit: float, started: float) -> Budget:
     """The whole command's budget, ``time_limit`` seconds (what a user times). Run as the `schedc`
     program, it counts from the process's start; called in-process (click's test runner, a Python
     caller) from this command's start ``started``, with a second kept for what came before. A
-    little more is kept for the exit, and six simulations' worth for writing the file."""
+    little more is kept for the exit, and four simulations' worth for writing the file."""
     program = click.get_current_context().find_root().obj
     origin = program.at if isinstance(program, ProgramStart) else started - min(1.0, 0.02 * time_limit)
     budget = Budget.seconds(time_limit, since=origin, kept=_WRITE_SIMULATIONS)
