@@ -170,8 +170,10 @@ def evaluate_registry(
                                      say=say, found=found))
     except BaseException:
         if early is not None:
-            early.halt()
-            early.search.stop()
+            try:
+                early.halt()
+            finally:
+                early.search.stop()
         raise
     _anytime_greedy(problem, run, greedy_budget(), say, found, beside, early)
     if needs:
