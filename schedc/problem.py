@@ -614,6 +614,12 @@ class Problem(_Strict):
         return tuple(k for k, row in ROWS.items() if self._field(row.cost) is not _ABSENT)
 
     @cached_property
+    def syncs(self) -> tuple[Kind, ...]:
+        """The per-stage gradient syncs among ``kinds`` (AR, RS, TS): where there is one, each rank
+        has a communication lane beside its compute (``schedule.comm_lane``)."""
+        return tuple(k for k in self.kinds if ROWS[k].per_stage)
+
+    @cached_property
     def cost(self) -> dict[Kind, tuple[float, ...]]:
         """kind -> per-stage duration, for every kind of ``kinds``, from the field its row names
         (``KindRow.cost``); a kind that fuses others (BW: B and W) costs their sum unless the

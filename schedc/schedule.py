@@ -399,7 +399,7 @@ def comm_lane(problem: Problem, schedule: Schedule) -> tuple[tuple[tuple[Op, Op]
     rank issues the collectives in one order (``comm_ops``), so each also after the one before it
     on its rank (ranks that issued them in different orders would wait for each other forever).
     The lane runs them in issue order, one at a time."""
-    if not any(ROWS[k].per_stage for k in problem.kinds):
+    if not problem.syncs:
         return ()
     out = []
     for r, ops in enumerate(schedule.ranks):

@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from schedc.kinds import ROWS, Kind
+from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.bulk import bulk
 from schedc.schedule import Op, Schedule, stage_needs
@@ -337,7 +337,7 @@ class ListScheduler:
         ``timed``: then only ``simulate`` can say."""
         problem = self.problem
         if (not self.timed or problem.objective not in ("span", "makespan") or problem.sequence_chunks is not None
-                or any(ROWS[k].per_stage for k in problem.kinds)):
+                or problem.syncs):
             return None
         room = problem.activation_room
         over = room is not None and any(self.mtol.gt(rank.peak, limit) for rank, limit in zip(self.ranks, room))

@@ -218,7 +218,7 @@ def _time_scale(problem: Problem) -> _Scale:
     cost, n = problem.cost, problem.n_stages
     kinds = [k for k in (*KINDS, *OPTIONAL) if k in problem.kinds]
     raw = [cost[k][s] for k in kinds for s in range(n)] + [problem.comm]
-    raw += [x for k in problem.kinds if ROWS[k].per_stage for x in cost[k]]  # (a sync may take 0: not the shortest)
+    raw += [x for k in problem.syncs for x in cost[k]]  # (a sync may take 0: not the shortest)
     raw += list(problem.overlap_time or ())  # costs.FB: an overlapped pair's time
     shortest = min(cost[k][s] for k in kinds for s in range(n))
     fallback = 10**4 / problem.time_scale  # relative to the problem's scale: the same model in any unit

@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schedc.errors import SchedcError
-from schedc.kinds import RECOMPUTES, ROWS, Kind
+from schedc.kinds import RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, comm_ops, fixed_orders, lead, sync_waits_for
 from schedc.simulate import Timeline, simulate
@@ -228,8 +228,8 @@ class _Model:
             self._rank_rows(r, ks, min(earliest[k] for k in ks))
         self.comm_start: dict[Op, pulp.LpVariable] = {}  # communication op -> its start (shared by a collective)
         self.comm_before: dict[tuple[Op, Op], pulp.LpVariable] = {}  # (x, y) of a lane: 1 if x goes first
-        if any(ROWS[k].per_stage for k in problem.kinds):
-            self._comm_rows(2 * horizon + sum(sum(problem.cost[k]) for k in problem.kinds if ROWS[k].per_stage))
+        if problem.syncs:
+            self._comm_rows(2 * horizon + sum(sum(problem.cost[k]) for k in problem.syncs))
         self.lp += self.C
 
     def length(self, k: int):
