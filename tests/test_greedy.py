@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 import schedc.solvers as solvers
 from schedc import Problem, load_problem, simulate
 from schedc.kinds import Kind
+from schedc.solvers.bounds import lower_bound
 from schedc.solvers.families import greedy
 from schedc.solvers.families.greedy import (
     NEWER, PAPER_LIKE, ListScheduler, Policy, Worse, best_greedy, flags_for, greedy_schedule, greedy_search, policies,
     reference_limit, same_pass,
 )
+from schedc.tolerance import meets
 from tests.strategies import with_working, working_memory
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "problems").glob("*.yaml"))
@@ -323,3 +325,58 @@ def test_stopping_passes_early_changes_nothing_the_search_yields(problem, data):
 @pytest.mark.parametrize("path", EXAMPLES + MEMORY_TIME[:3], ids=lambda p: p.stem)
 def test_stopping_passes_early_changes_nothing_the_search_yields_on_the_examples(path):
     _search_both_ways(load_problem(path))
+
+
+# ---- the forecast: the policy a smaller problem's search ends at, built first on a large problem ----
+
+def _forecasting(ranks: int = 1, times: int = 1):
+    """The forecast switched on for any size: from ``ranks`` microbatches per rank, wherever the
+    problem has ``times`` as many or more."""
+    return mock.patch.multiple(greedy, FORECAST_RANKS=ranks, FORECAST_FROM=times, FORECAST_OPS=0)
+
+
+def _verdict(problem, schedule):
+    t = simulate(problem, schedule)
+    return not t.fits, t.objective_value(), t.makespan
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limited_problems(), st.data())
+def test_the_forecast_never_makes_the_search_worse(problem, data):
+    """With the forecast, the search ends where it ends without, or better: fitting where it did not,
+    or no slower by the objective; and each schedule it yields is no worse than the one before."""
+    problem = problem.with_changes(objective=data.draw(st.sampled_from(["span", "makespan"])))
+    *_, (plain, _) = greedy_search(problem, "g")
+    with _forecasting():
+        steps = [schedule for schedule, _ in greedy_search(problem, "g")]
+    over, objective, _ = _verdict(problem, steps[-1])
+    was_over, was, _ = _verdict(problem, plain)
+    assert over < was_over or over == was_over and problem.time_tol.le(objective, was)
+    verdicts = [_verdict(problem, s) for s in steps]
+    for a, b in zip(verdicts, verdicts[1:]):
+        assert (b[0], b[1]) <= (a[0], a[1] + 1e-9)
+
+
+def test_a_forecast_that_meets_the_bound_ends_the_search():
+    """On a problem whose search ends at the lower bound, the forecast's schedule is the only pass
+    built at the problem's own size: the search stops there."""
+    problem = load_problem(Path(__file__).parent.parent / "examples" / "problems" / "uniform.yaml")
+    problem = problem.with_changes(microbatches=4 * problem.ranks)
+    *_, (plain, _) = greedy_search(problem, "g")
+    assert meets(simulate(problem, plain).objective_value(), lower_bound(problem).value)  # (the premise)
+    sizes = []
+
+    class Counted(ListScheduler):
+        def __init__(self, q, *args, **kwargs):
+            sizes.append(q.microbatches)
+            super().__init__(q, *args, **kwargs)
+
+    with _forecasting(ranks=1, times=2), mock.patch.object(greedy, "ListScheduler", Counted):
+        *_, (forecast, fits) = greedy_search(problem, "g")
+    assert fits and meets(simulate(problem, forecast).objective_value(), lower_bound(problem).value)
+    assert sizes.count(problem.microbatches) == 1 and sizes.count(problem.ranks) >= 1
+
+
+def test_no_forecast_on_a_small_problem():
+    problem = load_problem(Path(__file__).parent.parent / "examples" / "problems" / "uniform.yaml")
+    assert greedy._forecast(problem.with_changes(microbatches=64 * problem.ranks), "g", True) is None
