@@ -28,9 +28,15 @@ over ``TP`` tensor-parallel GPUs (FLOPs and activations divided by TP), at ``THR
   moments) over TP; an MoE layer counts the experts one token activates (9 of 257), as if expert
   parallelism spread the rest over other GPUs; the limit 80 GB (an H100) less 8 GB for the framework.
 
-Per case: ``uniform + best``: uniform block counts on each shape the case allows, the best registry
-schedule that fits (what ``schedc compare`` finds, the greedy's searches included), the best over
-the shapes;
+Per case, two uniform splits, each with the best registry schedule that fits on each shape the
+case allows (what ``schedc compare`` finds, the greedy's searches included), the best over the
+shapes: ``uniform layers`` (``layers_uniform``), the decoder layers in equal counts, the embedding
+added to the first stage and the MTP module and the head to the last (Megatron-LM's default
+without a layout string or its ``--account-for-embedding/loss-in-pipeline-split`` flags; the first
+stages take one more where the count does not divide); ``uniform blocks``, equal counts of every
+block, the embedding and the head each counted as a layer (DeepSpeed's ``partition_method="uniform"``
+over its layer list, Megatron-LM with those two flags, torchtitan's split with the input and output
+modules weighted as layers);
 ``balanced + solve``: the time-balanced cut (``schedc.partition.balanced``, what ``schedc profile
 --partition time`` writes) on the case's first shape, ``schedc solve --time-limit T``; ``Megatron``
 (DeepSeek-V3): the published layout with Megatron-LM's interleaved 1F1B; ``plan``: ``schedc plan
@@ -179,17 +185,34 @@ def adapipe_like(lp: LayerProblem) -> dict | None:
             "recomputed_stages": recomputed}
 
 
+def layers_uniform(lp: LayerProblem, n_stages: int) -> list[int]:
+    """Blocks per stage of Megatron-LM's default split: the decoder layers (the blocks between the
+    leading embedding and the trailing MTP and head blocks) in equal counts, the first stages one
+    more where they do not divide, the embedding on the first stage, MTP and head on the last."""
+    types = [b.type for b in lp.blocks]
+    front = len(types) - len("".join(types).lstrip("E"))
+    back = len(types) - len("".join(types).rstrip("mL"))
+    sizes = uniform(len(types) - front - back, n_stages)
+    sizes[0] += front
+    sizes[-1] += back
+    return sizes
+
+
+UNIFORM = {"uniform_layers": layers_uniform, "uniform_blocks": lambda lp, n: uniform(len(lp.blocks), n)}
+
+
 def baselines(lp: LayerProblem) -> dict:
-    """uniform + best (over the shapes), the balanced cut of the first shape, and (DeepSeek-V3)
-    Megatron-LM's published layout with its interleaved 1F1B."""
+    """Each uniform split with the best registry schedule (over the shapes), the balanced cut of
+    the first shape, and (DeepSeek-V3) Megatron-LM's published layout with its interleaved 1F1B."""
     out = {}
-    best = None
-    for v, placement in lp.shapes:
-        sizes = uniform(len(lp.blocks), lp.ranks * v)
-        objective, name = best_registry(lp.stage_problem(sizes, v, placement))
-        if best is None or objective < best[0]:
-            best = (objective, name, v, placement, sizes)
-    out["uniform"] = dict(zip(("objective", "schedule", "chunks", "placement", "stage_blocks"), best))
+    for key, split in UNIFORM.items():
+        best = None
+        for v, placement in lp.shapes:
+            sizes = split(lp, lp.ranks * v)
+            objective, name = best_registry(lp.stage_problem(sizes, v, placement))
+            if best is None or objective < best[0]:
+                best = (objective, name, v, placement, sizes)
+        out[key] = dict(zip(("objective", "schedule", "chunks", "placement", "stage_blocks"), best))
     v, placement = lp.shapes[0]
     out["balanced"] = {"chunks": v, "placement": placement,
                        "stage_blocks": balanced([b.F + b.B + b.W for b in lp.blocks], lp.ranks * v)}
@@ -235,28 +258,38 @@ def report(rows: list[dict], command: str) -> str:
         return f"{100 * (b - a) / b:.1f}%" if a is not None and b else "-"
 
     lines = [f"Command: `{command}`", "", f"Machine: {machine()}.", "",
-             "Time per iteration (makespan, ms) of the cost models in the script's notes. uniform + best: uniform block"
-             " counts and the best registry schedule that fits, over the case's shapes; balanced + solve: the"
+             "Time per iteration (makespan, ms) of the cost models in the script's notes. uniform layers + best: the"
+             " decoder layers in equal counts, the embedding added to the first stage and the head (and MTP) to the last"
+             " (Megatron-LM's default split); uniform blocks + best: equal counts of all blocks, embedding and head each"
+             " counted as a layer (DeepSpeed's uniform, Megatron-LM's --account-for-embedding/loss-in-pipeline-split);"
+             " each with the best registry schedule that fits, over the case's shapes; balanced + solve: the"
              " time-balanced cut of the first shape, `schedc solve`; Megatron: its published layout and interleaved"
              " 1F1B; AdaPipe-like: the cut and whole-stage recompute chosen together, 1F1B; plan: `schedc plan` (its layout,"
              " bound over every cut and shape, gap, wall time). A % is how much shorter plan's iteration is; at most:"
-             " how much shorter any schedule of any cut could be (1 - bound / uniform + best).", "",
-             "| case | uniform + best | balanced + solve | Megatron layout | AdaPipe-like | plan | plan's layout | bound"
-             " | gap | vs uniform (at most) | vs balanced | vs Megatron | vs AdaPipe-like | plan wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             " how much shorter any schedule of any cut could be (1 - bound / the baseline).", "",
+             "| case | uniform layers + best | uniform blocks + best | balanced + solve | Megatron layout | AdaPipe-like"
+             " | plan | plan's layout | bound | gap | vs uniform layers (at most) | vs uniform blocks (at most)"
+             " | vs balanced | vs Megatron | vs AdaPipe-like | plan wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def uniform_cell(base: dict) -> str:
+        return f"{base['objective']:.1f} ({base['schedule']}, v {base['chunks']} {base['placement']})"
+
     for r in rows:
         plan = r["plan"]
         obj = plan.get("objective")
-        uni, bal = r["base_uniform"], r["base_balanced"]
+        lay, blk, bal = r["base_uniform_layers"], r["base_uniform_blocks"], r["base_balanced"]
         meg, ada = r.get("base_megatron"), r.get("base_adapipe")
         layout = (f"v {plan['chunks']} {plan['placement']} {plan['stage_blocks']}" if obj is not None
                   else plan.get("error", "")[:80])
         lines.append(
-            f"| {r['case']} | {uni['objective']:.1f} ({uni['schedule']}, v {uni['chunks']} {uni['placement']})"
+            f"| {r['case']} | {uniform_cell(lay)} | {uniform_cell(blk)}"
             f" | {bal['objective'] if bal['objective'] is None else round(bal['objective'], 1)}"
             f" | {fitted(meg)} | {fitted(ada)}"
             f" | {'-' if obj is None else round(obj, 1)} | {layout} | {plan.get('bound', 0):.1f}"
-            f" | {100 * plan.get('gap', 0):.1f}% | {pct(obj, uni['objective'])} ({pct(plan.get('bound'), uni['objective'])})"
+            f" | {100 * plan.get('gap', 0):.1f}%"
+            f" | {pct(obj, lay['objective'])} ({pct(plan.get('bound'), lay['objective'])})"
+            f" | {pct(obj, blk['objective'])} ({pct(plan.get('bound'), blk['objective'])})"
             f" | {pct(obj, bal['objective'])} | {pct(obj, meg['objective']) if meg and meg['fits'] else '-'}"
             f" | {pct(obj, ada['objective']) if ada and ada['fits'] else '-'} | {r['plan_wall']:.1f} |")
     return "\n".join(lines)
