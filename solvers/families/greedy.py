@@ -753,8 +753,8 @@ def _forecast(problem: Problem, name: str, stop_early: bool) -> Policy | None:
     between two counts of microbatches mostly by the length of their steady state, so the best
     policy of the smaller problem is often the best, or near it, of the larger: measured at p 64,
     v 2, m 1024 (393k ops), the forecast from m 256 builds the search's own result, which meets the
-    bound, in 21 s of CPU against the whole search's 67 s (RESULTS.md, "scale"). A heuristic: the
-    search goes on after it unless it is proven optimal."""
+    bound, in 22 s of CPU against the whole search's 61-67 s (benchmarks/RESULTS.md, "the four cells
+    at m = 1024"). A heuristic: the search goes on after it unless it is proven optimal."""
     few = FORECAST_RANKS * problem.ranks
     m = problem.microbatches
     if m <= few or m < FORECAST_FROM * few or 3 * problem.n_stages * m < FORECAST_OPS:
