@@ -48,6 +48,9 @@ from schedc.tolerance import REL_MEMORY, Tolerance
 
 Number = Union[float, list[float]]
 _ABSENT = object()  # Problem._field: a section on the way is not given
+# The per-stage times that are > 0, but 0 on an empty stage (``Problem._costs``).
+_STAGE_TIMES = ("costs.F", "costs.B", "costs.W", "costs.BW", "recompute.time", "recompute.selective.time",
+                "offload.time")
 
 
 def _summed(parts) -> tuple[float, ...]:
@@ -146,8 +149,10 @@ SMALLEST, LARGEST = 1e-9, 1e15
 MAX_STAGE_MICROBATCHES = 2**18
 
 
-def check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = False) -> Any:
-    """Per-element check of a scalar-or-list field, so the message names the offending value."""
+def check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = False, or_zero: bool = False) -> Any:
+    """Per-element check of a scalar-or-list field, so the message names the offending value.
+    ``or_zero``: with ``positive``, a 0 in a list passes too (a per-stage time, 0 on an empty stage
+    only: ``Problem._costs`` checks which; a single 0 would make every stage empty)."""
     items = value if isinstance(value, list) else [value]
     if isinstance(value, list) and not value:
         raise ValueError("must be a number or a non-empty list of numbers, got []")
@@ -157,7 +162,7 @@ def check_numbers(value: Any, *, positive: bool = False, nonnegative: bool = Fal
             raise ValueError(f"must be a number, got {shorten(x)}{where}")
         if x != x or x in (float("inf"), float("-inf")):
             raise ValueError(f"must be finite, got {x}{where}")
-        if positive and x <= 0:
+        if positive and (x < 0 or x == 0 and not (or_zero and isinstance(value, list))):
             raise ValueError(f"must be > 0, got {x}{where}")
         if nonnegative and x < 0:
             raise ValueError(f"must be >= 0, got {x}{where}")
@@ -182,8 +187,9 @@ class Costs(_Strict):
         " (DualPipe's F&B and torch's OVERLAP_F_B pair a forward with a FULL backward: F&B = FB + W);"
         " default the two one after the other, F + B")
 
-    _positive = field_validator("F", "B", "W", "BW", "FB", mode="before")(
-        lambda v: v if v is None else check_numbers(v, positive=True)
+    _positive = field_validator("FB", mode="before")(lambda v: v if v is None else check_numbers(v, positive=True))
+    _per_stage = field_validator("F", "B", "W", "BW", mode="before")(  # (0 on an empty stage only: ``_costs``)
+        lambda v: v if v is None else check_numbers(v, positive=True, or_zero=True)
     )
 
 
@@ -232,7 +238,7 @@ class Selective(_Strict):
     time: Number
     keep: Number
 
-    _time = field_validator("time", mode="before")(lambda v: check_numbers(v, positive=True))
+    _time = field_validator("time", mode="before")(lambda v: check_numbers(v, positive=True, or_zero=True))
     _keep = field_validator("keep", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
@@ -246,7 +252,8 @@ class Recompute(_Strict):
     keep: Number = Field(default=0.0, description="what a dropped microbatch holds until its recompute; default 0")
     selective: Optional[Selective] = None
 
-    _time = field_validator("time", mode="before")(lambda v: v if v is None else check_numbers(v, positive=True))
+    _time = field_validator("time", mode="before")(
+        lambda v: v if v is None else check_numbers(v, positive=True, or_zero=True))
     _keep = field_validator("keep", mode="before")(lambda v: check_numbers(v, nonnegative=True))
 
 
@@ -258,7 +265,7 @@ class Offload(_Strict):
 
     time: Number
 
-    _time = field_validator("time", mode="before")(lambda v: check_numbers(v, positive=True))
+    _time = field_validator("time", mode="before")(lambda v: check_numbers(v, positive=True, or_zero=True))
 
 
 class DataParallel(_Strict):
@@ -425,7 +432,7 @@ class Problem(_Strict):
                 raise ValueError(f"sequence_chunks cannot be combined with {', '.join(given)} yet")
         # Touch every derived array: each raises a ValueError naming the field.
         self.stage_rank
-        self.cost  # every kind's per-stage costs, each list of the right length
+        self._costs()  # every kind's per-stage costs, each list of the right length and > 0 (empty stages 0)
         self.overlap_time  # read once here so a costs.FB of the wrong length is refused now
         self.sync_groups  # and tied groups out of range
         if self.time_scale < SMALLEST:
@@ -635,6 +642,30 @@ class Problem(_Strict):
             else:
                 out[kind] = self._per_stage(row.cost, given)
         return out
+
+    @cached_property
+    def empty_stages(self) -> frozenset[int]:
+        """The stages whose F, B and W all cost 0: a stage that holds no layer (Megatron-LM's layouts
+        allow them). It passes activations and gradients along (its hops between ranks stay) and
+        holds nothing; every other op cost is > 0."""
+        f, b, w = (self.cost[k] for k in (Kind.F, Kind.B, Kind.W))
+        return frozenset(s for s in range(self.n_stages) if f[s] == b[s] == w[s] == 0)
+
+    def _costs(self) -> None:
+        """Every given per-stage time is > 0 but on an empty stage, where it is 0 (``empty_stages``),
+        and some stage is not empty; a ValueError names the field (and index) otherwise."""
+        empty = self.empty_stages
+        if len(empty) == self.n_stages:
+            raise ValueError("every stage is empty (costs F, B and W all 0): nothing to schedule")
+        for path in _STAGE_TIMES:
+            given = self._field(path)
+            if given is None or given is _ABSENT:
+                continue
+            for s, x in enumerate(self._per_stage(path, given)):
+                if x <= 0 and not (x == 0 and s in empty):
+                    i = s % len(given) if isinstance(given, list) else None  # (one pipeline's list, repeated)
+                    where, raw = ("", given) if i is None else (f" (index {i})", given[i])
+                    raise ValueError(f"{path}: must be > 0, got {raw:g}{where}")
 
     def _field(self, path: str) -> Any:
         """The value at dotted ``path`` ("recompute.selective.time"), None where the field is left

@@ -39,9 +39,10 @@ Between two ranks, the sends of one and the receives of the other list the same 
 same order (NCCL and gloo match point-to-point messages in posting order).
 
 Why a lowered Program cannot deadlock: every instruction gets a key from the simulated Timeline:
-a compute ``(its start, 2)``, a send or hand-off ``(its producer's end, 1)``, a receive
-``(t, 0)`` with ``t`` no later than the matching send's time, and each rank's list is sorted by
-key. A send then never waits for a receive with a larger key, and a compute never waits for a
+a compute ``(its start, 2, its place on the rank)``, a send or hand-off ``(its producer's end, 1)``
+(where the producer takes no time, an empty stage's op, ``(its end, 2, its place + 1/2)``: right
+after it), a receive ``(t, 0)`` with ``t`` no later than the matching send's time, and each rank's
+list is sorted by key. A send then never waits for a receive with a larger key, and a compute never waits for a
 send with a larger key (the consumer starts after its producer ends), so every wait points to a
 smaller key: the wait-for relation has no cycle, whatever the real durations turn out to be.
 Copies (O, L) change nothing in it: a copy waits only for ops listed before it on its own rank (the
@@ -390,9 +391,12 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
     sends_on: dict[tuple[Kind, int], tuple[str, int, tuple[Kind, ...]] | None] = {}
     for r, (ops, starts, ends) in enumerate(zip(schedule.ranks, timeline.start, timeline.end)):
         mine = keyed[r]
-        for op, start, end in zip(ops, starts, ends):
+        for i, (op, start, end) in enumerate(zip(ops, starts, ends)):
             kind, stage, mb = op
-            mine.append(((start, 2), _new(Instr, (kind, stage, mb, "", -1, -1))))
+            mine.append(((start, 2, i), _new(Instr, (kind, stage, mb, "", -1, -1))))
+            # (what it sends goes right after it; after its end where it takes time, else, where it
+            # takes none (an empty stage's), before the next compute op of the rank)
+            after = (end, 1) if end > start else (end, 2, i + 0.5)
             if (kind, stage) not in sends_on:  # (what an op sends on depends on its kind and stage alone)
                 msg = produced(op, depth)
                 sends_on[kind, stage] = None if msg is None else (msg.tensor, msg.dst, tuple(
@@ -402,9 +406,9 @@ def lower(problem: Problem, schedule: Schedule, timeline=None) -> Program:
             tensor, dst, users = sent
             dst_rank = stage_rank[dst]
             if dst_rank == r:
-                mine.append(((end, 1), _new(Instr, (Opcode.LOCAL, stage, mb, tensor, -1, dst))))
+                mine.append((after, _new(Instr, (Opcode.LOCAL, stage, mb, tensor, -1, dst))))
                 continue
-            mine.append(((end, 1), _new(Instr, (Opcode.SEND, stage, mb, tensor, dst_rank, dst))))
+            mine.append((after, _new(Instr, (Opcode.SEND, stage, mb, tensor, dst_rank, dst))))
             msg = _new(Message, (tensor, mb, stage, dst))
             post = min(end, before[dst_rank][_first_use(users, dst, mb, where)])
             channels.setdefault((r, dst_rank), []).append((end, post, msg))

@@ -574,7 +574,7 @@ def _staggered(problem: Problem, ch: _Chains, k: _Rank, objective: str, first_b:
         if t > first_b:
             break
         done = {s: min(m * F[s], max(0.0, t - off[s])) for s in k.stages}  # (x(s); done / F forwards)
-        busy = _knapsack([(F[s], mF[s], done[s] / F[s]) for s in k.stages], cap)
+        busy = _knapsack([(F[s], mF[s], done[s] / F[s] if F[s] > 0 else m) for s in k.stages], cap)
         if t - busy > best[0]:  # (the earliest t of the largest)
             best = (t - busy, t)
     return best

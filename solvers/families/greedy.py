@@ -306,7 +306,7 @@ class ListScheduler:
                 cap = self.m if held >= self.m else int(held)
             if policy.timed_warmup:
                 window = f[s] + self.round_trip[s] + (f[s] if policy.overrun_warmup else 0.0)
-                cap = min(cap, int((window + self.tol.eps) // f[s]))
+                cap = min(cap, int((window + self.tol.eps) // f[s])) if f[s] > 0 else cap
             rank.stair = before = max(1, min(cap, before - 1))
 
     @bulk
