@@ -20,7 +20,7 @@ answer's bound is the least over the shapes of ``partition_bound``: valid for ev
 shape the plan was allowed, so ``(objective - bound) / objective`` is a proven gap over the layout
 as well as the order. Partial: with two chunks or more the bound counts the busiest rank (whole
 blocks) and the critical path, not a cut's fill and drain nor the recompute a limit forces, so the
-gap there can be loose; empty stages are not considered. The bidirectional placement (two
+gap there can be loose; empty stages (which a stage problem may hold) are not considered. The bidirectional placement (two
 pipelines in opposite directions) is one more shape where the layer file allows it: its stage
 problem has ``replicas`` 2, which the registry's two-direction families (DualPipe, Chimera) and
 the search schedule as any such problem.
