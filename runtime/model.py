@@ -61,8 +61,8 @@ class ModelSpec:
 
 def cut(blocks: Sequence[nn.Module], sizes: Sequence[int]) -> list[nn.Sequential]:
     """Stage s holds the next ``sizes[s]`` blocks (the problem's ``stage_blocks``), as an
-    ``nn.Sequential`` of the blocks themselves (not copies)."""
-    if sum(sizes) != len(blocks) or min(sizes, default=0) < 1:
+    ``nn.Sequential`` of the blocks themselves (not copies); an empty stage (0) passes its input on."""
+    if sum(sizes) != len(blocks) or min(sizes, default=0) < 0:
         raise ValueError(f"cannot cut {len(blocks)} blocks into stages of {list(sizes)} blocks")
     out, i = [], 0
     for k in sizes:
@@ -94,13 +94,13 @@ def local_stages(compiled, blocks: Sequence[nn.Module], rank: int | None = None,
         raise SchedcError(f"local_stages: rank {rank}, but the schedule {compiled.name!r} has {problem.ranks}"
                           f" ranks: start {problem.ranks} processes (torchrun --nproc_per_node {problem.ranks}),"
                           " or pass each process's pipeline rank as rank=")
+    if problem.stage_blocks is None and len(blocks) < length:  # (a cut may leave a stage empty; uniform does not)
+        raise SchedcError(f"local_stages: cannot cut {len(blocks)} blocks into {length} stages: use fewer ranks"
+                          " or chunks, or a model with more blocks")
     sizes = problem.stage_blocks or uniform(len(blocks), length)
     if sum(sizes) != len(blocks):
         raise SchedcError(f"local_stages: the schedule {compiled.name!r} cuts {sum(sizes)} blocks (stage_blocks"
                           f" {list(sizes)}) but the model has {len(blocks)}: profile this model again")
-    if len(blocks) < length:
-        raise SchedcError(f"local_stages: cannot cut {len(blocks)} blocks into {length} stages: use fewer ranks"
-                          " or chunks, or a model with more blocks")
     parts = cut(blocks, sizes)  # (a rank holds at most one copy of each model stage: the Problem checks it)
     return {s: parts[s % length] if device is None else parts[s % length].to(device) for s in problem.rank_stages[rank]}
 

@@ -117,6 +117,8 @@ class LayerProblem(_Layers):
     objective: Literal["makespan", "span"] = "makespan"
     memory: LayerMemory = LayerMemory()
     recompute: bool = False
+    empty_stages: bool = Field(default=False, description="plan may leave a stage with no block (Megatron-LM's"
+                               " layouts and schedc's runtime run it; torchtitan's and DeepSpeed's exports refuse it)")
     layers: list[Layer] = Field(min_length=1)
 
     _comm = field_validator("comm", mode="before")(lambda v: check_numbers(v, nonnegative=True))
@@ -141,7 +143,8 @@ class LayerProblem(_Layers):
                              f" {self.microbatches} is odd")
         if not self.shapes:
             raise ValueError(f"no pipeline shape fits {len(self.blocks)} blocks on {self.ranks} ranks: every stage holds"
-                             f" at least one block, so at least ranks x chunks ({self.ranks * min(chunks)}) blocks")
+                             f" at least one block, so at least ranks x chunks ({self.ranks * min(chunks)}) blocks"
+                             " (or set empty_stages)")
         return self
 
     @cached_property
@@ -160,7 +163,7 @@ class LayerProblem(_Layers):
         n = len(self.blocks)
         return tuple((v, pl) for v in self.chunk_choices for pl in self.placements
                      if (pl == "loop" or (pl == "v" and v == 2) or (pl == BIDIRECTIONAL and v == 1))
-                     and self.ranks * v <= n)
+                     and (self.ranks * v <= n or self.empty_stages))
 
     @cached_property
     def module_names(self) -> tuple[tuple[str, ...], ...]:
@@ -186,9 +189,9 @@ class LayerProblem(_Layers):
         """The stage problem of a partition: ``sizes`` blocks per stage (model order), ``chunks``
         stages per rank on ``placement``; each stage's costs and memory its blocks' sums."""
         n = self.ranks * chunks
-        if len(sizes) != n or sum(sizes) != len(self.blocks) or min(sizes) < 1:
-            raise ProblemError(f"{self.name or 'layers'}: a partition of {len(self.blocks)} blocks into {n} stages of"
-                               f" one block or more, got {sizes}")
+        if len(sizes) != n or sum(sizes) != len(self.blocks) or min(sizes) < 0:
+            raise ProblemError(f"{self.name or 'layers'}: a partition of {len(self.blocks)} blocks into {n} stages"
+                               f" (0 for an empty stage), got {sizes}")
         stages = stages_of(sizes, self.blocks)
 
         def total(field: str) -> list[float]:

@@ -114,6 +114,7 @@ def _expand(text: str, at: int, depth: int) -> tuple[str, int]:
 
 def torchtitan_modules(sizes: Sequence[int], names: Sequence[Sequence[str]]) -> list[list[str]]:
     """torchtitan's ``module_fqns_per_model_part``: per stage, its blocks' module names."""
+    _refuse_empty(sizes, "torchtitan's per-stage module lists")
     missing = [k for k, n in enumerate(names) if not n]
     if missing:
         raise ProblemError(f"block {missing[0]} has no module names: give its layer 'modules' (torchtitan names"
@@ -123,9 +124,18 @@ def torchtitan_modules(sizes: Sequence[int], names: Sequence[Sequence[str]]) -> 
 
 def deepspeed_parts(sizes: Sequence[int], chunks: int = 1) -> list[int]:
     """DeepSpeed's ``parts``: the first layer of each stage, then the number of layers."""
+    _refuse_empty(sizes, "DeepSpeed's parts")
     if chunks != 1:
         raise ProblemError(f"DeepSpeed's pipeline runs one stage per rank, not {chunks}")
     out = [0]
     for k in sizes:
         out.append(out[-1] + k)
     return out
+
+
+def _refuse_empty(sizes: Sequence[int], what: str) -> None:
+    """A ProblemError where a stage holds no block: only Megatron-LM's layout (and schedc's
+    runtime) are known to run an empty stage."""
+    if 0 in sizes:
+        raise ProblemError(f"stage {list(sizes).index(0)} is empty: {what} are not known to run a stage with no"
+                           " module (Megatron-LM's layout and schedc's runtime are)")

@@ -48,18 +48,23 @@ def balanced(weights: Sequence[float], n_stages: int) -> list[int]:
     return sizes[::-1]
 
 
-def min_max_cut(n_blocks: int, n_stages: int, cost: Callable[[int, int, int], float]) -> tuple[float, list[int]]:
-    """The cut of ``n_blocks`` blocks into ``n_stages`` contiguous stages of one block or more whose
-    largest ``cost(j, i, k)`` (stage k holding blocks j..i-1) is the least, by dynamic programming
-    over the cut points: ``(that least, blocks per stage)``; among equals, the earliest cuts."""
-    _check(n_blocks, n_stages)
+def min_max_cut(n_blocks: int, n_stages: int, cost: Callable[[int, int, int], float],
+                empty: bool = False) -> tuple[float, list[int]]:
+    """The cut of ``n_blocks`` blocks into ``n_stages`` contiguous stages of one block or more
+    (``empty``: or none) whose largest ``cost(j, i, k)`` (stage k holding blocks j..i-1) is the
+    least, by dynamic programming over the cut points: ``(that least, blocks per stage)``; among
+    equals, the earliest cuts."""
+    if not empty:
+        _check(n_blocks, n_stages)
+    least = 0 if empty else 1  # blocks in a stage
     inf = float("inf")
     best = [0.0] + [inf] * n_blocks  # the first k stages over the first i blocks
     cuts: list[list[int]] = []  # per stage k, per i: where it starts
     for k in range(n_stages):
         nxt, cut = [inf] * (n_blocks + 1), [0] * (n_blocks + 1)
-        for i in range(k + 1, n_blocks - (n_stages - 1 - k) + 1):
-            nxt[i], cut[i] = min((max(best[j], cost(j, i, k)), j) for j in range(k, i) if best[j] < inf)
+        for i in range(least * (k + 1), n_blocks - least * (n_stages - 1 - k) + 1):
+            nxt[i], cut[i] = min((max(best[j], cost(j, i, k)), j) for j in range(least * k, i - least + 1)
+                                 if best[j] < inf)
         best = nxt
         cuts.append(cut)
     sizes, i = [], n_blocks

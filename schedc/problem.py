@@ -378,8 +378,9 @@ class Problem(_Strict):
     sequence_chunks: Optional[SequenceChunks] = Field(
         default=None, description="each sequence cut into chunks that flow one after another (Seq1F1B), or their count")
     objective: Literal["makespan", "span", "steady"] = "makespan"
-    stage_blocks: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
-        default=None, description="model blocks in each stage of the model (of one pipeline), from the partitioner"
+    stage_blocks: Optional[list[Annotated[int, Field(ge=0)]]] = Field(
+        default=None, description="model blocks in each stage of the model (of one pipeline), from the partitioner;"
+        " 0 for an empty stage"
     )
 
     @field_validator("name")
@@ -462,6 +463,13 @@ class Problem(_Strict):
         self._per_rank("memory.static", self.memory.static)
         self.stage_working  # read once here so a memory.working of the wrong length is refused now
         self.stage_weights  # and a memory.weights
+        if self.stage_blocks is not None and len(self.stage_blocks) == self.pipeline_stages:
+            hollow = [s for s, k in enumerate(self.stage_blocks) if (k == 0) != (s in self.empty_stages)]
+            if hollow:
+                s = hollow[0]
+                raise ValueError(f"stage_blocks gives stage {s} {self.stage_blocks[s]} blocks, but its costs F, B and W"
+                                 f" are {'all 0 (an empty stage)' if s in self.empty_stages else 'not 0'}: a stage"
+                                 " with no block is empty, and only it")
         if self.stage_blocks is not None and len(self.stage_blocks) != self.pipeline_stages:
             raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.pipeline_stages}"
                              " stages")

@@ -1253,8 +1253,12 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
       the p ranks (cut or not: a relaxation of every cut and placement) of the most work one
       holds, times m (``whole_blocks``);
     - one microbatch's critical path: F and B through every block, a latency each way between
-      consecutive stages on different ranks (the placement fixes how many: partition-independent),
-      then the W of stage 0, whose first block is the model's first (``_critical_path``);
+      consecutive stages on different ranks (the placement fixes how many: partition-independent;
+      an empty stage passes the microbatch on all the same), then the W of stage 0, whose first
+      block is the model's first (``_critical_path``); where stages may be empty (``empty_stages``)
+      that block may sit on a later stage, and its W overlaps the gradient's way down from there to
+      stage 0, so only what of it exceeds one latency per hop counts (makespan), or none of it (span:
+      stage 0's rank's own span need not hold it);
     - one chunk (v = 1, makespan): the least over contiguous partitions (exact dynamic programming
       over the cut points) of the largest over ranks of ``_rank_bound``'s terms without memory:
       rank r's first op starts at head(r) or later (the blocks before it, F each, and a latency
@@ -1276,7 +1280,14 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
     busiest = sum(work) / p
     rank_of = layers.stage_ranks(chunks, placement)
     hops = sum(rank_of[s] != rank_of[s + 1] for s in range(n_stages - 1))
-    path = sum(x.F + x.B for x in blocks) + 2 * hops * c + blocks[0].W
+    # (the W of the model's first block, after its backward; where stages may be empty, that block
+    # may sit on a later stage, whose W overlaps the gradient's way down: at most ``hops`` latencies;
+    # and a span, stage 0's rank's own, need not hold it at all)
+    if not layers.empty_stages:
+        tail = blocks[0].W
+    else:
+        tail = max(0.0, blocks[0].W - hops * c) if layers.objective == "makespan" else 0.0
+    path = sum(x.F + x.B for x in blocks) + 2 * hops * c + tail
     two = placement == BIDIRECTIONAL
     whole = (m / 2 if two else m) * whole_blocks(layers)
     terms = [(busiest, f"the busiest rank: 1/{p} of all blocks' work {sum(work):g}"),
@@ -1296,8 +1307,10 @@ def partition_bound(layers: LayerProblem, chunks: int, placement: str) -> Bound:
 
 def one_chunk_cut(layers: LayerProblem) -> tuple[float, list[int]]:
     """``partition_bound``'s one-chunk term and a cut that attains it: the least over contiguous
-    cuts into p stages of the largest stage cost (stage k holds blocks j..i-1, its cost a function
-    of j, i and k only: ``min_max_cut``): ``(that least, blocks per stage)``."""
+    cuts into p stages (empty ones too where the problem allows them) of the largest stage cost
+    (stage k holds blocks j..i-1, its cost a function of j, i and k only: ``min_max_cut``):
+    ``(that least, blocks per stage)``. An empty stage's terms hold as any stage's: its zero-time
+    ops still wait for the blocks before it, and the gradient still runs back down them."""
     blocks, p, m, c = layers.blocks, layers.ranks, layers.microbatches, layers.comm
     n = len(blocks)
     pre_f, pre_b, pre_fb, pre_work = [0.0], [0.0], [0.0], [0.0]
@@ -1309,14 +1322,19 @@ def one_chunk_cut(layers: LayerProblem) -> tuple[float, list[int]]:
     w_first = blocks[0].W
     makespan = layers.objective == "makespan"
 
+    empty = layers.empty_stages
+
     def cost(j: int, i: int, k: int) -> float:
         if not makespan:
             return m * (pre_work[i] - pre_work[j])
         head = pre_f[j] + k * c
+        # (the first block's W: on stage 0, after the gradient reached it; where stage 0 may be
+        # empty, on some stage up to k, overlapping the gradient's way down from there)
+        last = max(0.0, w_first - k * c) if empty else w_first
         return max(head + m * (pre_work[i] - pre_work[j]),
-                   head + m * (pre_fb[i] - pre_fb[j]) + pre_b[j] + k * c + w_first)
+                   head + m * (pre_fb[i] - pre_fb[j]) + pre_b[j] + k * c + last)
 
-    return min_max_cut(n, p, cost)
+    return min_max_cut(n, p, cost, empty=empty)
 
 
 WHOLE_SINGLES = 6  # whole_blocks: the blocks of a rarer kind kept as they are (their partitions enumerated)

@@ -21,7 +21,7 @@ from schedc.layers import LayerProblem, load_layers
 from schedc.layout import deepspeed_parts, megatron_layout, parse_megatron_layout, torchtitan_modules
 from schedc.solvers import REGISTRY
 from schedc.solvers.bounds import WHOLE_SINGLES, one_chunk_cut, partition_bound, whole_blocks
-from schedc.solvers.search.plan import plan
+from schedc.solvers.search.plan import _moves, plan
 from tests.exhaustive import exhaustive_optimum
 
 HEAVY_HEAD = dict(
@@ -121,8 +121,11 @@ def test_exports_each_framework_can_hold():
         megatron_layout([1, 1], ["E", "X"])
 
 
-def _cuts(n: int, k: int):
-    for cut in itertools.combinations(range(1, n), k - 1):
+def _cuts(n: int, k: int, empty: bool = False):
+    """Every cut of n blocks into k contiguous stages (``empty``: stages of no block too)."""
+    points = itertools.combinations_with_replacement(range(n + 1), k - 1) if empty else \
+        itertools.combinations(range(1, n), k - 1)
+    for cut in points:
         edges = (0, *cut, n)
         yield [b - a for a, b in zip(edges, edges[1:])]
 
@@ -167,10 +170,11 @@ def test_the_bound_over_every_cut_is_below_every_cuts_optimum(objective):
 
 
 @settings(max_examples=60, deadline=None)
-@given(layer_problems())
-def test_the_one_chunk_cut_is_the_least_over_every_cut(lp):
+@given(layer_problems(), st.booleans())
+def test_the_one_chunk_cut_is_the_least_over_every_cut(lp, empty):
     """The dynamic program's value is the brute-force least over the cuts of the largest stage
-    term, and its cut attains it."""
+    term (with ``empty_stages``, over the cuts with empty stages too), and its cut attains it."""
+    lp = lp.model_copy(update={"empty_stages": empty})
     blocks, m, c, p = lp.blocks, lp.microbatches, lp.comm, lp.ranks
 
     def largest(sizes):
@@ -182,14 +186,58 @@ def test_the_one_chunk_cut_is_the_least_over_every_cut(lp):
                 out = max(out, work)
             else:
                 head = sum(b.F for b in before) + k * c
-                down = sum(b.B for b in before) + k * c + blocks[0].W
+                down = sum(b.B for b in before) + k * c + (max(0.0, blocks[0].W - k * c) if empty else blocks[0].W)
                 out = max(out, head + work, head + m * sum(b.F + b.B for b in mine) + down)
             at += size
         return out
 
     value, sizes = one_chunk_cut(lp)
-    assert value == pytest.approx(min(largest(s) for s in _cuts(len(blocks), p)), rel=1e-12)
+    assert value == pytest.approx(min(largest(s) for s in _cuts(len(blocks), p, empty)), rel=1e-12)
     assert largest(sizes) == pytest.approx(value, rel=1e-12)
+
+
+@st.composite
+def small_layer_problems(draw):
+    p = draw(st.integers(1, 2))
+    cost = st.floats(0.1, 3)
+    layers = [dict(type=draw(st.sampled_from("EtmL")), F=draw(cost), B=draw(cost), W=draw(cost))
+              for _ in range(draw(st.integers(1, p * 2 + 1)))]
+    return LayerProblem.validated(dict(ranks=p, microbatches=draw(st.integers(1, 3)), chunks=[1, 2],
+                                       placements=["loop", "v"], comm=draw(st.sampled_from([0.0, 0.3])),
+                                       objective=draw(st.sampled_from(["makespan", "span"])), empty_stages=True,
+                                       layers=layers))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_layer_problems())
+def test_the_bound_over_every_cut_with_empty_stages_is_below_every_cuts_schedules(lp):
+    """With ``empty_stages``, the cuts with stages of no block count too: the partition bound is at
+    most every registry schedule of every such cut (fewer blocks than stages included)."""
+    for v in (1, 2):
+        for placement in ("loop", "v") if v == 2 else ("loop",):
+            bound = partition_bound(lp, v, placement).value
+            for sizes in _cuts(len(lp.blocks), lp.ranks * v, empty=True):
+                problem = lp.stage_problem(sizes, v, placement)
+                for spec in REGISTRY.values():
+                    if spec.why_not(problem) is None:
+                        t = simulate(problem, spec.build(problem))
+                        assert bound <= t.objective_value() + 1e-9, (v, placement, sizes, spec.name)
+
+
+def test_plan_moves_leave_a_stage_empty_only_where_allowed():
+    work, rank_of = [1.0, 1.0, 5.0], (0, 1)  # (three blocks, two stages on two ranks)
+    assert _moves([2, 1], work, rank_of, 2) == [[1, 2]]
+    assert sorted(_moves([2, 1], work, rank_of, 2, empty=True)) == [[1, 2], [3, 0]]
+    assert sorted(_moves([3, 0], work, rank_of, 2, empty=True)) == [[2, 1]]
+
+
+def test_an_empty_stage_is_exported_where_the_format_holds_one():
+    sizes, names = [2, 0, 1], [["embed"], ["layers.0"], ["norm", "output"]]
+    assert [len(s) for s in parse_megatron_layout(megatron_layout(sizes, ["E", "t", "L"]))] == sizes
+    with pytest.raises(ProblemError, match="stage 1 is empty: torchtitan"):
+        torchtitan_modules(sizes, names)
+    with pytest.raises(ProblemError, match="stage 1 is empty: DeepSpeed"):
+        deepspeed_parts(sizes)
 
 
 def test_plan_is_never_slower_than_its_seeds_and_its_bound_holds():
@@ -288,3 +336,23 @@ def test_a_limit_no_cut_can_meet_is_named():
     lp = LayerProblem.validated({**HEAVY_HEAD, "memory": {"limit": 10}})  # rank 0 holds E (8) and more
     with pytest.raises(ProblemError, match="no cut of any shape tried makes a stage problem schedc accepts"):
         plan(lp, time_limit=5, threads=1)
+
+
+def test_plan_with_empty_stages_cuts_fewer_blocks_than_stages(tmp_path):
+    """Seven blocks on eight stages (4 ranks, 2 chunks): only a cut with an empty stage exists; the
+    plan's file is checked on reading, and its bound holds over the cuts with empty stages."""
+    lp = LayerProblem.validated(dict(ranks=4, microbatches=8, chunks=[2], placements=["loop"], comm=0.05,
+                                     empty_stages=True, layers=[dict(type="E", F=0.3, B=0.3, W=0.1),
+                                                                dict(type="t", count=5, F=1.0, B=1.1, W=0.9),
+                                                                dict(type="L", F=3.0, B=3.3, W=2.7)]))
+    result = plan(lp, time_limit=10, threads=1)
+    assert 0 in result.chosen.sizes and sum(result.chosen.sizes) == 7
+    assert result.bound <= result.objective + 1e-9
+    path = tmp_path / "plan.json"
+    result.compiled().save(path)
+    assert load(path).problem.empty_stages == {s for s, k in enumerate(result.chosen.sizes) if k == 0}
+    c = result.chosen
+    exports = layout_exports(lp, c.sizes, c.chunks, c.placement)
+    assert "is empty" in exports["torchtitan"] and exports["stage_blocks"] == c.sizes
+    if c.placement == "loop":
+        assert [len(x) for x in parse_megatron_layout(exports["megatron"])] == c.sizes

@@ -100,3 +100,25 @@ def test_a_plans_cut_in_two_directions_trains_exactly_like_one_process(tmp_path)
         assert weights.keys() == ref_weights.keys()
         for name, t in ref_weights.items():
             torch.testing.assert_close(weights[name], t, rtol=1e-5, atol=1e-6, msg=f"direction {k}: {name}")
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-greedy"])
+def test_a_cut_with_an_empty_stage_trains_exactly_like_one_process(schedule, tmp_path):
+    """A stage with no block (``stage_blocks`` 0, costs 0) passes activations and gradients along:
+    the two gloo ranks train to one process's losses and weights, fused backward and split."""
+    m, sizes = 4, [2, 0, 3, 2]  # (stage 1, on rank 1, is empty)
+    lp = LayerProblem.validated(dict(ranks=2, microbatches=m, chunks=2, placements=["loop"], comm=0.1, layers=[
+        dict(type="E", F=0.2, B=0.2, W=0.1), dict(type="t", count=N_LAYERS, F=1, B=1.1, W=0.9),
+        dict(type="L", F=2, B=2.2, W=1.8)]))
+    problem = lp.stage_problem(sizes, 2, "loop")
+    assert problem.empty_stages == {1}
+    path = tmp_path / "empty.json"
+    schedc.compile(problem, schedule).save(path)
+    ranks = run_local(train, 2, str(path), 2 * m, timeout=600)
+    ref_losses, ref_weights = reference(m, 2 * m, sizes)
+    losses = next(r["losses"] for r in ranks if r["losses"][0] is not None)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    weights = {k: t for r in ranks for k, t in r["weights"].items()}
+    assert weights.keys() == ref_weights.keys()
+    for k, t in ref_weights.items():
+        torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=k)

@@ -20,7 +20,8 @@ answer's bound is the least over the shapes of ``partition_bound``: valid for ev
 shape the plan was allowed, so ``(objective - bound) / objective`` is a proven gap over the layout
 as well as the order. Partial: with two chunks or more the bound counts the busiest rank (whole
 blocks) and the critical path, not a cut's fill and drain nor the recompute a limit forces, so the
-gap there can be loose; empty stages (which a stage problem may hold) are not considered. The bidirectional placement (two
+gap there can be loose. Where the layer file sets ``empty_stages``, the moves may leave a stage
+with no block (and the one-chunk term counts such cuts too). The bidirectional placement (two
 pipelines in opposite directions) is one more shape where the layer file allows it: its stage
 problem has ``replicas`` 2, which the registry's two-direction families (DualPipe, Chimera) and
 the search schedule as any such problem.
@@ -144,7 +145,10 @@ def _seeds(layers: LayerProblem, chunks: int, placement: str) -> list[Candidate]
     """The shape's seed cuts, judged; the same cut from two rules is judged once."""
     n = layers.ranks * chunks
     work = [b.F + b.B + b.W for b in layers.blocks]
-    cuts = {"uniform": uniform(len(work), n), "balanced": balanced(work, n)}
+    if len(work) >= n:
+        cuts = {"uniform": uniform(len(work), n), "balanced": balanced(work, n)}
+    else:  # (fewer blocks than stages, where empty stages are allowed: one block a stage, the last ones empty)
+        cuts = {"uniform": [1] * len(work) + [0] * (n - len(work))}
     if chunks == 1:
         cuts["bound"] = one_chunk_cut(layers)[1]
     out, seen = [], {}
@@ -214,7 +218,7 @@ def _descend(layers: LayerProblem, start: Candidate, budget: Budget) -> Candidat
     improved = True
     while improved and not budget.expired():
         improved = False
-        for sizes in _moves(best.sizes, work, rank_of, layers.ranks)[:MOVES_TRIED]:
+        for sizes in _moves(best.sizes, work, rank_of, layers.ranks, layers.empty_stages)[:MOVES_TRIED]:
             problem = _stage_problem(layers, best.chunks, best.placement, sizes)
             if problem is None or lower_bound(problem).value >= best.objective:
                 continue  # (no schedule of this cut can be shorter)
@@ -228,8 +232,10 @@ def _descend(layers: LayerProblem, start: Candidate, budget: Budget) -> Candidat
     return best
 
 
-def _moves(sizes: list[int], work: list[float], rank_of: tuple[int, ...], ranks: int) -> list[list[int]]:
-    """Every cut one block away (a block from stage a to stage b), the lightest busiest rank first."""
+def _moves(sizes: list[int], work: list[float], rank_of: tuple[int, ...], ranks: int,
+           empty: bool = False) -> list[list[int]]:
+    """Every cut one block away (a block from stage a to stage b; a stage keeps one at least unless
+    ``empty``), the lightest busiest rank first."""
     def loads(cut: list[int]) -> tuple[float, int]:
         per_stage, at = [], 0
         for k in cut:
@@ -243,7 +249,7 @@ def _moves(sizes: list[int], work: list[float], rank_of: tuple[int, ...], ranks:
 
     out = []
     for a in range(len(sizes)):
-        if sizes[a] < 2:
+        if sizes[a] < (1 if empty else 2):
             continue
         for b in range(len(sizes)):
             if b != a:
