@@ -463,16 +463,15 @@ class Problem(_Strict):
         self._per_rank("memory.static", self.memory.static)
         self.stage_working  # read once here so a memory.working of the wrong length is refused now
         self.stage_weights  # and a memory.weights
-        if self.stage_blocks is not None and len(self.stage_blocks) == self.pipeline_stages:
-            hollow = [s for s, k in enumerate(self.stage_blocks) if (k == 0) != (s in self.empty_stages)]
-            if hollow:
-                s = hollow[0]
-                raise ValueError(f"stage_blocks gives stage {s} {self.stage_blocks[s]} blocks, but its costs F, B and W"
-                                 f" are {'all 0 (an empty stage)' if s in self.empty_stages else 'not 0'}: a stage"
-                                 " with no block is empty, and only it")
         if self.stage_blocks is not None and len(self.stage_blocks) != self.pipeline_stages:
             raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries but there are {self.pipeline_stages}"
                              " stages")
+        hollow = [s for s, k in enumerate(self.stage_blocks or ()) if (k == 0) != (s in self.empty_stages)]
+        if hollow:
+            s = hollow[0]
+            raise ValueError(f"stage_blocks gives stage {s} {self.stage_blocks[s]} blocks, but its costs F, B and W"
+                             f" are {'all 0 (an empty stage)' if s in self.empty_stages else 'not 0'}: a stage"
+                             " with no block is empty, and only it")
         limits = self.memory_limit
         if limits is not None:
             for r, limit in enumerate(limits):

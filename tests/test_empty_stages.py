@@ -95,3 +95,12 @@ def test_solve_schedules_around_an_empty_stage():
     t = simulate(problem, found.schedule)
     assert t.objective_value() == found.objective and problem.time_tol.le(found.bound, found.objective)
     check(problem, lower(problem, found.schedule, t), found.schedule)
+
+
+def test_stage_blocks_name_the_empty_stages():
+    costs = dict(F=[1, 0, 1, 1], B=[1, 0, 1, 1], W=[1, 0, 1, 1])
+    assert _problem(costs, 4, stage_blocks=[2, 0, 1, 3]).stage_blocks == [2, 0, 1, 3]
+    with pytest.raises(ProblemError, match="stage_blocks gives stage 1 1 blocks, but its costs F, B and W are all 0"):
+        _problem(costs, 4, stage_blocks=[2, 1, 1, 3])
+    with pytest.raises(ProblemError, match="stage_blocks gives stage 2 0 blocks, but its costs F, B and W are not 0"):
+        _problem(costs, 4, stage_blocks=[2, 0, 0, 3])

@@ -44,6 +44,18 @@ def reference(m, batch, sizes):
     return losses, weights
 
 
+def _trains_like_one_process(path, m: int, sizes: list[int]) -> None:
+    """Two gloo ranks train the schedule file at ``path`` to one process's losses and weights."""
+    ranks = run_local(train, 2, str(path), 2 * m, timeout=600)
+    ref_losses, ref_weights = reference(m, 2 * m, sizes)
+    losses = next(r["losses"] for r in ranks if r["losses"][0] is not None)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    weights = {k: t for r in ranks for k, t in r["weights"].items()}
+    assert weights.keys() == ref_weights.keys()
+    for k, t in ref_weights.items():
+        torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=k)
+
+
 @pytest.mark.parametrize("chunks, placement", [(1, "loop"), (2, "v")])
 def test_a_plans_uneven_cut_trains_exactly_like_one_process(chunks, placement, tmp_path):
     """The example GPT's blocks (embedding, five layers, head) with a head five times a layer:
@@ -57,14 +69,7 @@ def test_a_plans_uneven_cut_trains_exactly_like_one_process(chunks, placement, t
     assert len(set(sizes)) > 1  # (an uneven cut: the head's stage holds fewer blocks)
     path = tmp_path / "plan.json"
     result.compiled().save(path)
-    ranks = run_local(train, 2, str(path), 2 * m, timeout=600)
-    ref_losses, ref_weights = reference(m, 2 * m, sizes)
-    losses = next(r["losses"] for r in ranks if r["losses"][0] is not None)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
-    weights = {k: t for r in ranks for k, t in r["weights"].items()}
-    assert weights.keys() == ref_weights.keys()
-    for k, t in ref_weights.items():
-        torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=k)
+    _trains_like_one_process(path, m, sizes)
 
 
 def train_two_ways(rank, world, path, batch):
@@ -114,11 +119,4 @@ def test_a_cut_with_an_empty_stage_trains_exactly_like_one_process(schedule, tmp
     assert problem.empty_stages == {1}
     path = tmp_path / "empty.json"
     schedc.compile(problem, schedule).save(path)
-    ranks = run_local(train, 2, str(path), 2 * m, timeout=600)
-    ref_losses, ref_weights = reference(m, 2 * m, sizes)
-    losses = next(r["losses"] for r in ranks if r["losses"][0] is not None)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
-    weights = {k: t for r in ranks for k, t in r["weights"].items()}
-    assert weights.keys() == ref_weights.keys()
-    for k, t in ref_weights.items():
-        torch.testing.assert_close(weights[k], t, rtol=1e-5, atol=1e-6, msg=k)
+    _trains_like_one_process(path, m, sizes)
