@@ -660,7 +660,8 @@ class Problem(_Strict):
 
     def _costs(self) -> None:
         """Every given per-stage time is > 0 but on an empty stage, where it is 0 (``empty_stages``),
-        and some stage is not empty; a ValueError names the field (and index) otherwise."""
+        and some stage is not empty; a ValueError names the field (and index) otherwise. (The fields'
+        own validators refuse a negative time, and a single 0, already.)"""
         empty = self.empty_stages
         if len(empty) == self.n_stages:
             raise ValueError("every stage is empty (costs F, B and W all 0): nothing to schedule")
@@ -669,7 +670,7 @@ class Problem(_Strict):
             if given is None or given is _ABSENT:
                 continue
             for s, x in enumerate(self._per_stage(path, given)):
-                if x <= 0 and not (x == 0 and s in empty):
+                if x == 0 and s not in empty:
                     i = s % len(given) if isinstance(given, list) else None  # (one pipeline's list, repeated)
                     where, raw = ("", given) if i is None else (f" (index {i})", given[i])
                     raise ValueError(f"{path}: must be > 0, got {raw:g}{where}")
