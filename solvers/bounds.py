@@ -95,6 +95,8 @@ POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / 
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 WINDOW_EXACT = 16  # _windows: a policy that fits this many times or fewer in a window's room is counted exactly
 WINDOW_COMBOS = 256  # _windows: at most this many mixes of those are enumerated (the rest relaxed)
+KNAP_EXACT = 16  # _most: an option that fits this many times or fewer in the room is counted in whole microbatches
+KNAP_COMBOS = 256  # _most: at most this many mixes of those are enumerated (the rest relaxed)
 
 
 @dataclass(frozen=True)
@@ -1027,6 +1029,35 @@ def _climb(hull: tuple[float, float, list], room: float, forced: bool = False) -
     return total + _fill(steps, room - base)
 
 
+def _most(items: list[tuple[list[tuple[float, float]], int]], room: float, exact: int = KNAP_EXACT,
+          combos: int = KNAP_COMBOS) -> float:
+    """An upper bound on the most value of ``_hull``'s multiple-choice knapsack (each microbatch
+    may be left out) in ``room``, at most its linear relaxation's: the options that fit no more
+    than ``exact`` times are counted in whole microbatches (every mix of them that fits, at
+    most ``combos`` mixes: past that the lightest of them join the rest), the rest relaxed as
+    ``_climb`` does, without the options heavier than the room the mix leaves. A holding takes some
+    whole number of each counted option, one of the mixes, and the rest of it is a holding of the
+    other options in what room that mix leaves, none of them heavier than that room."""
+    big = sorted(((w, v, i) for i, (options, count) in enumerate(items) if count > 0
+                  for w, v in options if v > 0 and room / exact < w <= room), reverse=True)
+    while math.prod(int(room / w) + 1 for w, _, _ in big) > combos:
+        big.pop()
+    mixes = [(0.0, 0.0, (0,) * len(items))]  # (weight, value, microbatches of each item taken)
+    for w, v, i in big:
+        grown = []
+        for held, got, used in mixes:
+            for t in range(min(int((room - held) / w * (1 + 1e-12)), items[i][1] - used[i]) + 1):
+                grown.append((held + t * w, got + t * v, used[:i] + (used[i] + t,) + used[i + 1:]))
+        mixes = grown
+    counted = set(big)
+
+    def rest(left: float, used: tuple[int, ...]) -> float:  # the other options, relaxed, in what a mix leaves
+        return _climb(_hull([([o for o in options if (*o, i) not in counted and o[0] <= left * (1 + 1e-12)],
+                              count - used[i]) for i, (options, count) in enumerate(items)]), left)
+
+    return max(got + rest(max(0.0, room - held), used) for held, got, used in mixes)
+
+
 def _least_idle(length: float, held: float, copies: list[tuple[float, float, int]], opens: float) -> float:
     """Idle in a window of ``length`` or more, whose work is ``held`` (what memory admits) plus
     microbatches that hold nothing once their copy ran in it: ``count`` of each ``(value, copy
@@ -1074,6 +1105,8 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     - knap_back (after the last forward ends): the same pairs and recomputes over the whole room,
       offloaded ones without a copy limit; knap_w as without policies (``_deferred_w``: a recomputed
       or offloaded activation is whole again during its B).
+    - the three knapsacks count in whole microbatches the options few of which fit the room, the
+      rest in fractions (``_most``): a forward that does not fit at all is worth nothing there.
     - every forward held at once (the windows may overlap): possible when the least keeps fit, less
       what copies can take out; then the rank owes the least recompute over its microbatches that
       makes them fit (``owed_all``), or waits for copies out: with n offloaded the first backward
@@ -1096,7 +1129,7 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     # the rest of the room.
     warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m - (s == hi)) for s in stages]
     outs = [(F[s], c[Kind.O][s], m - (s == hi)) for s in stages] if offload else []
-    first = F[hi] + _climb(_hull(warm), cap - a[hi])
+    first = F[hi] + _most(warm, cap - a[hi])
     knap_f = first_b - _least_idle(first_b, first, outs, opens)
 
     def backward(s: int) -> list[tuple[float, float]]:  # a pair held after its forward, and its work
@@ -1104,9 +1137,9 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
 
     cool = [(backward(s), m - (s == hi)) for s in stages]
     ins = [(B[s] + W[s], c[Kind.L][s], m - (s == hi)) for s in stages] if offload else []
-    held = _climb(_hull(cool), cap - problem.least_kept(hi))
+    held = _most(cool, cap - problem.least_kept(hi))
     knap_pend = ch.rt[hi] - _least_idle(ch.rt[hi], held, ins, 0.0)
-    knap_back = _climb(_hull([(backward(s), m) for s in stages]), cap)
+    knap_back = _most([(backward(s), m) for s in stages], cap)
     if offload:
         knap_back += m * sum(B[s] + W[s] for s in stages)
 
