@@ -528,9 +528,10 @@ def _idle(problem: Problem, ch: _Chains, k: _Rank, objective: str) -> tuple[floa
         parts.append(f"warm-up idle {staggered:g} (by {by:g}{after} only so many of its forwards can have reached it)")
     elif warm > 0:
         idle_warm = warm
+        net = " net of the recompute they owe" if problem.policies else ""
         parts.append(
             f"warm-up idle {warm:g} (first B cannot start before {first_b:g}{after};"
-            f" memory admits forwards worth {k.knap_f:g})"
+            f" memory admits forwards worth {k.knap_f:g}{net})"
         )
     else:
         idle_warm = 0.0
@@ -1055,7 +1056,8 @@ def _most(items: list[tuple[list[tuple[float, float]], int]], room: float, exact
         return _climb(_hull([([o for o in options if (*o, i) not in counted and o[0] <= left * (1 + 1e-12)],
                               count - used[i]) for i, (options, count) in enumerate(items)]), left)
 
-    return max(got + rest(max(0.0, room - held), used) for held, got, used in mixes)
+    slack = 1e-9 * max(1.0, abs(room))  # (weights that float sums lose beside the mix's)
+    return max(got + rest(max(0.0, room - held) + slack, used) for held, got, used in mixes)
 
 
 def _least_idle(length: float, held: float, copies: list[tuple[float, float, int]], opens: float) -> float:
@@ -1130,7 +1132,8 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m - (s == hi)) for s in stages]
     outs = [(F[s], c[Kind.O][s], m - (s == hi)) for s in stages] if offload else []
     first = F[hi] + _most(warm, cap - a[hi])
-    knap_f = first_b - _least_idle(first_b, first, outs, opens)
+    knap_f = min(first_b - _least_idle(first_b, first, outs, opens),
+                 first_b - _covered(problem, warm, stages, hi, cap - a[hi], first_b, opens))
 
     def backward(s: int) -> list[tuple[float, float]]:  # a pair held after its forward, and its work
         return [(a[s], B[s] + W[s]), (mW[s], W[s])] + [(keep[s, k], B[s] + W[s] + R[k][s]) for k in R]
@@ -1159,6 +1162,42 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
         knap_back=knap_back,
         all_forwards_fit=owed_all < math.inf, owed_all=owed_all,
     )
+
+
+COVER_GRID = 20  # _covered: the weights of the warm-up's idle against its forwards' recompute step by 1 / this
+
+
+def _covered(problem: Problem, warm: list, stages: tuple[int, ...], hi: int, room: float, first_b: float,
+             opens: float) -> float:
+    """The warm-up's idle plus the recompute its forwards still owe, at least, for ``_policy_rank``
+    (whose knap_f counts the same forwards' work less what they owe, which is all it can say where
+    more forwards fit than the wait needs: here each owes its recompute even then).
+
+    Let t0 be the start of the rank's first backward (>= ``first_b``), W0 the forwards run before
+    it, U the recomputes run there, and owed(W0) the recompute W0's forwards still owe at t0. The
+    rank's time is >= its work + every recompute + its idle, and idle >= t0 - F(W0) - R(U), so
+    what W0 adds to the work is >= owed(W0) + max(0, t0 - F(W0)) (R(U) fills the idle at most one
+    for one) >= owed(W0) + lam (t0 - F(W0)) for any lam in [0, 1]. The forwards of W0 not
+    offloaded hold their keep at t0 beside the first backward's whole activation, within ``room``:
+    ``_most`` over ``warm``'s options valued lam F - owed bounds what they take off. The n
+    offloaded hold nothing once their copy out ran, serially on the copy lane after ``opens``, so
+    t0 >= opens + n O and they take off at most n lam F. The least over n, the largest over lam on
+    a grid (lam = 1 is knap_f's own term)."""
+    c, F = problem.cost, problem.cost[Kind.F]
+    most_n = problem.microbatches * len(stages) if Kind.O in problem.policies else 0
+    copy, longest = (min(c[Kind.O][s] for s in stages), max(F[s] for s in stages)) if most_n else (math.inf, 0.0)
+    tries = {0, most_n}
+    if most_n and copy > 0:
+        kink = (first_b - opens) / copy
+        tries |= {n for n in (math.floor(kink), math.ceil(kink)) if 0 <= n <= most_n}
+    best = 0.0
+    for step in range(COVER_GRID + 1):
+        lam = step / COVER_GRID
+        valued = [([(w, v - (1 - lam) * F[s]) for w, v in options], count) for (options, count), s in zip(warm, stages)]
+        held = lam * F[hi] + _most(valued, room)
+        wait = min(max(first_b, opens + n * copy if n else first_b) - n * longest for n in tries)
+        best = max(best, lam * wait - held)
+    return best
 
 
 def _policy_options(problem: Problem, ch: _Chains, s: int) -> list[tuple[str, float, float, float, float]]:
