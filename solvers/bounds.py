@@ -1002,23 +1002,33 @@ def _first(lo: int, hi: int, reached) -> int:
 def _hull(items: list[tuple[list[tuple[float, float]], int]], forced: bool = False) -> tuple[float, float, list]:
     """The linear relaxation of a multiple-choice knapsack: ``count`` microbatches of each item,
     each holding one of the item's options ``(weight, value)``. Each item starts at its lightest
-    option (the best of them) and climbs its upper hull; returns ``(value, weight)`` of all the
-    starts and the climbs ``(value, weight, count)`` in falling value per weight, for ``_climb``.
-    ``forced``: every microbatch must be held; else leaving one out, (0, 0), is an option too."""
+    option (the best of them) and climbs its upper hull (``_item_hull``); returns ``(value,
+    weight)`` of all the starts and the climbs ``(value, weight, count)`` in falling value per
+    weight, for ``_climb``. ``forced``: every microbatch must be held; else leaving one out, (0,
+    0), is an option too."""
     total, base, steps = 0.0, 0.0, []
     for options, count in items:
-        if not forced:
-            options = options + [(0.0, 0.0)]
-        at = min(options, key=lambda o: (o[0], -o[1]))
-        total += count * at[1]
-        base += count * at[0]
-        rest = [(w, v) for w, v in options if w > at[0] and v > at[1]]
-        while rest:
-            slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest)
-            steps.append((slope, nxt[1] - at[1], nxt[0] - at[0], count))
-            at = nxt
-            rest = [(w, v) for w, v in rest if w > at[0] and v > at[1]]
+        (w0, v0), climbs = _item_hull(options, forced)
+        total += count * v0
+        base += count * w0
+        steps += [(slope, v, w, count) for slope, v, w in climbs]
     return total, base, [(v, w, c) for _, v, w, c in sorted(steps, reverse=True)]
+
+
+def _item_hull(options: list[tuple[float, float]], forced: bool = False) -> tuple[tuple[float, float], list]:
+    """One item of ``_hull``, one microbatch: its start ``(weight, value)`` and its climbs
+    ``(value per weight, value, weight)``, steepest first."""
+    if not forced:
+        options = options + [(0.0, 0.0)]
+    at = start = min(options, key=lambda o: (o[0], -o[1]))
+    climbs = []
+    rest = [(w, v) for w, v in options if w > at[0] and v > at[1]]
+    while rest:
+        slope, nxt = max(((v - at[1]) / (w - at[0]), (w, v)) for w, v in rest)
+        climbs.append((slope, nxt[1] - at[1], nxt[0] - at[0]))
+        at = nxt
+        rest = [(w, v) for w, v in rest if w > at[0] and v > at[1]]
+    return start, climbs
 
 
 def _climb(hull: tuple[float, float, list], room: float, forced: bool = False) -> float:
@@ -1036,9 +1046,9 @@ def _most(items: list[tuple[list[tuple[float, float]], int]], room: float, exact
     may be left out) in ``room``, at most its linear relaxation's: the options that fit no more
     than ``exact`` times are counted in whole microbatches (every mix of them that fits, at
     most ``combos`` mixes: past that the lightest of them join the rest), the rest relaxed as
-    ``_climb`` does, without the options heavier than the room the mix leaves. A holding takes some
-    whole number of each counted option, one of the mixes, and the rest of it is a holding of the
-    other options in what room that mix leaves, none of them heavier than that room."""
+    ``_climb`` does (options heavier than the room left out). A holding takes some whole number of
+    each counted option, one of the mixes, and the rest of it is a holding of the other options in
+    what room that mix leaves."""
     big = sorted(((w, v, i) for i, (options, count) in enumerate(items) if count > 0
                   for w, v in options if v > 0 and room / exact < w <= room), reverse=True)
     while math.prod(int(room / w) + 1 for w, _, _ in big) > combos:
@@ -1051,13 +1061,23 @@ def _most(items: list[tuple[list[tuple[float, float]], int]], room: float, exact
                 grown.append((held + t * w, got + t * v, used[:i] + (used[i] + t,) + used[i + 1:]))
         mixes = grown
     counted = set(big)
-
-    def rest(left: float, used: tuple[int, ...]) -> float:  # the other options, relaxed, in what a mix leaves
-        return _climb(_hull([([o for o in options if (*o, i) not in counted and o[0] <= left * (1 + 1e-12)],
-                              count - used[i]) for i, (options, count) in enumerate(items)]), left)
-
     slack = 1e-9 * max(1.0, abs(room))  # (weights that float sums lose beside the mix's)
-    return max(got + rest(max(0.0, room - held) + slack, used) for held, got, used in mixes)
+    rest = [_item_hull([o for o in options if (*o, i) not in counted and o[0] <= room + slack])
+            for i, (options, _) in enumerate(items)]
+    climbs = sorted(((slope, v, w, i) for i, (_, steps) in enumerate(rest) for slope, v, w in steps), reverse=True)
+    best = -math.inf
+    for held, got, used in mixes:  # the rest of each mix: ``_climb`` over what it leaves of each item
+        left = [count - u for (_, count), u in zip(items, used)]
+        value = got + sum(n * start[1] for n, (start, _) in zip(left, rest))
+        room_left = max(0.0, room - held) + slack - sum(n * start[0] for n, (start, _) in zip(left, rest))
+        for _, v, w, i in climbs:
+            if room_left <= 0:
+                break
+            take = min(left[i], room_left / w)
+            value += take * v
+            room_left -= take * w
+        best = max(best, value)
+    return best
 
 
 def _least_idle(length: float, held: float, copies: list[tuple[float, float, int]], opens: float) -> float:
@@ -1164,7 +1184,7 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     )
 
 
-COVER_GRID = 20  # _covered: the weights of the warm-up's idle against its forwards' recompute step by 1 / this
+COVER_GRID = 20  # _covered: the weight of the warm-up's idle against what its forwards owe steps by 1 / this
 
 
 def _covered(problem: Problem, warm: list, stages: tuple[int, ...], hi: int, room: float, first_b: float,
@@ -1181,8 +1201,9 @@ def _covered(problem: Problem, warm: list, stages: tuple[int, ...], hi: int, roo
     offloaded hold their keep at t0 beside the first backward's whole activation, within ``room``:
     ``_most`` over ``warm``'s options valued lam F - owed bounds what they take off. The n
     offloaded hold nothing once their copy out ran, serially on the copy lane after ``opens``, so
-    t0 >= opens + n O and they take off at most n lam F. The least over n, the largest over lam on
-    a grid (lam = 1 is knap_f's own term)."""
+    t0 >= opens + n O and they take off at most n lam F. The least over n, the largest over lam
+    on a grid and where a recompute starts to pay for its forward (lam = R / F), where the term
+    (concave in lam) turns (lam = 1 is knap_f's own term)."""
     c, F = problem.cost, problem.cost[Kind.F]
     most_n = problem.microbatches * len(stages) if Kind.O in problem.policies else 0
     copy, longest = (min(c[Kind.O][s] for s in stages), max(F[s] for s in stages)) if most_n else (math.inf, 0.0)
@@ -1190,13 +1211,13 @@ def _covered(problem: Problem, warm: list, stages: tuple[int, ...], hi: int, roo
     if most_n and copy > 0:
         kink = (first_b - opens) / copy
         tries |= {n for n in (math.floor(kink), math.ceil(kink)) if 0 <= n <= most_n}
+    wait = min(max(first_b, opens + n * copy if n else first_b) - n * longest for n in tries)
+    # lam where a recompute starts to pay for its forward (its term's slope turns there), and a grid
+    kinks = {c[k][s] / F[s] for s in stages for k in problem.recomputes if 0 < c[k][s] < F[s]}
     best = 0.0
-    for step in range(COVER_GRID + 1):
-        lam = step / COVER_GRID
+    for lam in sorted(kinks | {step / COVER_GRID for step in range(COVER_GRID + 1)}):
         valued = [([(w, v - (1 - lam) * F[s]) for w, v in options], count) for (options, count), s in zip(warm, stages)]
-        held = lam * F[hi] + _most(valued, room)
-        wait = min(max(first_b, opens + n * copy if n else first_b) - n * longest for n in tries)
-        best = max(best, lam * wait - held)
+        best = max(best, lam * (wait - F[hi]) - _most(valued, room))
     return best
 
 
