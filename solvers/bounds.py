@@ -1070,13 +1070,7 @@ def _most(items: list[tuple[list[tuple[float, float]], int]], room: float, exact
         left = [count - u for (_, count), u in zip(items, used)]
         value = got + sum(n * start[1] for n, (start, _) in zip(left, rest))
         room_left = max(0.0, room - held) + slack - sum(n * start[0] for n, (start, _) in zip(left, rest))
-        for _, v, w, i in climbs:
-            if room_left <= 0:
-                break
-            take = min(left[i], room_left / w)
-            value += take * v
-            room_left -= take * w
-        best = max(best, value)
+        best = max(best, value + _fill([(v, w, left[i]) for _, v, w, i in climbs], room_left))
     return best
 
 
@@ -1152,8 +1146,8 @@ def _policy_rank(problem: Problem, ch: _Chains, r: int, objective: str) -> _Rank
     warm = [([(a[s], F[s])] + [(keep[s, k], F[s] - R[k][s]) for k in R], m - (s == hi)) for s in stages]
     outs = [(F[s], c[Kind.O][s], m - (s == hi)) for s in stages] if offload else []
     first = F[hi] + _most(warm, cap - a[hi])
-    knap_f = min(first_b - _least_idle(first_b, first, outs, opens),
-                 first_b - _covered(problem, warm, stages, hi, cap - a[hi], first_b, opens))
+    knap_f = first_b - max(_least_idle(first_b, first, outs, opens),
+                           _covered(problem, warm, stages, hi, cap - a[hi], first_b, opens))
 
     def backward(s: int) -> list[tuple[float, float]]:  # a pair held after its forward, and its work
         return [(a[s], B[s] + W[s]), (mW[s], W[s])] + [(keep[s, k], B[s] + W[s] + R[k][s]) for k in R]
