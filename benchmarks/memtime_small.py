@@ -1,7 +1,7 @@
 """Where memory binds, which side is loose: on small problems with recompute and offload, the exact
 optimum against `schedc solve` and against schedc's lower bound (issue 39, point 1).
 
-    python benchmarks/memtime_small.py [--write] [--jobs 2] [--cbc-limit 20] [--cpsat-limit 60]
+    python benchmarks/memtime_small.py [--write] [--jobs 2] [--solve-limit 20] [--cpsat-limit 60]
 
 Cells: the zero-bubble paper's 1.5B and 28.3B settings (Qi et al., ICLR 2024, Table 9 costs, the
 memory and policy model of benchmarks/memory_time.py: full and selective recompute, offload) cut to
@@ -11,7 +11,9 @@ limits 0.25, 0.5 and 1 x 1F1B's activation memory (p M_B), objective span.
 Per cell, each as a user runs it (the CLI, its own process; memory_time.py writes the problems the
 same way):
 
-- `schedc solve FILE --time-limit CBC` (the default solver, CBC): what users get;
+- `schedc solve FILE --time-limit SOLVE` (the default backend, "auto": CP-SAT on these problems, which
+  declare recompute and offload, where OR-Tools is installed, else CBC; the table before the
+  default became "auto" ran CBC): what users get;
 - `schedc solve FILE --solver cpsat --time-limit CPSAT`: CP-SAT models the keep / recompute /
   selective / offload choice per (stage, microbatch) with the order; where it proves optimality
   its span is the optimum, else its search bound is a lower bound of its own;
@@ -52,6 +54,7 @@ SETTINGS = (("1.5B", 24), ("28.3B", 96))  # the smallest and the largest model (
 SIZES = ((2, 4), (2, 8), (3, 6), (4, 4), (4, 8))  # (p, m)
 LIMITS = (0.25, 0.5, 1.0)  # x 1F1B's activation memory, p M_B
 REL = 1e-6  # spans and bounds this close are equal
+RUNS = ("solve", "cpsat")  # per cell: schedc solve as users run it (its default backend), and CP-SAT for longer
 
 
 def small_problem(model: str, m_paper: int, p: int, m: int, limit: float, v: bool) -> Problem:
@@ -79,31 +82,32 @@ def cells() -> tuple[list[tuple], list[str]]:
     return out, left_out
 
 
-def run_cell(cell: tuple, out_dir: Path, cbc: float, cpsat: float, shared: bool = False) -> dict:
-    """Both solves of one cell; ``shared``: other cells run at the same time, so each solve is
-    given one thread (``--threads 1``; no local search beside CBC on a second core)."""
+def run_cell(cell: tuple, out_dir: Path, solve: float, cpsat: float, shared: bool = False) -> dict:
+    """Both solves of one cell, the default ("solve") and CP-SAT for longer; ``shared``: other cells
+    run at the same time, so each solve is given one thread (``--threads 1``; no local search beside
+    the backend on a second core)."""
     model, mp, p, m, limit, v = cell
     problem = small_problem(model, mp, p, m, limit, v)
     path = out_dir / f"{problem.name}.yaml"
     path.write_text(yaml.safe_dump(problem.model_dump(exclude_none=True), sort_keys=False))
     out = {"name": problem.name, "ops": 3 * problem.n_stages * m, "bound": lower_bound(problem).value}
-    for solver, limit_s in (("cbc", cbc), ("cpsat", cpsat)):
-        res, wall, err = run_json(["solve", str(path), "-o", str(out_dir / f"{problem.name}.{solver}.json"),
-                                   "--solver", solver, "--time-limit", f"{limit_s:g}", "-q"]
+    for run, backend, limit_s in (("solve", [], solve), ("cpsat", ["--solver", "cpsat"], cpsat)):
+        res, wall, err = run_json(["solve", str(path), "-o", str(out_dir / f"{problem.name}.{run}.json"),
+                                   *backend, "--time-limit", f"{limit_s:g}", "-q"]
                                   + (["--threads", "1"] if shared else []),
                                   timeout=10 * limit_s + 120)
-        out[solver] = ({"span": res["span"], "bound": res["bound"], "status": res["status"], "wall": wall}
-                       if res else {"error": err, "wall": wall})
+        out[run] = ({"span": res["span"], "bound": res["bound"], "status": res["status"], "solver": res["solver"],
+                     "wall": wall} if res else {"error": err, "wall": wall})
     return out
 
 
 def summarise(r: dict) -> dict:
     """The optimum's interval and the two gaps of one cell."""
-    spans = [r[s]["span"] for s in ("cbc", "cpsat") if "span" in r[s]]
-    bounds = [r["bound"]] + [r[s]["bound"] for s in ("cbc", "cpsat") if r[s].get("bound") is not None]
+    spans = [r[s]["span"] for s in RUNS if "span" in r[s]]
+    bounds = [r["bound"]] + [r[s]["bound"] for s in RUNS if r[s].get("bound") is not None]
     hi, lo = min(spans), max(bounds)
     known = hi - lo <= REL * hi
-    solve = r["cbc"].get("span")
+    solve = r["solve"].get("span")
     return {
         "lo": lo, "hi": hi, "known": known,
         "solve_over": (solve - hi) / hi if solve is not None else None,  # the least, exact where known
@@ -111,27 +115,28 @@ def summarise(r: dict) -> dict:
     }
 
 
-def table(results: list[tuple[tuple, dict]], cbc: float, cpsat: float) -> tuple[str, list[str]]:
-    lines = [f"| model | placement | p | m | limit | ops | solve (CBC {cbc:g} s) | CP-SAT {cpsat:g} s | optimum |"
+def table(results: list[tuple[tuple, dict]], solve: float, cpsat: float) -> tuple[str, list[str]]:
+    lines = [f"| model | placement | p | m | limit | ops | solve ({solve:g} s, its backend) | CP-SAT {cpsat:g} s | optimum |"
              " schedc's bound | solve above optimum | optimum above bound |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     summary = []
     for (model, _, p, m, limit, v), r in results:
-        errors = [f"{s}: {r[s]['error']}" for s in ("cbc", "cpsat") if "error" in r[s]]
-        if "span" not in r["cbc"] and "span" not in r["cpsat"]:
+        errors = [f"{s}: {r[s]['error']}" for s in RUNS if "error" in r[s]]
+        if "span" not in r["solve"] and "span" not in r["cpsat"]:
             lines.append(f"| {model} | {'V' if v else 'loop'} | {p} | {m} | {limit:g} | {r['ops']} |"
                          f" {'; '.join(errors)} | | | | | |")
             continue
         s = summarise(r)
 
-        def cell_of(solver: str) -> str:
-            x = r[solver]
-            return f"{x['span']:.1f} ({x['status']})" if "span" in x else x["error"]
+        def cell_of(run: str) -> str:
+            x = r[run]
+            backend = f", {x['solver']}" if run == "solve" else ""
+            return f"{x['span']:.1f} ({x['status']}{backend})" if "span" in x else x["error"]
 
         optimum = f"{s['hi']:.1f}" if s["known"] else f"{s['lo']:.1f}-{s['hi']:.1f}"
         over = "n/a" if s["solve_over"] is None else f"{'' if s['known'] else '>= '}{100 * s['solve_over']:.1f} %"
         under = f"{'' if s['known'] else '>= '}{100 * s['bound_under']:.1f} %"
-        lines.append(f"| {model} | {'V' if v else 'loop'} | {p} | {m} | {limit:g} | {r['ops']} | {cell_of('cbc')} |"
+        lines.append(f"| {model} | {'V' if v else 'loop'} | {p} | {m} | {limit:g} | {r['ops']} | {cell_of('solve')} |"
                      f" {cell_of('cpsat')} | {optimum} | {r['bound']:.1f} | {over} | {under} |")
         summary.append((limit, v, s))
     notes = []
@@ -156,7 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once (above 1, each solve is given one thread: --threads 1)")
-    ap.add_argument("--cbc-limit", type=float, default=20.0, help="seconds of `schedc solve` (CBC) per cell")
+    ap.add_argument("--solve-limit", type=float, default=20.0, help="seconds of `schedc solve` (its default backend) per cell")
     ap.add_argument("--cpsat-limit", type=float, default=60.0, help="seconds of `schedc solve --solver cpsat` per cell")
     ap.add_argument("--only", default="", help="run the cells whose problem name contains this")
     ap.add_argument("--out", default="out/memtime-small", help="where problems and schedules go")
@@ -168,14 +173,14 @@ def main() -> None:
     began = time.perf_counter()
 
     def one(cell):
-        r = run_cell(cell, out_dir, args.cbc_limit, args.cpsat_limit, shared=args.jobs > 1)
+        r = run_cell(cell, out_dir, args.solve_limit, args.cpsat_limit, shared=args.jobs > 1)
         print(r["name"], json.dumps({k: v for k, v in r.items() if k != "name"}), flush=True)
         return cell, r
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         results = list(pool.map(one, chosen))
     (out_dir / "results.json").write_text(json.dumps([[list(c), r] for c, r in results], indent=1))
-    body, notes = table(results, args.cbc_limit, args.cpsat_limit)
+    body, notes = table(results, args.solve_limit, args.cpsat_limit)
     print(body)
     print("\n".join(notes))
     print(f"{time.perf_counter() - began:.0f} s")

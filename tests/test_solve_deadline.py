@@ -181,7 +181,7 @@ def test_solve_cli_reports_the_warm_start_as_it_goes(tmp_path):
     result = CliRunner().invoke(main, ["solve", str(path), "-o", str(out), "--time-limit", "20"])
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("solving tight with cbc (time limit 20 s)")
+    assert lines[0].startswith("solving tight with cbc (auto) (time limit 20 s)")  # no recompute: CBC
     assert "warm start: evaluating" in lines[1] and "warm start: 1f1b+split makespan" in result.stderr
     assert "zb-h2 does not fit the memory limit" in result.stderr
     assert "(gpipe, looped-bfs not built: every microbatch in flight passes the limit)" in lines[1]

@@ -211,3 +211,28 @@ def test_the_model_holds_the_incumbent_and_a_neighbourhood_keeps_its_policies(ne
             assert value >= -1e-6, row
         else:
             assert abs(value) <= 1e-6, row
+
+
+def test_auto_searches_problems_with_policies_with_cpsat_and_the_rest_with_cbc(monkeypatch):
+    """The default backend, "auto": CP-SAT where the problem lets the search choose recompute or
+    offload and OR-Tools loads; CBC for a plain problem, and wherever OR-Tools does not load."""
+    import builtins
+
+    from schedc.solvers.search.auto import backend_for
+
+    prob = problem(3, 6, 0.5, selective=True)
+    assert backend_for(prob) == "cpsat"
+    assert backend_for(plain(problem(3, 6, 1.0))) == "cbc"
+    result = solve(prob, time_limit=8)  # the default
+    assert result.summary()["solver"] == "cpsat"
+    assert result.objective <= min(t.objective_value() for _, t in fitting_registry_schedules(prob)) + TOL
+
+    real_import = builtins.__import__
+
+    def without_ortools(name, *args, **kwargs):
+        if name.startswith("ortools"):
+            raise ImportError("No module named 'ortools'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_ortools)
+    assert backend_for(prob) == "cbc"

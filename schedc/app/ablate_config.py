@@ -156,7 +156,8 @@ class ProblemEntry(_Strict):
 class SolverSettings(_Strict):
     time_limit: float = Field(default=30.0, gt=0, le=LARGEST, allow_inf_nan=False)
     gap: float = Field(default=1e-4, ge=0, le=1, allow_inf_nan=False)
-    solver: str = Field(default="cbc", description="a search backend: cbc, highs, cpsat")
+    solver: str = Field(default="auto", description="a search backend: cbc, highs, cpsat, or auto (cpsat where the"
+                        " problem has policies and OR-Tools is installed, else cbc)")
     threads: Optional[StrictInt] = Field(default=None, ge=1)
 
     @field_validator("solver")

@@ -26,7 +26,7 @@ from schedc.solvers.search.plan import plan as plan_layers
               help="Also write the chosen stage problem as a problem file.")
 @click.option("--time-limit", type=Finite(min=0, min_open=True), default=60.0, show_default=True,
               help="Wall-clock seconds for the whole command: the cuts, the solve, writing the files.")
-@click.option("--solver", type=Registered(BACKENDS), default="cbc", show_default=True, help="solve's backend.")
+@click.option("--solver", type=Registered(BACKENDS), default="auto", show_default=True, help="solve's backend (see `schedc solve --help`).")
 @click.option("--threads", type=click.IntRange(min=1), help="Solver threads (as `schedc solve`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result, the seeds and the exports as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")

@@ -12,6 +12,7 @@ from schedc.app.cli_base import (
     timeline_table,
 )
 from schedc.schedfile import CompiledSchedule, load
+from schedc.solvers.search.auto import AUTO, backend_for
 from schedc.solvers.search.common import BACKENDS
 from schedc.solvers.deadline import Budget
 from schedc.solvers.search.solve import solve as solve_ilp
@@ -41,8 +42,9 @@ def time_budget(time_limit: float, started: float) -> Budget:
               help="Wall-clock seconds for the whole command: warm start, search, writing the file.")
 @click.option("--gap", type=Finite(min=0, max=1), default=1e-4, show_default=True,
               help="Stop when (objective - bound) / objective is below this.")
-@click.option("--solver", type=Registered(BACKENDS), default="cbc", show_default=True,
-              help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools).")
+@click.option("--solver", type=Registered(BACKENDS), default=AUTO, show_default=True,
+              help="cbc (bundled with PuLP), highs (needs highspy), cpsat (needs ortools); auto: cpsat where the"
+                   " problem declares recompute or offload and OR-Tools is installed, else cbc.")
 @click.option("--threads", type=click.IntRange(min=1),
               help="Solver threads (default: the solver's, and with two or more cores a local search"
                    " beside the solver on another).")
@@ -87,7 +89,8 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         click.echo("  ".join(parts), err=True)
 
     if not quiet:
-        click.echo(f"solving {prob.name or problem} with {solver} (time limit {fmt(time_limit)} s) ...", err=True)
+        backend = f"{backend_for(prob)} (auto)" if solver == AUTO else solver
+        click.echo(f"solving {prob.name or problem} with {backend} (time limit {fmt(time_limit)} s) ...", err=True)
     candidates = []
     if with_torch:
         from schedc.runtime.torch_schedules import torch_schedules  # torch: only with --torch

@@ -18,7 +18,7 @@ def compile(  # noqa: A001 - schedc.compile is the documented name
     *,
     time_limit: float = 60.0,
     gap: float = 1e-4,
-    solver: str = "cbc",
+    solver: str = "auto",
     threads: int | None = None,
     progress: Callable | None = None,
     torch: bool = False,

@@ -103,7 +103,7 @@ class PlanResult:
         }
 
 
-def plan(layers: LayerProblem, *, time_limit: float | Budget = 60.0, solver: str = "cbc", threads: int | None = None,
+def plan(layers: LayerProblem, *, time_limit: float | Budget = 60.0, solver: str = "auto", threads: int | None = None,
          say: Callable[[str], None] = lambda _: None, progress=None) -> PlanResult:
     """Choose the shape, the cut and the schedule for ``layers`` within ``time_limit`` (wall-clock
     seconds for the whole call, or a Budget); ``say`` gets a line per step."""

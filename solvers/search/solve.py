@@ -11,7 +11,8 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
    (``recomputed_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/search/common.py``: CBC and HiGHS in
-   ``solvers/search/ilp.py``, CP-SAT in ``solvers/search/cpsat.py``), given ``Settings`` and returning
+   ``solvers/search/ilp.py``, CP-SAT in ``solvers/search/cpsat.py``; the default, "auto", is the one
+   ``auto.backend_for`` picks for the problem), given ``Settings`` and returning
    ``Found``; what it found is judged by the simulator, the one judge; beside it, on a core to
    spare, the registry's greedy searches that the warm start cut short (which go on there from
    the end of their share, ``_GreedyBeside``), or else the local search, in a child process
@@ -43,6 +44,7 @@ from schedc.problem import Problem
 from schedc.schedule import Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.bounds import Bound, lower_bound
+from schedc.solvers.search.auto import AUTO, backend_for
 from schedc.solvers.search.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, can_fork, in_child
 from schedc.solvers.families import greedy
@@ -645,7 +647,7 @@ class _Outcome:
 def solve(
     problem: Problem,
     *,
-    solver: str = "cbc",
+    solver: str = AUTO,
     time_limit: float | Budget = 60.0,
     gap: float = 1e-4,
     threads: int | None = None,
@@ -673,6 +675,8 @@ def solve(
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
+    if solver == AUTO:  # the backend it runs, named as such in the progress and the result
+        solver = backend_for(problem)
     if torch:
         _refuse_untorchable_problem(problem)
     if problem.objective == "steady":  # the makespan over the microbatches: the same search, rescaled
