@@ -9,8 +9,8 @@ Per cell, one after the other on the quiet machine (never two at once): `schedc 
 --solver cbc` and `--solver cpsat`, each with --time-limit (the wall time of the whole command),
 its file read back with `schedc simulate`; the table gives each span, the larger of the bounds
 they report, and each one's gap to it. Default cells: the smallest setting (1.5B, m = 24), loop
-and V, at 0.25, 0.5 and 0.75 x 1F1B's activation memory, and two larger ones (14.6B, m = 48; 28.3B,
-m = 128) at 0.5x: 576 to 6144 F, B and W ops, each with its policies.
+and V, at 0.25, 0.5 and 0.75 x 1F1B's activation memory, and two larger ones (14.6B, m = 48, 16
+ranks; 28.3B, m = 128, 32 ranks) at 0.5x: 576 to 24576 F, B and W ops, each with its policies.
 """
 
 from __future__ import annotations
