@@ -66,6 +66,7 @@ LAYERS = {"1.5B": 22, "6.2B": 30, "14.6B": 46, "28.3B": 62}  # Table 3
 LIMITS = (0.25, 0.33, 0.5, 0.75, 1.0, 2.0)  # x 1F1B's activation memory, p M_B
 BANDWIDTH, FLOPS = 15e9, 220e12  # host <-> device bytes/s, device FLOP/s (PipeOffload's A100 figures)
 MEGATRON = "1f1b-recompute"  # what Megatron-LM users run below 1F1B's memory
+TITLE = "## Memory for time: recompute and offload decided by solve\n\n"  # the full table's section
 
 
 def policy_model(model: str) -> dict[str, float]:
@@ -223,7 +224,7 @@ def main() -> None:
         text = republished(paths, current_commit())
         print(text)
         if args.write:
-            write_section("memory-time", "## Memory for time: recompute and offload decided by solve\n\n" + text)
+            write_section("memory-time", TITLE + text)
         return
     if args.problems:
         print(f"wrote {len(paths)} problems to {PROBLEM_DIR.relative_to(ROOT)}")
@@ -280,7 +281,7 @@ def main() -> None:
     print(text)
     if args.write and not args.only and limits == set(LIMITS):
         plot(results, Path(__file__).with_name("memory_time.png"))
-        write_section("memory-time", "## Memory for time: recompute and offload decided by solve\n\n" + text)
+        write_section("memory-time", TITLE + text)
     elif args.write and not args.only:  # some limits only: a section of its own, the full table stays
         shown = ", ".join(f"{x:g}x" for x in sorted(limits))
         write_section(f"memory-time-{'-'.join(f'{x:g}' for x in sorted(limits))}",
