@@ -138,12 +138,15 @@ def test_the_search_makes_overlapped_pairs_where_they_are_faster():
     assert not any(improve(plain, warm, Budget.seconds(120)).schedule.pairs)
 
 
-def test_a_policy_move_over_the_room_pulls_a_weight_gradient_earlier():
+def test_a_policy_move_over_the_room_pulls_a_weight_gradient_earlier_or_pushes_a_forward_later(monkeypatch):
     """One rank, a room of 1.2: with microbatch 1 recomputed (keep 0.1) the order fits; keeping it
     whole instead passes the room at F1 (W0, which frees 0.4, runs after it), so the repair moves
     W0 in front of F1, where B0 has already run. Where the W that would free the room comes after
-    its own B, which comes after the point, nothing can be pulled: None."""
+    its own B, which comes after the point, nothing can be pulled: the forward held there (F1)
+    moves after the first backward after it (B0), and then W0 is pulled in front of it; with
+    fewer steps allowed than that takes, None."""
     from schedc import Problem, Schedule
+    from schedc.solvers.search import localsearch
     from schedc.solvers.search.localsearch import _apply, _repaired
 
     problem = Problem.parse(dict(ranks=1, microbatches=2, costs=dict(F=1, B=1, W=1),
@@ -163,4 +166,8 @@ def test_a_policy_move_over_the_room_pulls_a_weight_gradient_earlier():
     assert [str(ev.ops[k]) for k in fixed[0]] == ["F0@s0", "B0@s0", "W0@s0", "F1@s0", "B1@s0", "W1@s0"]
     assert ev.run(fixed) is not None
     ev, out = dropped([("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("W", 0, 0), ("R", 0, 1), ("B", 0, 1), ("W", 0, 1)])
+    fixed = _repaired(ev, out, 0)
+    assert [str(ev.ops[k]) for k in fixed[0]] == ["F0@s0", "B0@s0", "W0@s0", "F1@s0", "B1@s0", "W1@s0"]
+    assert ev.run(fixed) is not None
+    monkeypatch.setattr(localsearch, "REPAIR_STEPS", 0)  # one step: F1 after B0, still over the room
     assert _repaired(ev, out, 0) is None

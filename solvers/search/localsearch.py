@@ -59,7 +59,7 @@ KICK_MOVES = 4  # at most this many random moves per kick
 KICK_REACH = 6  # each by at most this many places
 KICK_POLICY = 0.3  # the chance that a kick's move changes a policy (where the problem allows recompute)
 KICK_PAIR = 0.3  # the chance that a kick's move makes or breaks an overlapped pair (where a pair is faster)
-REPAIR_PULLS = 3  # a policy move over the room may pull this many weight gradients earlier to fit
+REPAIR_STEPS = 3  # a policy move over the room may pull this many W earlier or push this many F later to fit
 
 Orders = list[list[int]]  # per rank, op ids in order
 Score = tuple[float, float]
@@ -113,6 +113,8 @@ class _Evaluator:
         self.is_f = [op.kind is Kind.F for op in self.ops]
         self.is_w = [op.kind is Kind.W for op in self.ops]
         self.b_of_w = {k: index[Op(Kind.B, op.stage, op.mb)] for k, op in enumerate(self.ops) if op.kind is Kind.W}
+        self.b_of_f = {k: index[back] for k, op in enumerate(self.ops) if op.kind is Kind.F
+                       for back in (Op(Kind.B, op.stage, op.mb), Op(Kind.BW, op.stage, op.mb)) if back in index}
         self.is_back = [op.kind in BACKWARDS for op in self.ops]
         self.mem += self.mem  # an id + n: its forward's
         self.deps += self.deps
@@ -297,12 +299,14 @@ def _policy_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
 
 
 def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
-    """Rank r's order brought within its room by pulling weight gradients earlier: where the
-    level first passes the room, the first W after that point whose B comes before it moves there
-    (it frees its share sooner), up to ``REPAIR_PULLS`` times; None when that does not do it. What
-    lets a policy move that keeps more (a recompute dropped, R for S) fit where a W runs late."""
+    """Rank r's order brought within its room, up to ``REPAIR_STEPS`` steps, each where the level
+    first passes the room: the first W after that point whose B comes before it moves there (it
+    frees its share sooner) or, where no such W is pending, the last forward held at that point
+    moves right after the first backward after it (one microbatch fewer in flight there); None
+    when that does not do it. What lets a policy move that keeps more (a recompute dropped, R for
+    S) fit where a W runs late or where the rank runs one forward ahead of what its room holds."""
     ks = orders[r]
-    for _ in range(REPAIR_PULLS + 1):
+    for _ in range(REPAIR_STEPS + 1):
         full = ev.expanded([ks])[0]  # (a rank's recompute ops are its own: its order alone expands it)
         j = ev.over(full, r)
         if j is None:
@@ -311,9 +315,15 @@ def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
         over = sum(x in own for x in full[:j + 1]) - 1  # the op of ks at that point, or whose F it follows
         before = set(ks[:over])
         pull = next((x for x in range(over + 1, len(ks)) if ev.is_w[ks[x]] and ev.b_of_w[ks[x]] in before), None)
-        if pull is None:
-            return None
-        orders = _moved(orders, r, pull, over)
+        if pull is not None:
+            orders = _moved(orders, r, pull, over)
+        else:
+            after = set(ks[over + 1:])
+            f = next((x for x in range(over, -1, -1) if ev.is_f[ks[x]] and ev.b_of_f[ks[x]] in after), None)
+            b = next((x for x in range(over + 1, len(ks)) if ev.is_back[ks[x]]), None)
+            if f is None or b is None:
+                return None
+            orders = _moved(orders, r, f, b)  # (a deadlock it makes: the evaluator rejects the order)
         ks = orders[r]
     return None
 
