@@ -21,7 +21,9 @@ problems of any size: move single ops on a rank, keep what the simulator's repla
 
 Where the problem allows recompute (R, S), a move may also change one (stage, microbatch)'s
 policy: drop its recompute op, swap it for the other (R for S), or (in kicks) recompute it, the
-op placed right before its B. The evaluator holds every recompute op the problem allows; one that
+op placed right before its B. A policy move that keeps more and passes the room is repaired on its
+rank (``_repaired``): a pending W pulled earlier, or the forward held there moved after the next
+backward. The evaluator holds every recompute op the problem allows; one that
 is not chosen lasts 0 right after its F, so every op's memory delta is a constant
 (``common.model_deltas``, as in the ILP). A schedule that offloads (a copy lane) is returned as
 given: the search does not model the copy lane.
