@@ -97,7 +97,9 @@ class _Evaluator:
             ks.sort()
             if len(ks) == 2:
                 self.partner[ks[0]], self.partner[ks[1]] = ks[1], ks[0]
-        self.b_of = {k: index[Op(Kind.B, self.ops[k].stage, self.ops[k].mb)] for k in self.recompute}
+        # Per op, its (stage, microbatch)'s backward (B, or BW where the schedule fuses them).
+        self.b_of = {k: index[back] for k, op in enumerate(self.ops)
+                     for back in (Op(Kind.B, op.stage, op.mb), Op(Kind.BW, op.stage, op.mb)) if back in index}
         rooms, mtol = problem.activation_room, problem.memory_tol
         self.room = None if rooms is None else [room + mtol.eps for room in rooms]
         self.makespan = problem.search_objective == "makespan"
@@ -114,9 +116,6 @@ class _Evaluator:
         self.pair_moves = self.pairable and problem.overlap_cheaper
         self.is_f = [op.kind is Kind.F for op in self.ops]
         self.is_w = [op.kind is Kind.W for op in self.ops]
-        self.b_of_w = {k: index[Op(Kind.B, op.stage, op.mb)] for k, op in enumerate(self.ops) if op.kind is Kind.W}
-        self.b_of_f = {k: index[back] for k, op in enumerate(self.ops) if op.kind is Kind.F
-                       for back in (Op(Kind.B, op.stage, op.mb), Op(Kind.BW, op.stage, op.mb)) if back in index}
         self.is_back = [op.kind in BACKWARDS for op in self.ops]
         self.mem += self.mem  # an id + n: its forward's
         self.deps += self.deps
@@ -316,12 +315,12 @@ def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
         own = set(ks)
         over = sum(x in own for x in full[:j + 1]) - 1  # the op of ks at that point, or whose F it follows
         before = set(ks[:over])
-        pull = next((x for x in range(over + 1, len(ks)) if ev.is_w[ks[x]] and ev.b_of_w[ks[x]] in before), None)
+        pull = next((x for x in range(over + 1, len(ks)) if ev.is_w[ks[x]] and ev.b_of[ks[x]] in before), None)
         if pull is not None:
             orders = _moved(orders, r, pull, over)
         else:
             after = set(ks[over + 1:])
-            f = next((x for x in range(over, -1, -1) if ev.is_f[ks[x]] and ev.b_of_f[ks[x]] in after), None)
+            f = next((x for x in range(over, -1, -1) if ev.is_f[ks[x]] and ev.b_of[ks[x]] in after), None)
             b = next((x for x in range(over + 1, len(ks)) if ev.is_back[ks[x]]), None)
             if f is None or b is None:
                 return None
