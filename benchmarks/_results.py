@@ -37,6 +37,15 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
+def refuse_partial_write(parser, args) -> None:
+    """``--write`` publishes a script's whole table and ``--only`` runs part of its cells, which it
+    prints but never writes: the two together are refused before anything runs (rather than a run
+    whose --write is silently dropped)."""
+    if args.write and args.only:
+        parser.error("--write publishes the whole table and --only runs part of it (printed, never written):"
+                     " drop one of them")
+
+
 def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     """Replace (or append) the section between ``<!-- name:begin -->`` and ``<!-- name:end -->``."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"

@@ -49,7 +49,7 @@ def run(path: Path, backend: str, time_limit: float, out_dir: Path) -> dict:
 
 
 def main() -> None:
-    from _results import commit, machine, write_section
+    from _results import commit, machine, refuse_partial_write, write_section
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md (section backends)")
@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only the default cells whose name contains this")
     ap.add_argument("--out", default="out/backends", help="where the schedules go")
     args = ap.parse_args()
+    refuse_partial_write(ap, args)
     out_dir = ROOT / args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["| problem | ops | cbc span | cpsat span | bound | cbc gap | cpsat gap |", "|---|---|---|---|---|---|---|"]
@@ -86,7 +87,7 @@ def main() -> None:
         lines.append(row)
     summary = f"Shorter span: cbc in {wins['cbc']} cells, cpsat in {wins['cpsat']} (the rest equal or both failed)."
     print(summary)
-    if args.write and not args.only:
+    if args.write:
         cmd = shlex.join(["python", "benchmarks/backends.py", *sys.argv[1:]])
         write_section("backends", "\n".join([
             "## Search backends where memory binds: CBC against CP-SAT",

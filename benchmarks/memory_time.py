@@ -193,7 +193,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from _results import machine, write_section
+    from _results import machine, refuse_partial_write, write_section
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md and the figure")
@@ -217,6 +217,7 @@ def main() -> None:
                              " larger of the published one and this checkout's lower bound (its spans, baselines and"
                              " walls stay); with --write it replaces that table")
     args = parser.parse_args()
+    refuse_partial_write(parser, args)
     if args.rebound and not args.report:
         parser.error("--rebound goes with --report")
     paths = write_problems()
@@ -279,10 +280,10 @@ def main() -> None:
         ran += f"; bounds (and gaps) as of {head}"
     text = report(results, command, f"{machine()}. Commit: {ran}")
     print(text)
-    if args.write and not args.only and limits == set(LIMITS):
+    if args.write and limits == set(LIMITS):
         plot(results, Path(__file__).with_name("memory_time.png"))
         write_section("memory-time", TITLE + text)
-    elif args.write and not args.only:  # some limits only: a section of its own, the full table stays
+    elif args.write:  # some limits only: a section of its own, the full table stays
         shown = ", ".join(f"{x:g}x" for x in sorted(limits))
         write_section(f"memory-time-{'-'.join(f'{x:g}' for x in sorted(limits))}",
                       f"### Memory for time at {shown} only\n\n" + text)

@@ -156,7 +156,7 @@ def table(results: list[tuple[tuple, dict]], solve: float, cpsat: float) -> tupl
 
 
 def main() -> None:
-    from _results import machine, write_section
+    from _results import machine, refuse_partial_write, write_section
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run the cells whose problem name contains this")
     ap.add_argument("--out", default="out/memtime-small", help="where problems and schedules go")
     args = ap.parse_args()
+    refuse_partial_write(ap, args)
     out_dir = ROOT / args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     every, left_out = cells()
@@ -184,7 +185,7 @@ def main() -> None:
     print(body)
     print("\n".join(notes))
     print(f"{time.perf_counter() - began:.0f} s")
-    if args.write and not args.only:
+    if args.write:
         cmd = shlex.join(["python", "benchmarks/memtime_small.py", *sys.argv[1:]])
         write_section("memtime-small", "\n".join([
             "## Memory for time on small problems: the optimum against solve and against the bound",

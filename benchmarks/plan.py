@@ -58,7 +58,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _results import machine, write_section  # noqa: E402
+from _results import machine, refuse_partial_write, write_section  # noqa: E402
 from zb_paper import run_json  # noqa: E402
 
 from schedc.layers import LayerProblem  # noqa: E402
@@ -302,6 +302,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="the cases whose name contains this")
     parser.add_argument("--out", default="out/plan", help="where the files go")
     args = parser.parse_args()
+    refuse_partial_write(parser, args)
     out_dir = ROOT / args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -315,7 +316,7 @@ def main() -> None:
         f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
     text = report(rows, command)
     print(text)
-    if args.write and not args.only:
+    if args.write:
         write_section("plan", "## plan: the layout chosen with the schedule\n\n" + text)
 
 
