@@ -73,6 +73,19 @@ another order that is searched is at least as good.
   visited is dropped. For span the first starts must match and every rank must have started
   (else only equal times count).
 
+Recompute policies (``policies``: R and S, the kinds the problem declares; not offload, whose copy
+lane would make memory depend on two lanes' times, not on the order alone)
+----------------------------------------------------------------------------------------------
+Each (stage, microbatch) keeps its activation or takes a policy, chosen when its F is placed (one
+branch per choice that fits): F then allocates what the policy keeps (the F's memory less the
+policy's), and an op X(s, i) of the policy's cost, allocating the rest, runs on the rank after F(s,
+i) and before B(s, i), which waits for it. Kept, X is done at once (cost 0, on no order). Until F is
+placed, the bounds count its least allocation and X as free, so they stay lower bounds; once X is
+placed the policy leaves no trace on what follows (the level is the same), so dominance compares
+only the policies whose X is still to come. Gap filling never moves an F with a choice (its
+allocation depends on the choice). Microbatches stay interchangeable, policies included.
+``below`` starts the search at a known value, to prove it optimal or improve on it.
+
 Costs and comm are scaled to integers when they are simple fractions (0.1, 1/3), so all times are
 exact; otherwise floats with a 1e-9 tolerance are used. Memory is compared with a 1e-9 tolerance.
 ``in_order=True`` restricts the search to orders that run each stage's ops of one kind by
@@ -93,7 +106,8 @@ class BudgetExceeded(RuntimeError):
     """The search did not finish within its time budget: no optimum is claimed."""
 
 
-def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=False, whole_sequences=False):
+def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=False, whole_sequences=False,
+                       policies=(), below=None):
     """The minimum objective over all deadlock-free per-rank orders that fit, and one optimal order.
 
     Returns ``(value, orders)`` with ``orders[rank]`` a list of ``(kind, stage, mb)``. ``objective``
@@ -101,17 +115,25 @@ def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=Fa
     one kind by increasing microbatch (what an ILP may assume; by default nothing is assumed).
     ``whole_sequences=True`` (sequence chunks) searches only orders whose stage 0 runs every chunk's
     forward of a sequence before the next sequence's first (a restriction: the optimum may interleave).
-    Raises BudgetExceeded after ``time_budget`` seconds, ValueError when no order fits.
+    ``policies`` (a subset of "R", "S" the problem declares): each (stage, microbatch) keeps its
+    activation or takes one of them (see "Recompute policies" above); the orders then hold the R and
+    S ops chosen. ``below``: a value some schedule is known to reach; only better ones are searched,
+    and ``(below, None)`` is returned when there is none. Raises BudgetExceeded after ``time_budget`` seconds, ValueError when no order fits.
     """
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', got {objective!r}")
-    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget, in_order, whole_sequences)
+    search = _Search(problem, objective, time.monotonic() + time_budget, time_budget, in_order, whole_sequences,
+                     tuple(policies))
+    if below is not None:
+        search.best = below * search.scale
     search.dfs()
+    if search.best_orders is None and below is not None:
+        return below, None
     if search.best_orders is None:
         raise ValueError("no order of the ops is deadlock-free and fits the memory limit")
     value = search.best / search.scale
-    orders = {r: [search.names[o] for o in ops] for r, ops in enumerate(search.best_orders)}
+    orders = {r: [search.best_names.get(o, search.names[o]) for o in ops] for r, ops in enumerate(search.best_orders)}
     return value, orders
 
 
@@ -127,7 +149,7 @@ def _integer_scale(values):
 
 
 class _Search:
-    def __init__(self, problem, objective, deadline, budget, in_order=False, whole_sequences=False):
+    def __init__(self, problem, objective, deadline, budget, in_order=False, whole_sequences=False, policies=()):
         p, n = problem.ranks, problem.n_stages
         depth = problem.pipeline_stages  # with replicas, stage s is in pipeline s // depth
         stage_rank = problem.stage_rank
@@ -145,6 +167,9 @@ class _Search:
         raw += list(problem.cost["AR"]) if dp is not None else []
         raw += list(problem.cost["RS"]) if problem.replicas is not None else []
         raw += list(problem.cost["TS"]) if problem.tied is not None else []
+        if policies and (seq is not None or dp is not None or problem.replicas is not None or problem.tied is not None):
+            raise ValueError("policies: only without sequence chunks, data parallelism, replicas or tied weights")
+        raw += [problem.cost[k][s] for k in policies for s in range(n)]
         scale = _integer_scale(raw)
         if scale is None:
             self.scale, conv, self.eps = 1, float, 1e-9
@@ -168,40 +193,49 @@ class _Search:
         self.rank_stage_list = [[s for s in range(n) if stage_rank[s] == r] for r in range(p)]
         self.n, self.m = n, m
 
-        # Ops are numbered o = (kind * n + stage) * m + mb.
+        # Ops are numbered o = (kind * n + stage) * m + mb; with policies, kind 3 is X(s, i), the
+        # recompute op of (s, i), which B(s, i) waits for: free (cost 0) until F(s, i) is placed
+        # with a policy, done at once (timed at 0, on no rank's order) when F is placed keeping.
         def op(k, s, i):
             return (k * n + s) * m + i
 
-        N = 3 * n * m
+        kinds = KINDS + (("X",) if policies else ())
+        N = len(kinds) * n * m
         self.N = N
         self.names = [None] * N
         self.rank_of, self.cost, self.mem = [0] * N, [0] * N, [0.0] * N
         self.deps = [[] for _ in range(N)]  # (producer, latency)
         self.succs = [[] for _ in range(N)]
-        for k, kind in enumerate(KINDS):
+        for k, kind in enumerate(kinds):
             for s in range(n):
                 for i in range(m):
                     o = op(k, s, i)
                     self.names[o] = (kind, s, i)
                     self.rank_of[o] = stage_rank[s]
                     c = i % k_chunks
-                    self.cost[o] = conv(problem.cost[kind][s] * share[kind][c])
-                    self.mem[o] = problem.mem[kind][s] * share["memory"][c]
+                    if kind == "X":  # (its cost and memory: those of the policy F(s, i) is placed with)
+                        producers = [op(0, s, i)]
+                    else:
+                        self.cost[o] = conv(problem.cost[kind][s] * share[kind][c])
+                        self.mem[o] = problem.mem[kind][s] * share["memory"][c]
                     if kind == "F":  # (and, with chunks, the same stage's earlier chunk)
                         producers = [op(0, s - 1, i)] if s % depth > 0 else []
                         producers += [op(0, s, i - 1)] if c > 0 else []
                     elif kind == "B":  # (and, with chunks, the same stage's later chunk)
                         producers = [op(0, s, i)] + ([op(1, s + 1, i)] if (s + 1) % depth > 0 else [])
                         producers += [op(1, s, i + 1)] if c < k_chunks - 1 else []
-                    else:
+                    elif kind == "W":
                         producers = [op(1, s, i)]
+                    if kind == "B" and policies:
+                        producers.append(op(3, s, i))
                     for d in producers:
                         lat = 0 if stage_rank[d // m % n] == stage_rank[s] else conv(comm)
                         self.deps[o].append((d, lat))
                         self.succs[d].append((o, lat))
-        # A topological order: forwards by stage, backwards by stage descending (later units
-        # first: a chunk's backward needs the next chunk's), then weights.
+        # A topological order: forwards by stage, the recompute ops, backwards by stage descending
+        # (later units first: a chunk's backward needs the next chunk's), then weights.
         self.topo = [op(0, s, i) for s in range(n) for i in range(m)]
+        self.topo += [op(3, s, i) for s in range(n) for i in range(m)] if policies else []
         self.topo += [op(1, s, i) for s in reversed(range(n)) for i in reversed(range(m))]
         self.topo += [op(2, s, i) for s in range(n) for i in range(m)]
         self.rank_ops = [[o for o in range(N) if self.rank_of[o] == r] for r in range(p)]
@@ -221,8 +255,8 @@ class _Search:
         # interchangeable, not units: the first chunk of a sequence on stage 0 only after the
         # first chunk of the sequence before; in_order, by chunk position.
         self.k_chunks = k_chunks
-        self.prev = [o - k_chunks if o % m >= k_chunks and (in_order or (o < m and o % k_chunks == 0)) else -1
-                     for o in range(N)]
+        self.prev = [o - k_chunks if o % m >= k_chunks and o < 3 * n * m and (in_order or (o < m and o % k_chunks == 0))
+                     else -1 for o in range(N)]
         if whole_sequences:  # (a restriction) the first chunk after the whole sequence before
             for o in range(k_chunks, m, k_chunks):
                 self.prev[o] = o - 1
@@ -250,6 +284,19 @@ class _Search:
         ]
         self.limit = problem.memory_limit
         self.level = [s + w for s, w in zip(problem.static_memory, problem.working_memory)]
+        # Policies: per stage, the options of an F: (policy or None, F's allocation, X's cost, X's
+        # allocation), keeping first. An F not placed yet counts its least allocation (the bounds).
+        self.options = None if not policies else [
+            [(None, problem.mem["F"][s], 0, 0.0)]
+            + [(k, problem.mem["F"][s] - problem.mem[k][s], conv(problem.cost[k][s]), problem.mem[k][s]) for k in policies]
+            for s in range(n)]
+        self.least = {o: min(x[1] for x in self.options[s]) for o, s in
+                      ((op(0, s, i), s) for s in range(n) for i in range(m))} if policies else {}
+        for o, least in self.least.items():
+            self.mem[o] = least
+        self.x_of = 3 * n * m  # X(s, i) = F(s, i) + x_of
+        self.policy = {}  # placed F -> its option
+        self.best_names = {}  # the best orders' X ops -> (policy, stage, mb)
 
         # Search state.
         self.end = [None] * N
@@ -411,7 +458,10 @@ class _Search:
         timed, end, succ_mask = self.timed, self.end, self.succ_mask
         untimed = ~timed
         times = tuple(self.free) + tuple([e for o, e in enumerate(end) if e is not None and succ_mask[o] & untimed])
-        key = (self.placed, tuple(self.pending))
+        # (a policy leaves no trace on what is to come once its X is placed: the level is then the
+        # same, and its times are among those compared)
+        key = (self.placed, tuple(self.pending),
+               tuple(sorted((f, c) for f, c in self.policy.items() if not self.placed >> (f + self.x_of) & 1)))
         if self.objective == "span":
             key += (tuple(self.first),)
             if None in self.first:
@@ -438,6 +488,8 @@ class _Search:
             value = self._value()
             if value < self.best:
                 self.best, self.best_orders = value, [list(x) for x in self.orders]
+                self.best_names = {f + self.x_of: (self.options[self.names[f][1]][c][0], *self.names[f][1:])
+                                   for f, c in self.policy.items() if c}
             return
         if self._dominated() or self._bound() >= self.best - self.eps:
             return
@@ -446,7 +498,9 @@ class _Search:
         if not choices:
             return  # every rank waits on an op that cannot run: deadlock
         r = min(choices)[1]
-        for o, ready in self._candidates(r):
+        for o, ready, choice in self._candidates(r):
+            if choice is not None:
+                self._choose(o, choice)
             self.placed |= 1 << o
             self.orders[r].append(o)
             level = self.level[r]
@@ -464,9 +518,35 @@ class _Search:
             self.level[r] = level
             self.orders[r].pop()
             self.placed &= ~(1 << o)
+            if choice is not None:
+                self._unchoose(o)
+
+    def _choose(self, f, c):
+        """Place F ``f`` with option ``c``: its allocation, and its X's cost and allocation (kept:
+        X done at once, at time 0, on no rank's order)."""
+        policy, alloc, cost, mem = self.options[self.names[f][1]][c]
+        x = f + self.x_of
+        self.mem[f], self.policy[f] = alloc, c
+        if policy is None:
+            self.placed |= 1 << x
+            self.timed |= 1 << x
+            self.start[x] = self.end[x] = 0
+            self.left[self.rank_of[x]] -= 1
+        else:
+            self.cost[x], self.mem[x] = cost, mem
+
+    def _unchoose(self, f):
+        x = f + self.x_of
+        if self.options[self.names[f][1]][self.policy.pop(f)][0] is None:
+            self.placed &= ~(1 << x)
+            self.timed &= ~(1 << x)
+            self.start[x] = self.end[x] = None
+            self.left[self.rank_of[x]] += 1
+        self.mem[f], self.cost[x], self.mem[x] = self.least[f], 0, 0.0
 
     def _candidates(self, r):
-        """Every op rank r may run next, ready ones first by start time (B, F, W on ties)."""
+        """Every op rank r may run next with its option (an F with policies: one per option that
+        fits, else None), ready ones first by start time (B, F, W, X on ties)."""
         placed, end, limit = self.placed, self.end, self.limit
         out, w_stages = [], set()
         for o in self.rank_ops[r]:
@@ -481,25 +561,27 @@ class _Search:
             prev = self.prev[o]
             if prev >= 0 and not placed >> prev & 1:
                 continue
-            if limit is not None and self.mem[o] > 0 and self.level[r] + self.mem[o] > limit[r] + 1e-9:
-                continue
             ready = all(end[d] is not None for d, _ in self.deps[o])
             if ready:
                 start = max([self.free[r]] + [end[d] + lat for d, lat in self.deps[o]])
             else:
                 start = self.heads[o]  # a lower bound on its start (computed by _bound)
-            out.append((not ready, start, "BFW".index(kind), o))
-        out.sort()
+            choices = range(len(self.options[stage])) if kind == "F" and self.options else [None]
+            for c in choices:
+                mem = self.mem[o] if c is None else self.options[stage][c][1]
+                if limit is None or mem <= 0 or self.level[r] + mem <= limit[r] + 1e-9:
+                    out.append((not ready, start, "BFWX".index(kind), o, c))
+        out.sort(key=lambda x: x[:4])
         # Gap filling: if a ready op x that frees memory (or any, without a limit) would end before
         # o can start, running x first delays nothing (as-soon-as-possible times are monotone), so
         # o is not tried next. Not for span while a rank has not started (x may start one sooner).
         if self.objective == "makespan" or None not in self.first:
             fillers = sorted(
-                (start + self.cost[o], o) for notready, start, _, o in out
-                if not notready and (limit is None or self.mem[o] <= 0)
+                (start + self.cost[o], o) for notready, start, _, o, c in out
+                if not notready and c is None and (limit is None or self.mem[o] <= 0)
             )[:2]
             out = [c for c in out if not any(e <= c[1] and x != c[3] for e, x in fillers)]
-        return [(o, not notready) for notready, _, _, o in out]
+        return [(o, not notready, c) for notready, _, _, o, c in out]
 
     def _value(self):
         if self.sync is not None or self.tied_groups:

@@ -8,10 +8,11 @@ import itertools
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from schedc import Problem, simulate
+from schedc.errors import ProblemError
 from schedc.kinds import Kind
 from schedc.solvers import REGISTRY
 from schedc.solvers.families import memtime
@@ -291,3 +292,43 @@ def test_the_warm_up_charges_what_its_forwards_owe_where_more_of_them_fit_than_i
 
     result = solve(problem, solver="cpsat", time_limit=30, threads=1)
     assert result.status == "optimal" and result.objective == pytest.approx(12.4, abs=1e-6)
+
+
+@st.composite
+def small_recompute_problems(draw):
+    """Problems small enough for the exhaustive search with policies: p = 2, v = 1 with m = 2 or 3,
+    or v = 2 (loop or V) with m = 2, costs in tenths, recompute (maybe selective), limits from one activation and a
+    little up to three."""
+    p, v = 2, draw(st.integers(1, 2))
+    tenths = st.integers(1, 30).map(lambda x: x / 10)
+    recompute = dict(time=draw(tenths), keep=draw(st.sampled_from([0.0, 0.1, 0.2])))
+    if draw(st.booleans()):
+        recompute["selective"] = dict(time=draw(tenths), keep=draw(st.sampled_from([0.3, 0.5, 0.7])))
+    data = dict(
+        ranks=p, microbatches=draw(st.integers(2, 4 - v)), chunks=v,
+        placement=draw(st.sampled_from(["loop", "v"])) if v == 2 else "loop",
+        costs=dict(F=draw(tenths), B=draw(tenths), W=draw(tenths)), comm=draw(st.sampled_from([0.0, 0.1, 0.5])),
+        memory=dict(F=1, B=-draw(st.sampled_from([0.3, 0.6, 1.0])), limit=draw(st.sampled_from([1.2, 1.5, 2.0, 3.0]))),
+        recompute=recompute, objective=draw(st.sampled_from(["makespan", "span"])))
+    try:
+        return Problem.parse(data)
+    except ProblemError:  # a limit below what any schedule needs
+        assume(False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(small_recompute_problems())
+def test_every_bound_term_stays_below_the_optimum_over_policies_and_orders(problem):
+    """The exhaustive search with recompute policies (every keep / R / S per (stage, microbatch)
+    and every order) gives the optimum; no term of the bound is above it, whichever objective."""
+    from tests.exhaustive import BudgetExceeded, exhaustive_optimum
+
+    for objective in ("makespan", "span"):
+        try:
+            best, _ = exhaustive_optimum(problem, objective=objective, policies=problem.recomputes, time_budget=5)
+        except ValueError:  # nothing fits (below one activation with its recompute on some rank)
+            return
+        except BudgetExceeded:  # (rare: the search is exponential) not judged
+            assume(False)
+        for b in all_bounds(problem, objective):
+            assert b.value <= best + 1e-9, (objective, b)

@@ -445,3 +445,49 @@ def test_an_order_may_span_less_with_a_late_start():
     assert lp_span(prob, [rank0, rank1]) == pytest.approx(10, abs=1e-6)
     value, orders = exhaustive_optimum(prob)
     assert value == 10 and span_with_delays(prob, orders) == 10
+
+
+# ---- recompute policies: the search against the enumeration of every policy and order ----
+
+def with_recompute(p, m, limit, *, v=1, selective=True, objective="makespan", keep=0.1, comm=0.1):
+    """F allocates 1 (B frees 0.6, W the rest); R restores all but ``keep`` in 0.8, S all but 0.5 in 0.3."""
+    recompute = dict(time=0.8, keep=keep, **({"selective": dict(time=0.3, keep=0.5)} if selective else {}))
+    return Problem.parse(dict(ranks=p, microbatches=m, chunks=v, placement="v" if v == 2 else "loop",
+                              costs=dict(F=1, B=1.5, W=0.7), comm=comm, objective=objective,
+                              memory=dict(F=1, B=-0.6, limit=limit), recompute=recompute))
+
+
+@pytest.mark.parametrize("p, m, v, limit, selective, objective", [
+    (2, 2, 1, 1.0, False, "makespan"), (2, 2, 1, 1.0, True, "span"), (2, 2, 1, 1.5, True, "makespan"),
+    (2, 2, 1, 1.2, False, "span"), (2, 1, 2, 1.2, True, "makespan"), (2, 1, 2, 1.6, True, "span"),
+])
+def test_the_search_with_policies_finds_the_enumerated_optimum(p, m, v, limit, selective, objective):
+    """With recompute policies the search agrees with ``policy_optimum`` (every policy per (stage,
+    microbatch) and every order, judged by schedc's simulator), and its orders, R and S included,
+    replay to the value it claims and fit."""
+    from tests.exhaustive import policy_optimum
+
+    prob = with_recompute(p, m, limit, v=v, selective=selective, objective=objective)
+    truth, _ = policy_optimum(prob)
+    value, orders = exhaustive_optimum(prob, policies=("R", "S") if selective else ("R",), time_budget=60)
+    assert value == pytest.approx(truth, abs=TOL)
+    got, fits = replay(prob, orders, objective)
+    assert fits and got == pytest.approx(value, abs=TOL)
+
+
+def test_policies_are_chosen_where_the_limit_needs_them():
+    """At a limit of one whole activation and a keep, two microbatches can only overlap with
+    recompute: the optimum with policies is below the one without, and uses them."""
+    prob = with_recompute(2, 3, 1.2, selective=False)
+    without, _ = exhaustive_optimum(prob, time_budget=60)
+    value, orders = exhaustive_optimum(prob, policies=("R",), time_budget=60)
+    assert value < without - TOL
+    assert any(k == "R" for ops in orders.values() for k, _, _ in ops)
+
+
+def test_below_returns_nothing_when_no_schedule_is_better():
+    prob = with_recompute(2, 2, 1.0, selective=False)
+    best, _ = exhaustive_optimum(prob, policies=("R",))
+    assert exhaustive_optimum(prob, policies=("R",), below=best) == (best, None)
+    value, orders = exhaustive_optimum(prob, policies=("R",), below=best + 0.5)
+    assert value == pytest.approx(best, abs=TOL) and orders is not None
