@@ -103,7 +103,10 @@ NEG = -(10**18)  # "no path"
 
 
 class BudgetExceeded(RuntimeError):
-    """The search did not finish within its time budget: no optimum is claimed."""
+    """The search did not finish within its time budget: no optimum is claimed. ``found`` is the best
+    it had, as ``exhaustive_optimum`` returns it, or None (nothing, or nothing better than ``below``)."""
+
+    found = None
 
 
 def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=False, whole_sequences=False,
@@ -127,14 +130,16 @@ def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=Fa
                      tuple(policies))
     if below is not None:
         search.best = below * search.scale
-    search.dfs()
+    try:
+        search.dfs()
+    except BudgetExceeded as e:
+        e.found = search.result()
+        raise
     if search.best_orders is None and below is not None:
         return below, None
     if search.best_orders is None:
         raise ValueError("no order of the ops is deadlock-free and fits the memory limit")
-    value = search.best / search.scale
-    orders = {r: [search.best_names.get(o, search.names[o]) for o in ops] for r, ops in enumerate(search.best_orders)}
-    return value, orders
+    return search.result()
 
 
 def _integer_scale(values):
@@ -313,6 +318,13 @@ class _Search:
         self.best_orders = None
         self.memo = {}
         self.nodes = 0
+
+    def result(self):
+        """(value, orders) of the best schedule found, or None."""
+        if self.best_orders is None:
+            return None
+        return self.best / self.scale, {r: [self.best_names.get(o, self.names[o]) for o in ops]
+                                        for r, ops in enumerate(self.best_orders)}
 
     # ---- state changes (undone in reverse) ----
 

@@ -21,3 +21,33 @@ def test_write_with_only_is_refused_before_anything_runs(script):
     assert "--write publishes the whole table and --only runs part of it" in run.stderr
     assert "Traceback" not in run.stderr
     assert RESULTS.read_bytes() == before
+
+
+def test_the_small_table_counts_an_exhaustive_optimum_only_where_offloading_cannot_win(tmp_path):
+    """benchmarks/memtime_small.py --exact: the exhaustive search (keep / R / S) from the best span
+    found proves it or finds a shorter one, replayed by the simulator; the optimum counts as known
+    from it only where a rank that offloads cannot be as short as the span found."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memtime_small as ms
+
+    from schedc import Problem
+    from tests.exhaustive import exhaustive_optimum
+
+    data = dict(ranks=2, microbatches=3, costs=dict(F=1, B=1.5, W=0.7), comm=0.1,
+                memory=dict(F=1, B=-0.6, limit=1.2), recompute=dict(time=0.8, keep=0.1))
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    best, _ = exhaustive_optimum(Problem.parse(data), policies=("R",))
+    found = ms.exact_run(str(path), None, 30)
+    assert found["status"] == "optimal" and found["shorter"] and found["span"] == pytest.approx(best)
+    again = ms.exact_run(str(path), best, 30)
+    assert again["status"] == "optimal" and not again["shorter"] and again["span"] == pytest.approx(best)
+
+    assert ms.least_offloaded(Problem.parse(data)) == float("inf")
+    offloading = Problem.parse({**data, "offload": dict(time=2)})
+    assert ms.least_offloaded(offloading) == pytest.approx(1 + 2 + 2 + 1.5)
+    cell = {"bound": best - 1, "solve": {"span": best + 1, "bound": None}, "cpsat": {"error": "x"}, "exact": again}
+    assert ms.summarise({**cell, "offloaded": float("inf")})["known"]
+    assert not ms.summarise({**cell, "offloaded": best - 0.5})["known"]
