@@ -121,7 +121,8 @@ def exhaustive_optimum(problem, *, objective=None, time_budget=60.0, in_order=Fa
     ``policies`` (a subset of "R", "S" the problem declares): each (stage, microbatch) keeps its
     activation or takes one of them (see "Recompute policies" above); the orders then hold the R and
     S ops chosen. ``below``: a value some schedule is known to reach; only better ones are searched,
-    and ``(below, None)`` is returned when there is none. Raises BudgetExceeded after ``time_budget`` seconds, ValueError when no order fits.
+    and ``(below, None)`` is returned when there is none. Raises BudgetExceeded after
+    ``time_budget`` seconds (with the best found), ValueError when no order fits.
     """
     objective = objective or problem.objective
     if objective not in ("makespan", "span"):
