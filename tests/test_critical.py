@@ -98,6 +98,9 @@ def check_chain(t, c, objective):
         if w.kind == "data":
             assert a in producers(b, p.n_stages, where)
             assert w.latency == (p.comm if ra != rb else 0.0)
+        elif w.kind == "issue":  # a copy op, issued after this compute op of its rank
+            assert t.anchors()[b] == a and ra == rb and w.latency == 0.0
+            assert ROWS[a.kind].lane == "compute" and ROWS[b.kind].lane == "copy"
         else:  # the next op on the same lane of the same rank
             assert w.kind == "rank" and ra == rb and where[a][1] + 1 == where[b][1]
             assert ROWS[a.kind].lane == ROWS[b.kind].lane
@@ -230,3 +233,21 @@ def test_a_slow_reload_is_on_the_chain():
     summary = c.summary()
     assert [o["lane"] for o in summary["ops"]] == ["compute", "copy", "copy", *["compute"] * 4]
     assert summary["copy"] == [20.0]
+
+
+def test_a_copy_issued_after_a_compute_op_is_a_link_of_the_chain():
+    """One microbatch on the V placement, stage 0's activation offloaded with copies of 4: the copy
+    out is issued after the compute op before it on its rank, and the makespan's chain runs through
+    that link ("issue"), which the checks accept."""
+    from schedc.solvers.families.memtime import with_policies
+
+    problem = Problem.parse(dict(ranks=2, microbatches=1, chunks=2, placement="v", costs=dict(F=1, B=1, W=1),
+                                 memory=dict(F=0), recompute=dict(time=1), offload=dict(time=4)))
+    for seed in range(8):
+        t = simulate(problem, with_policies(problem, random_schedule(problem, random.Random(seed)), {(0, 0): "O"}))
+        for objective in ("makespan", "span"):
+            c = critical_path(t, objective)
+            check_chain(t, c, objective)
+            if objective == "makespan" and any(w is not None and w.kind == "issue" for w in c.waits):
+                return
+    pytest.fail("no chain ran through a copy's issue")
