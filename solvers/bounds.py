@@ -770,7 +770,9 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
       lane, weighed together; each microbatch's policies must also let that microbatch alone fit
       through the rank's stages.
     - Per stage, how many microbatches may be in flight: with one keep (``_in_flight``) and with
-      the policies' keeps priced against their recompute (``_windows``)."""
+      the policies' keeps priced against their recompute (``_windows``); per pair of a rank's
+      stages, how many may be between the higher one's backward and the lower one's
+      (``_round_trips``)."""
     data = problem.model_dump(exclude_none=True)
     data.pop("recompute", None)
     data.pop("offload", None)
@@ -782,6 +784,7 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
         out += [b for r in range(problem.ranks) if (b := _forced(problem, ch, r, objective)) is not None]
         out += [b for r in range(problem.ranks) if (b := _in_flight(problem, ch, r, objective)) is not None]
         out += [b for r in range(problem.ranks) if (b := _windows(problem, ch, r, objective)) is not None]
+        out += [b for r in range(problem.ranks) if (b := _round_trips(problem, ch, r, objective)) is not None]
         ranks = [_policy_rank(problem, ch, r, objective) for r in range(problem.ranks)]
         out += [_rank_bound(problem, ch, k, r, objective) for r, k in enumerate(ranks)]
         if objective == "span":
@@ -860,6 +863,56 @@ def _in_flight(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound |
         text += (f"; offloading more of them costs each its copies on the copy lane (the best split offloads {x})"
                  if x else "; offloading some costs more on the copy lane than it saves")
     return Bound(value, text, r)
+
+
+def _round_trips(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
+    """How many microbatches may be between a higher stage's backward and a lower stage's, on one
+    rank (the V placement's first and last stage, or a loop's chunks): the round trips in groups.
+
+    For stages t < s of rank r, microbatch j's activation at t is held (at least ``least_kept(t)``)
+    from the start of F(t, j) to the end of B(t, j), and B(s, j) lies inside, since F(t, j) leads to
+    F(s, j) and B(s, j) to B(t, j). From the last allocation that brings s's activation of j whole
+    (F, R, S or a reload) to the end of B(s, j), the rank holds it whole; at the latest of that
+    allocation and the forwards at t of the microbatches whose activation at t is held when B(s, j)
+    starts, all of these are held at once and fit within the room. Besides j's own at every stage
+    below s (``least_kept`` each), at most K = floor((cap - mF(s) - sum_{u < s} least_kept(u)) /
+    least_kept(t)) others at t are held then. Order the backwards at s by start, j_1, j_2, ...: when
+    B(s, j_k) starts, of the K + 1 before it (their F at t started earlier) one has ended its B(t),
+    which starts >= ``back`` (B(s) down to B(t) with comm) after its B(s) started, so after B(s,
+    j_{k-K-1}) started. Hence B(s, j_m) starts >= B(s, j_1) + floor((m - 1) / (K + 1)) * back, B(s,
+    j_1) >= fwd (F(t) up to F(s) with comm) after the start of F(t, j_1) (>= head(t) for makespan;
+    for span, >= head(t) - head(t0) after the rank's first start, t0 its lowest stage), and after
+    B(s, j_m) come its way back to B(t) and W(t) on the rank: T >= lead + fwd + (floor((m - 1) / (K
+    + 1)) + 1) * back + W(t). No term where some policy keeps nothing at t (offload) or K >= m - 1."""
+    c, a, comm, sr = problem.cost, problem.mem[Kind.F], problem.comm, problem.stage_rank
+    cap, m = _cap(problem, r), problem.microbatches
+    stages = problem.rank_stages[r]
+    depth = problem.pipeline_stages
+    best = None
+    for s in stages:
+        below = sum(problem.least_kept(u) for u in stages if u < s and u // depth == s // depth)
+        for t in stages:
+            least = problem.least_kept(t)
+            if t >= s or t // depth != s // depth or least <= 0:
+                continue
+            k = math.floor(max(0.0, cap - a[s] - below) / least)
+            if k >= m - 1:
+                continue
+            d = sum(comm for u in range(t, s) if sr[u] != sr[u + 1])
+            fwd = sum(c[Kind.F][u] for u in range(t, s + 1)) + d
+            back = sum(c[Kind.B][u] for u in range(t, s + 1)) + d
+            lead = ch.head[t] if objective == "makespan" else ch.head[t] - ch.head[stages[0]]
+            rounds = (m - 1) // (k + 1) + 1
+            value = lead + fwd + rounds * back + c[Kind.W][t]
+            if best is None or value > best[0]:
+                best = (value, t, s, k, rounds, fwd, back, lead)
+    if best is None:
+        return None
+    value, t, s, k, rounds, fwd, back, lead = best
+    start = f"start no earlier than {lead:g} + " if lead > 0 else ""
+    return Bound(value, f"rank {r}: {start}forward from stage {t} to {s} ({fwd:g}), then at most {k + 1} microbatch{'es' if k else ''}"
+                        f" between a backward at {s} and theirs at {t} (the room holds {s}'s whole and {k} kept at {t}),"
+                        f" so {rounds} round trips down ({back:g} each), then W", r)
 
 
 def _windows(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:

@@ -332,3 +332,22 @@ def test_every_bound_term_stays_below_the_optimum_over_policies_and_orders(probl
             assume(False)
         for b in all_bounds(problem, objective):
             assert b.value <= best + 1e-9, (objective, b)
+
+
+def test_the_round_trips_between_a_ranks_two_stages_are_counted():
+    """V on two ranks, a room of one whole activation and one keep: while the last stage's
+    backward runs, rank 0 holds its whole activation and the keep of that microbatch's first
+    stage, so no other microbatch may be between its backward at stage 3 and its backward at stage
+    0: the four round trips down (B3 to B0, 11.6) follow one another. The term says so (1.6 + 4 x
+    11.6 + 1.1) and stays under the exhaustive optimum over every policy and order (61.6), where
+    the other terms stop at 42.2."""
+    from tests.exhaustive import exhaustive_optimum
+
+    problem = Problem.parse(dict(ranks=2, microbatches=4, chunks=2, placement="v", costs=dict(F=0.4, B=2.9, W=1.1),
+                                 memory=dict(F=1, B=-0.3, limit=1.2), recompute=dict(time=0.9, keep=0.2),
+                                 objective="span"))
+    trips = [b for b in all_bounds(problem) if "round trips" in b.reason]
+    assert max(b.value for b in trips) == pytest.approx(1.6 + 4 * 11.6 + 1.1)
+    best, _ = exhaustive_optimum(problem, policies=("R",), time_budget=120)
+    assert best == pytest.approx(61.6)
+    assert lower_bound(problem).value <= best + 1e-9
