@@ -910,9 +910,10 @@ def _round_trips(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound
         return None
     value, t, s, k, rounds, fwd, back, lead = best
     start = f"start no earlier than {lead:g} + " if lead > 0 else ""
-    return Bound(value, f"rank {r}: {start}forward from stage {t} to {s} ({fwd:g}), then at most {k + 1} microbatch{'es' if k else ''}"
-                        f" between a backward at {s} and theirs at {t} (the room holds {s}'s whole and {k} kept at {t}),"
-                        f" so {rounds} round trips down ({back:g} each), then W", r)
+    several = f"{k + 1} microbatch{'es' if k else ''}"
+    return Bound(value, f"rank {r}: {start}forward from stage {t} to {s} ({fwd:g}), then at most {several} between a"
+                        f" backward at {s} and theirs at {t} (the room holds {s}'s whole and {k} kept at {t}), so"
+                        f" {rounds} round trips down ({back:g} each), then W", r)
 
 
 def _windows(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
