@@ -884,7 +884,7 @@ def _round_trips(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound
     for span, >= head(t) - head(t0) after the rank's first start, t0 its lowest stage), and after
     B(s, j_m) come its way back to B(t) and W(t) on the rank: T >= lead + fwd + (floor((m - 1) / (K
     + 1)) + 1) * back + W(t). No term where some policy keeps nothing at t (offload) or K >= m - 1."""
-    c, a, comm, sr = problem.cost, problem.mem[Kind.F], problem.comm, problem.stage_rank
+    c, a = problem.cost, problem.mem[Kind.F]
     cap, m = _cap(problem, r), problem.microbatches
     stages = problem.rank_stages[r]
     depth = problem.pipeline_stages
@@ -898,9 +898,8 @@ def _round_trips(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound
             k = math.floor(max(0.0, cap - a[s] - below) / least)
             if k >= m - 1:
                 continue
-            d = sum(comm for u in range(t, s) if sr[u] != sr[u + 1])
-            fwd = sum(c[Kind.F][u] for u in range(t, s + 1)) + d
-            back = sum(c[Kind.B][u] for u in range(t, s + 1)) + d
+            fwd = ch.head[s] - ch.head[t] + c[Kind.F][s]  # F(t) .. F(s), with comm (one pipeline)
+            back = ch.down[s] - ch.down[t] + c[Kind.B][s]  # B(s) .. B(t)
             lead = ch.head[t] if objective == "makespan" else ch.head[t] - ch.head[stages[0]]
             rounds = (m - 1) // (k + 1) + 1
             value = lead + fwd + rounds * back + c[Kind.W][t]

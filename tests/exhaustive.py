@@ -207,6 +207,7 @@ class _Search:
 
         kinds = KINDS + (("X",) if policies else ())
         N = len(kinds) * n * m
+        self.x_of = 3 * n * m  # X(s, i) = F(s, i) + x_of
         self.N = N
         self.names = [None] * N
         self.rank_of, self.cost, self.mem = [0] * N, [0] * N, [0.0] * N
@@ -219,9 +220,7 @@ class _Search:
                     self.names[o] = (kind, s, i)
                     self.rank_of[o] = stage_rank[s]
                     c = i % k_chunks
-                    if kind == "X":  # (its cost and memory: those of the policy F(s, i) is placed with)
-                        producers = [op(0, s, i)]
-                    else:
+                    if kind != "X":  # (X's cost and memory: those of the policy F(s, i) is placed with)
                         self.cost[o] = conv(problem.cost[kind][s] * share[kind][c])
                         self.mem[o] = problem.mem[kind][s] * share["memory"][c]
                     if kind == "F":  # (and, with chunks, the same stage's earlier chunk)
@@ -230,10 +229,11 @@ class _Search:
                     elif kind == "B":  # (and, with chunks, the same stage's later chunk)
                         producers = [op(0, s, i)] + ([op(1, s + 1, i)] if (s + 1) % depth > 0 else [])
                         producers += [op(1, s, i + 1)] if c < k_chunks - 1 else []
+                        producers += [op(3, s, i)] if policies else []  # (its X)
                     elif kind == "W":
                         producers = [op(1, s, i)]
-                    if kind == "B" and policies:
-                        producers.append(op(3, s, i))
+                    else:  # X
+                        producers = [op(0, s, i)]
                     for d in producers:
                         lat = 0 if stage_rank[d // m % n] == stage_rank[s] else conv(comm)
                         self.deps[o].append((d, lat))
@@ -261,7 +261,7 @@ class _Search:
         # interchangeable, not units: the first chunk of a sequence on stage 0 only after the
         # first chunk of the sequence before; in_order, by chunk position.
         self.k_chunks = k_chunks
-        self.prev = [o - k_chunks if o % m >= k_chunks and o < 3 * n * m and (in_order or (o < m and o % k_chunks == 0))
+        self.prev = [o - k_chunks if o % m >= k_chunks and o < self.x_of and (in_order or (o < m and o % k_chunks == 0))
                      else -1 for o in range(N)]
         if whole_sequences:  # (a restriction) the first chunk after the whole sequence before
             for o in range(k_chunks, m, k_chunks):
@@ -300,7 +300,6 @@ class _Search:
                       ((op(0, s, i), s) for s in range(n) for i in range(m))} if policies else {}
         for o, least in self.least.items():
             self.mem[o] = least
-        self.x_of = 3 * n * m  # X(s, i) = F(s, i) + x_of
         self.policy = {}  # placed F -> its option
         self.best_names = {}  # the best orders' X ops -> (policy, stage, mb)
 

@@ -1,4 +1,5 @@
-"""The benchmark scripts' command lines (what they refuse before running anything)."""
+"""The benchmark scripts: what their command lines refuse before running anything, and the small
+table's use of the exhaustive search."""
 
 import subprocess
 import sys

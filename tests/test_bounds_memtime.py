@@ -18,7 +18,7 @@ from schedc.solvers import REGISTRY
 from schedc.solvers.families import memtime
 from schedc.solvers.bounds import all_bounds, lower_bound
 from schedc.solvers.registry import unfuse
-from tests.exhaustive import policy_optimum
+from tests.exhaustive import BudgetExceeded, exhaustive_optimum, policy_optimum
 
 
 @st.composite
@@ -297,8 +297,8 @@ def test_the_warm_up_charges_what_its_forwards_owe_where_more_of_them_fit_than_i
 @st.composite
 def small_recompute_problems(draw):
     """Problems small enough for the exhaustive search with policies: p = 2, v = 1 with m = 2 or 3,
-    or v = 2 (loop or V) with m = 2, costs in tenths, recompute (maybe selective), limits from one activation and a
-    little up to three."""
+    or v = 2 (loop or V) with m = 2, costs in tenths, recompute (maybe selective), limits from one
+    activation and a little up to three."""
     p, v = 2, draw(st.integers(1, 2))
     tenths = st.integers(1, 30).map(lambda x: x / 10)
     recompute = dict(time=draw(tenths), keep=draw(st.sampled_from([0.0, 0.1, 0.2])))
@@ -321,8 +321,6 @@ def small_recompute_problems(draw):
 def test_every_bound_term_stays_below_the_optimum_over_policies_and_orders(problem):
     """The exhaustive search with recompute policies (every keep / R / S per (stage, microbatch)
     and every order) gives the optimum; no term of the bound is above it, whichever objective."""
-    from tests.exhaustive import BudgetExceeded, exhaustive_optimum
-
     for objective in ("makespan", "span"):
         try:
             best, _ = exhaustive_optimum(problem, objective=objective, policies=problem.recomputes, time_budget=5)
@@ -341,8 +339,6 @@ def test_the_round_trips_between_a_ranks_two_stages_are_counted():
     0: the four round trips down (B3 to B0, 11.6) follow one another. The term says so (1.6 + 4 x
     11.6 + 1.1) and stays under the exhaustive optimum over every policy and order (61.6), where
     the other terms stop at 42.2."""
-    from tests.exhaustive import exhaustive_optimum
-
     problem = Problem.parse(dict(ranks=2, microbatches=4, chunks=2, placement="v", costs=dict(F=0.4, B=2.9, W=1.1),
                                  memory=dict(F=1, B=-0.3, limit=1.2), recompute=dict(time=0.9, keep=0.2),
                                  objective="span"))
