@@ -477,6 +477,28 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
     assert search.best == min(t.objective_value() for _, t in whole)
 
 
+def test_policy_candidates_come_likeliest_first():
+    """A budget that ends early has judged the likeliest candidates: every registry order without a
+    policy fitted with mixed policies, then the greedy's orders as if every microbatch took one
+    recompute, then the registry's recomputing schedules refitted, then the one-policy fits."""
+    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
+                                 recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    run = evaluate_registry(problem)
+    names = [s.name for s in driver._policy_candidates(problem, run.built, {name for name, _ in run.fitting})]
+    recomputing = {s.name for _, s in run.built if s.policies()}  # (e.g. 1f1b-recompute+split)
+
+    def step(name: str) -> int:
+        if name.startswith("greedy-as-"):
+            return 1
+        if "+fit-" in name or name.endswith("+offload"):
+            return 3
+        return 2 if name.split("+mix")[0] in recomputing else 0
+
+    steps = [step(name) for name in names]
+    assert set(steps) == {0, 1, 2, 3}, names
+    assert steps == sorted(steps), names
+
+
 def test_the_local_search_beside_the_backend_sends_each_better_schedule():
     """Run here (its generator), the search beside the backend starts from the schedule given
     (1F1B, which fits here and is far from the best) and yields only schedules that fit and are

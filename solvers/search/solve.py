@@ -434,18 +434,33 @@ class PolicyCandidates(Paused):
 
 
 def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits: set[str]) -> Iterator[Schedule]:
-    """``recomputed_candidates``' schedules, built one after another (in a Worker), the cheapest
-    first: the quick ones (one pass over each registry order; on a large problem seconds in all),
-    then the greedy scheduler's orders as if every microbatch took one recompute, the likeliest
-    first (``mixed.likely_kinds``), each better order its search finds yielded as it goes (one
-    search takes tens of seconds on the largest problems; its first orders come in about one
-    scheduling pass, so a budget that ends mid-search still judges the best so far)."""
+    """``recomputed_candidates``' schedules, built one after another (in a Worker), the likeliest
+    to be best first, so that a budget that ends early (a large problem) has judged those:
+
+    1. each registry order that holds no policy, with mixed policies fitted (``mixed.fitted_orders``,
+       one pass over each; on a large problem seconds in all);
+    2. the greedy scheduler's orders as if every microbatch took one recompute, the likeliest first
+       (``mixed.likely_kinds``), each better order its search finds yielded as it goes (one search
+       takes tens of seconds on the largest problems; its first orders come in about one
+       scheduling pass, so a budget that ends mid-search still judges the best so far);
+    3. the registry's schedules that recompute already, refitted from their policies;
+    4. each plain order with one policy (``memtime.fit_recompute``'s) or with everything offloaded.
+
+    Measured: on 28.3B, m = 256, 0.75x (benchmarks/memory_time.py), 2 before 3 is the difference
+    between 7571.6 (the greedy's order as if all were selective) and 7750.2 in a 60 s solve, whose
+    warm start ran out among 3 (1F1B's order again, there 7926.3-9261.5 against 7925.8 from 1)."""
     kinds = problem.recomputes
-    plain_orders = [(name, s) for name, s in built if not s.copy and not (s.policies() or name in fits)]
-    for name, schedule in built:  # (one that fits with no policy fits as it is: fitting changes nothing)
-        if not schedule.copy and kinds and not (name in fits and not schedule.policies()):
-            yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))  # (NAME or NAME+split)
-    for _, schedule in plain_orders:  # (one that fits as it is needs no policy)
+    refits = [s for name, s in built  # (one that fits with no policy fits as it is: fitting changes nothing)
+              if not s.copy and kinds and not (name in fits and not s.policies())]
+    for schedule in (s for s in refits if not s.policies()):
+        yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))  # (NAME or NAME+split)
+    if kinds:
+        yield from (s for _, s in policy_orders(problem, _greedy_orders))
+    for schedule in (s for s in refits if s.policies()):
+        yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))
+    for name, schedule in built:
+        if schedule.copy or schedule.policies() or name in fits:  # (one that fits as it is needs no policy)
+            continue
         for kind in kinds:  # the fewest recomputed with one policy (``memtime.fit_recompute``'s, in one pass)
             fitted = fit_mixed(problem, schedule, f"{schedule.name}+fit-{kind.value}", kinds=(kind,))
             if fitted is not None:
@@ -455,8 +470,6 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
                 yield with_policies(problem, schedule, everywhere(problem, Kind.O), f"{schedule.name}+offload")
             except SchedcError:
                 continue
-    if kinds:
-        yield from (s for _, s in policy_orders(problem, _greedy_orders))
 
 
 def _greedy_orders(problem: Problem) -> Iterator[Schedule]:
