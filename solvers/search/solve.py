@@ -450,17 +450,23 @@ def _policy_candidates(problem: Problem, built: list[tuple[str, Schedule]], fits
     between 7571.6 (the greedy's order as if all were selective) and 7750.2 in a 60 s solve, whose
     warm start ran out among 3 (1F1B's order again, there 7926.3-9261.5 against 7925.8 from 1)."""
     kinds = problem.recomputes
-    refits = [s for name, s in built  # (one that fits with no policy fits as it is: fitting changes nothing)
-              if not s.copy and kinds and not (name in fits and not s.policies())]
-    for schedule in (s for s in refits if not s.policies()):
-        yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))  # (NAME or NAME+split)
-    if kinds:
-        yield from (s for _, s in policy_orders(problem, _greedy_orders))
-    for schedule in (s for s in refits if s.policies()):
-        yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))
+    # The orders without a copy lane: those that hold no policy (less any that fits as it is: it
+    # needs none) apart from those that recompute already; each schedule's policies read once.
+    plain, recomputing = [], []
     for name, schedule in built:
-        if schedule.copy or schedule.policies() or name in fits:  # (one that fits as it is needs no policy)
+        if schedule.copy:
             continue
+        if schedule.policies():
+            recomputing.append(schedule)
+        elif name not in fits:
+            plain.append(schedule)
+    if kinds:
+        for schedule in plain:
+            yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))  # (NAME or NAME+split)
+        yield from (s for _, s in policy_orders(problem, _greedy_orders))
+        for schedule in recomputing:
+            yield from (s for _, s in fitted_orders(problem, schedule, schedule.name))
+    for schedule in plain:
         for kind in kinds:  # the fewest recomputed with one policy (``memtime.fit_recompute``'s, in one pass)
             fitted = fit_mixed(problem, schedule, f"{schedule.name}+fit-{kind.value}", kinds=(kind,))
             if fitted is not None:
