@@ -252,3 +252,19 @@ def test_a_limit_at_the_peak_is_feasible_whether_memory_scales_exactly_or_not(b,
     assert t.fits and t.objective_value() <= warm.objective_value() + 1e-9
     if exact:
         assert out.bound == pytest.approx(t.objective_value(), abs=1e-6)
+
+
+def test_the_solves_bound_is_where_cpsats_starts():
+    """C's least value is the bound solve hands over (Settings.lower): an incumbent at that bound
+    is proven optimal at once, where CP-SAT on its own does not prove it within the same budget."""
+    problem = Problem.parse(
+        dict(ranks=4, microbatches=12, costs=dict(F=[1.0, 1.2, 0.9, 1.5], B=[1.1, 1.0, 1.3, 1.6], W=[0.7, 0.9, 0.8, 1.0]),
+             comm=0.05, objective="span", memory=dict(F=1, B=-0.5, W=-0.5, limit=4))
+    )
+    _, warm = best_registry_schedule(problem)
+    lower = lower_bound(problem).value
+    assert warm.objective_value() == pytest.approx(lower)  # the greedy's schedule meets schedc's bound
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(30), 0.0, 1, lower, None))
+    assert "Optimal" in out.note and out.bound == pytest.approx(lower)
+    alone = solve_cpsat(problem, warm, Settings(Budget.seconds(2), 0.0, 1, 0.0, None))
+    assert alone.bound is None or alone.bound <= lower + 1e-9  # (its own bound, valid, lower or equal)

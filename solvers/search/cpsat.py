@@ -12,7 +12,9 @@ disjunctive scheduling directly instead of through big-M binaries:
   order is the rank's order and this is exactly the simulator's check (frees that end when an F
   starts come before it in the order and count before it, as in the simulator);
 - objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the earliest
-  start on rank r);
+  start on rank r); C no less than the solve's own proven bound (``Settings.lower``), so that
+  CP-SAT's bound starts there and an incumbent that meets it is proven optimal at once (on its
+  own, CP-SAT's bound is often little more than a rank's work);
 - gradient syncs (``data_parallel``: an all-reduce AR per stage; ``replicas``: a sum RS of each
   model stage's copies, one start for all its members): per rank its communication lane (a
   ``NoOverlap`` of its own; the reduces at the end later stage first, the collectives in their one
@@ -160,7 +162,7 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
             ) from None
         raise SchedcError("--solver cpsat needs OR-Tools: pip install 'schedc[cpsat]'") from None
     try:
-        model = _CpModel(problem, warm_t, cp_model, budget)
+        model = _CpModel(problem, warm_t, cp_model, budget, settings.lower)
     except _OutOfTime:
         return Found(None, note="time limit (building the CP-SAT model)")
     left = budget.left()
@@ -230,8 +232,11 @@ def _time_scale(problem: Problem) -> _Scale:
 class _CpModel:
     """The CP-SAT model of one problem, hinted with the warm start."""
 
-    def __init__(self, problem: Problem, warm_t: Timeline, cp_model, budget: Budget | None = None):
-        """Raises _OutOfTime when ``budget`` (None: no limit) runs out first."""
+    def __init__(self, problem: Problem, warm_t: Timeline, cp_model, budget: Budget | None = None,
+                 lower: float = 0.0):
+        """``lower``: a proven lower bound on the objective (schedc's own), C's least value, so that
+        CP-SAT's bound starts there rather than at a rank's work. Raises _OutOfTime when ``budget``
+        (None: no limit) runs out first."""
         budget = budget or Budget.unlimited()
         self.problem = problem
         n, m = problem.n_stages, problem.microbatches
@@ -275,7 +280,7 @@ class _CpModel:
         self.end: dict[int, object] = {}  # an F or B that may pair -> its end (a variable)
         self._intervals(budget, edges, earliest, latest)
         self.memory = self._reservoirs(budget) if problem.memory_limit is not None else None
-        self.C = self._objective(budget, hint_obj, horizon)
+        self.C = self._objective(budget, hint_obj, horizon, lower)
         for k, x in enumerate(self.start):
             _on_time(budget, k)
             self.cp.add_hint(x, hint[k])
@@ -497,12 +502,15 @@ class _CpModel:
                     self.cp.add_reservoir_constraint(when, change, low, room)
         return memory
 
-    def _objective(self, budget: Budget, hint_obj: int, horizon: int):
+    def _objective(self, budget: Budget, hint_obj: int, horizon: int, lower: float):
         """C, minimised: every rank's work fits before it, and every W ends by it (for span, by it
-        plus the rank's first start)."""
+        plus the rank's first start); and no less than ``lower`` scaled (rounded down, less the
+        unit ``bound_back`` allows where span's two ends round separately), which every real
+        schedule's C meets."""
         cp, start, dur, span = self.cp, self.start, self.dur, self.span
         rank_of = self.problem.stage_rank
-        C = cp.new_int_var(0, hint_obj, "C")
+        least = self.time.down(lower) - (0 if self.time.exact or not span else 1)
+        C = cp.new_int_var(min(max(0, least), hint_obj), hint_obj, "C")
         for r, ks in enumerate(self.on_rank):
             _on_time(budget)
             # policy ops: not always there; an F or B that may pair: its cost alone, once per pair in one
