@@ -1265,7 +1265,50 @@ def _covered(problem: Problem, warm: list, stages: tuple[int, ...], hi: int, roo
     for lam in sorted(kinks | {step / COVER_GRID for step in range(COVER_GRID + 1)}):
         valued = [([(w, v - (1 - lam) * F[s]) for w, v in options], count) for (options, count), s in zip(warm, stages)]
         best = max(best, lam * (wait - F[hi]) - _most(valued, room))
-    return best
+    # The same minimum in whole forwards, where few cover the wait: the n offloaded taken off the
+    # wait as above (the least over n), the rest searched with their keeps and what they owe.
+    return max(best, _covered_exactly(warm, stages, F, room, wait - F[hi]))
+
+
+WARM_EXACT = 12  # _covered_exactly: at most this many forwards cover the warm-up's wait, else not tried
+WARM_NODES = 200_000  # _covered_exactly: a search that would visit more multisets claims nothing (0)
+
+
+def _covered_exactly(warm: list, stages: tuple[int, ...], F: list[float], room: float, need: float) -> float:
+    """``_covered``'s minimum over the forwards W0 not offloaded that run before the first backward,
+    in whole forwards (0 where more than ``WARM_EXACT`` may be needed): the least owed(W0) + max(0,
+    need - F(W0)) over the W0 whose keeps fit ``room``, ``need`` being the wait less the first
+    backward's own forward and what offloaded forwards may fill. ``_covered`` bounds the same
+    minimum from below by weighing the two; counted in whole forwards, the last that covers the
+    wait costs its keep or its recompute, or the wait stays idle. W0 is searched as a multiset of
+    (stage, policy) options, each forward added while F(W0) < need (one more only adds a keep and
+    what it owes, never less). A search cut short at ``WARM_NODES`` claims nothing."""
+    if need <= 0 or need > WARM_EXACT * min(F[s] for s in stages):
+        return 0.0
+    tol = 1e-9 * max(1.0, room, need)
+    types = [(w, F[s], F[s] - v, j) for j, ((options, _), s) in enumerate(zip(warm, stages)) for w, v in options]
+    left = [count for _, count in warm]
+    best, nodes = need, 0  # W0 empty: the whole wait idle
+
+    def grow(first: int, held: float, done: float, owed: float) -> bool:
+        nonlocal best, nodes
+        for t in range(first, len(types)):
+            w, f, r, j = types[t]
+            if left[j] == 0 or held + w > room + tol or owed + r >= best:
+                continue  # (more forwards only add keeps and what they owe)
+            nodes += 1
+            if nodes > WARM_NODES:
+                return False
+            best = min(best, owed + r + max(0.0, need - done - f))
+            if done + f < need:
+                left[j] -= 1
+                whole = grow(t, held + w, done + f, owed + r)
+                left[j] += 1
+                if not whole:
+                    return False
+        return True
+
+    return best if grow(0, 0.0, 0.0, 0.0) else 0.0
 
 
 def _policy_options(problem: Problem, ch: _Chains, s: int) -> list[tuple[str, float, float, float, float]]:

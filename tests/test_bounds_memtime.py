@@ -16,6 +16,7 @@ from schedc.errors import ProblemError
 from schedc.kinds import Kind
 from schedc.solvers import REGISTRY
 from schedc.solvers.families import memtime
+from schedc.solvers import bounds
 from schedc.solvers.bounds import all_bounds, lower_bound
 from schedc.solvers.registry import unfuse
 from tests.exhaustive import BudgetExceeded, exhaustive_optimum, policy_optimum
@@ -347,3 +348,23 @@ def test_the_round_trips_between_a_ranks_two_stages_are_counted():
     best, _ = exhaustive_optimum(problem, policies=("R",), time_budget=120)
     assert best == pytest.approx(61.6)
     assert lower_bound(problem).value <= best + 1e-9
+
+
+def test_the_warm_up_counts_its_forwards_whole(monkeypatch):
+    """p = 2, V, two microbatches, room 1.5 for activations of 1. Rank 1 (stages 1 and 2): its first
+    backward, B(2, 0), starts >= 9.8 after its first op (F(1, 0), F(2, 0), F(3, 0) and B(3, 0)
+    come first), so forwards of 2.7 beside F(2, 0)'s own must cover 7.1: three, in the 0.5 that
+    F(2, 0)'s activation leaves, which holds no kept forward and one selective (0.3). Three full
+    recomputes owe 1.2; two forwards leave 1.7 idle. Weighing idle against what the forwards owe
+    (``_covered``) charges 1.05; in whole forwards (``_covered_exactly``), 1.2, and the two-rank
+    term reaches 32.0, the optimum over every order and policy (the exhaustive search's). Any
+    higher and this fails."""
+    problem = Problem.parse(dict(
+        ranks=2, microbatches=2, chunks=2, placement="v", costs=dict(F=2.7, B=1.7, W=2.2), comm=0.0,
+        memory=dict(F=1, B=-0.3, limit=1.5), recompute=dict(time=0.4, keep=0.0, selective=dict(time=1.3, keep=0.3)),
+        objective="span"))
+    best, _ = exhaustive_optimum(problem, policies=problem.recomputes, time_budget=60)
+    assert best == pytest.approx(32.0, abs=1e-9)
+    assert lower_bound(problem).value == pytest.approx(best, abs=1e-9)
+    monkeypatch.setattr(bounds, "WARM_EXACT", 0)  # (weighed only)
+    assert lower_bound(problem).value < best - 0.1
