@@ -95,6 +95,7 @@ POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / 
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 WINDOW_EXACT = 16  # _windows: a policy that fits this many times or fewer in a window's room is counted exactly
 WINDOW_COMBOS = 256  # _windows: at most this many mixes of those are enumerated (the rest relaxed)
+TINY_WEIGHT = 1e-200  # _item_hull: a lighter option counts as weighing nothing (no slope overflows)
 KNAP_EXACT = 16  # _most: an option that fits this many times or fewer in the room is counted in whole microbatches
 KNAP_COMBOS = 256  # _most: at most this many mixes of those are enumerated (the rest relaxed)
 
@@ -1071,6 +1072,9 @@ def _hull(items: list[tuple[list[tuple[float, float]], int]], forced: bool = Fal
 def _item_hull(options: list[tuple[float, float]], forced: bool = False) -> tuple[tuple[float, float], list]:
     """One item of ``_hull``, one microbatch: its start ``(weight, value)`` and its climbs
     ``(value per weight, value, weight)``, steepest first."""
+    # Weights too small for their value per weight to be a float count as none: lighter only
+    # raises the knapsack's most, which stays an upper bound.
+    options = [(0.0 if w < TINY_WEIGHT else w, v) for w, v in options]
     if not forced:
         options = options + [(0.0, 0.0)]
     at = start = min(options, key=lambda o: (o[0], -o[1]))

@@ -8,7 +8,7 @@ import itertools
 import random
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from schedc import Problem, simulate
@@ -251,6 +251,7 @@ def _best_holding(items, room):
 
 @settings(max_examples=200, deadline=None)
 @given(knapsacks(), st.sampled_from([1, 2, 16]), st.sampled_from([1, 4, 256]))
+@example(([([(2.225073858507e-311, 1.0), (5e-324, 2.0)], 1)], 1.0), 1, 1)  # (value per weight overflowed)
 def test_the_knapsack_in_whole_microbatches_stays_above_the_best_holding(knapsack, exact, combos):
     """``_most`` (the warm-up's, cool-down's and backward work's knapsacks) is an upper bound on the
     best holding, enumerated (float sums, as the simulator adds), whatever options it counts
