@@ -88,8 +88,13 @@ def test_the_pages_three_commands_train_exactly_like_one_process(tmp_path, monke
     parts = cut(model.blocks(), sizes)
     expected = {f"{s}.{k}": t for s, part in enumerate(parts) for k, t in part.state_dict().items()}
     assert trained.keys() == expected.keys()
+    # AdamW divides each step by the root of the gradient's running square, so where an element's
+    # gradient is near zero the float32 noise of adding the microbatches' gradients in another order
+    # (the schedule's, against autograd's in one process) moves it by up to ~1e-3 of a step (lr
+    # 1e-3): measured up to 2.4e-6 over 4 steps, with the costs profiled on one machine (1e-6
+    # failed there, at any commit). The losses are compared too, below.
     for k, t in expected.items():
-        torch.testing.assert_close(trained[k], t, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(trained[k], t, rtol=1e-5, atol=1e-5, msg=k)
     torch.testing.assert_close(torch.tensor([float(loss) for _, loss, *_ in printed]), torch.tensor(losses),
                                rtol=0, atol=1e-4)
     assert losses[-1] < losses[0]
