@@ -5,6 +5,7 @@ optimum over every policy and order on problems small enough to enumerate."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -369,3 +370,45 @@ def test_the_warm_up_counts_its_forwards_whole(monkeypatch):
     assert lower_bound(problem).value == pytest.approx(best, abs=1e-9)
     monkeypatch.setattr(bounds, "WARM_EXACT", 0)  # (weighed only)
     assert lower_bound(problem).value < best - 0.1
+
+
+@st.composite
+def warm_ups(draw):
+    """``_covered_exactly``'s input: per stage (one or two) a forward's time, its options (keep,
+    forward time less the recompute it owes) and how many microbatches; a room; a wait to cover."""
+    stages = draw(st.integers(1, 2))
+    F = [draw(st.integers(1, 20)) / 10 for _ in range(stages)]
+    warm = []
+    for f in F:
+        options = [(draw(st.sampled_from([0.3, 0.5, 1.0])), f)]  # kept: owes nothing
+        options += [(draw(st.sampled_from([0.0, 0.1, 0.2, 0.4])), f - draw(st.integers(0, 20)) / 10)
+                    for _ in range(draw(st.integers(0, 2)))]  # recomputed: owes up to 2
+        warm.append((options, draw(st.integers(0, 3))))
+    return warm, F, draw(st.sampled_from([0.0, 0.4, 1.0, 1.5, 2.5])), draw(st.integers(0, 60)) / 10
+
+
+def _least_covered(warm, F, room, need):
+    """The least owed + max(0, need - forward work) over every whole number of each option of each
+    stage (a stage's options sharing its microbatches) whose keeps fit the room, enumerated."""
+    per_stage = [[c for c in itertools.product(range(count + 1), repeat=len(options)) if sum(c) <= count]
+                 for options, count in warm]
+    best = math.inf
+    for pick in itertools.product(*per_stage):
+        chosen = [(o, n, f) for (options, _), c, f in zip(warm, pick, F) for o, n in zip(options, c)]
+        if sum(n * w for (w, _), n, _ in chosen) <= room + 1e-9:
+            owed = sum(n * (f - v) for (_, v), n, f in chosen)
+            best = min(best, owed + max(0.0, need - sum(n * f for _, n, f in chosen)))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(warm_ups())
+def test_the_warm_up_in_whole_forwards_is_the_enumerated_least(case):
+    """``_covered_exactly`` (a search that prunes) against every mix enumerated: the same least,
+    never above it (the bound would not hold) where it claims one, 0 where it claims nothing."""
+    warm, F, room, need = case
+    got = bounds._covered_exactly(warm, tuple(range(len(F))), F, room, need)
+    if need <= 0 or need > bounds.WARM_EXACT * min(F):
+        assert got == 0.0
+    else:
+        assert got == pytest.approx(_least_covered(warm, F, room, need), abs=1e-9)
