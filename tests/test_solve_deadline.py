@@ -477,6 +477,25 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
     assert search.best == min(t.objective_value() for _, t in whole)
 
 
+def test_the_polish_has_time_where_the_candidates_with_policies_do_not_end(monkeypatch):
+    """Where the stream of candidates with policies outlasts the warm start (large problems), it
+    stops at POLICY_SHARE of what is left, so that the polish of the best schedules found
+    (``polished_candidates``) still has time; before, it was called with none left."""
+    slow_down(monkeypatch, driver, "_policy_candidates", 0.5)  # (never ends within this warm start)
+    left = []
+    real = driver.polished_candidates
+
+    def spy(problem, run, budget, say, *args):
+        left.append(budget.left())
+        return real(problem, run, budget, say, *args)
+
+    monkeypatch.setattr(driver, "polished_candidates", spy)
+    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
+                                 recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    solve(problem, time_limit=8, threads=1)
+    assert left and left[0] > 0.2, left
+
+
 def test_policy_candidates_come_likeliest_first():
     """A budget that ends early has judged the likeliest candidates: every registry order without a
     policy fitted with mixed policies, then the greedy's orders as if every microbatch took one
