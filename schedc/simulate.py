@@ -58,6 +58,46 @@ class MemoryViolation:
 
 
 @dataclass(frozen=True)
+class RankTime:
+    """Where the time of the rank that sets the objective goes (``Timeline.rank_time``): its window
+    (what the objective measures on it: its own span, or from 0 to its step for the makespan)
+    holds its passes (F, B, W, BW), its other compute ops (recompute: R, S, RG, SG), and idle.
+    Idle is split by phase: the warm-up, before its first backward starts; the cool-down, after
+    the last microbatch entered the rank (the end of the last forward of its first stage; its
+    wait for reduces included); the steady state between them, where a rank that never idles
+    runs at its work per microbatch, the steady state's own bound. Where that forward ends before
+    the first backward starts (GPipe's order) there is no steady state: the idle before the first
+    backward counts as warm-up, the rest as cool-down."""
+
+    rank: int
+    objective: str  # "span" or "makespan" (what ``window`` measures)
+    window: tuple[float, float]
+    work: float  # F, B, W and BW on its compute lane (an overlapped pair once)
+    recompute: float  # its other compute ops: R, S, RG, SG
+    warm_up: float
+    steady: float
+    cool_down: float
+
+    @property
+    def idle(self) -> float:
+        return self.warm_up + self.steady + self.cool_down
+
+    def __str__(self) -> str:
+        return (f"rank {self.rank} sets the {self.objective}: work {self.work:g}"
+                + (f", recompute {self.recompute:g}" if self.recompute else "")
+                + f", idle {self.idle:g} (warm-up {self.warm_up:g}, steady {self.steady:g},"
+                f" cool-down {self.cool_down:g})")
+
+    def summary(self) -> dict:
+        return {"rank": self.rank, "objective": self.objective, "window": list(self.window), "work": self.work,
+                "recompute": self.recompute, "idle_warm_up": self.warm_up, "idle_steady": self.steady,
+                "idle_cool_down": self.cool_down}
+
+
+_PASSES = frozenset({Kind.F, Kind.B, Kind.W, Kind.BW})
+
+
+@dataclass(frozen=True)
 class Timeline:
     problem: Problem
     schedule: Schedule
@@ -164,6 +204,29 @@ class Timeline:
             m, rounds = self.problem.microbatches * self.problem.pipelines, self.schedule.rounds
             return tuple(self.per_microbatch * m - b / rounds for b in self.busy)
         return tuple(self.makespan - b for b in self.busy)
+
+    def rank_time(self, objective: str | None = None, rank: int | None = None) -> RankTime:
+        """``RankTime`` of ``rank``, by default the rank that sets the objective (the lowest among
+        ties; "steady" as the makespan)."""
+        objective = "span" if (objective or self.problem.objective) == "span" else "makespan"
+        per_rank = self.rank_objective(objective)
+        r = max(range(len(per_rank)), key=lambda x: (per_rank[x], -x)) if rank is None else rank
+        ops, ss, es = self.schedule.ranks[r], self.start[r], self.end[r]
+        if not ops:
+            return RankTime(r, objective, (0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0.0)
+        window = (ss[0] if objective == "span" else 0.0, self.rank_end[r])
+        other = sum(e - s for op, s, e in zip(ops, ss, es) if op.kind not in _PASSES)
+        first_b = next((s for op, s in zip(ops, ss) if op.kind in (Kind.B, Kind.BW)), window[1])
+        first = min(op.stage for op in ops)  # the last microbatch enters the rank with its forward there
+        last_f = max((e for op, e in zip(ops, es) if op.kind is Kind.F and op.stage == first), default=window[0])
+        idle = {"warm": 0.0, "steady": 0.0, "cool": 0.0}
+        at = window[0]  # the end of the work so far (an overlapped pair's ops overlap: the later end)
+        for s, e in [*zip(ss, es), (window[1], window[1])]:
+            if s > at:
+                phase = "warm" if s <= first_b else "cool" if at >= last_f else "steady"
+                idle[phase] += s - at
+            at = max(at, e)
+        return RankTime(r, objective, window, self.busy[r] - other, other, idle["warm"], idle["steady"], idle["cool"])
 
     def bubble_rate(self, objective: str | None = None) -> float:
         """Idle fraction of the rank-time the objective measures: 1 - busy / (p * T) (steady: per

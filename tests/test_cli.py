@@ -62,6 +62,13 @@ def test_simulate_table_and_json():
     problem = load_problem(path)
     assert len(data["ops"]) == 2 * problem.n_stages * problem.microbatches
     assert data["makespan"] == max(op["end"] for op in data["ops"])
+    # where the time of the rank that sets the makespan goes: its work, recompute and idle fill it
+    spent = data["rank_time"]
+    ops = [op for op in data["ops"] if op["rank"] == spent["rank"]]
+    assert spent["work"] == pytest.approx(sum(op["end"] - op["start"] for op in ops))
+    idle = spent["idle_warm_up"] + spent["idle_steady"] + spent["idle_cool_down"]
+    assert spent["work"] + spent["recompute"] + idle == pytest.approx(data["makespan"])
+    assert f"time: rank {spent['rank']} sets the makespan" in run("simulate", path, "-s", "1f1b").output
 
 
 def test_schedules_and_bubble():

@@ -94,6 +94,7 @@ def test_solve_reports_the_policies_of_its_schedule(files, monkeypatch):
     assert data["policies"] == {"recompute": 2, "selective": 1, "offload": 2}
     out = run("solve", files / "rc.json", "-o", files / "s.json", "-q").splitlines()
     assert "policies: 2 recompute, 1 selective, 2 offload of 8 (stage, microbatch)s" in out
+    assert data["rank_time"] == t.rank_time().summary() and f"time: {t.rank_time()}" in out
     header = next(ln for ln in out if ln.startswith("schedule "))
     assert header.split()[-3:] == ["recompute", "selective", "offload"]
     assert next(ln for ln in out if ln.startswith("ilp ")).split()[-3:] == ["2", "1", "2"]

@@ -1,5 +1,6 @@
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import schedc.solvers as solvers
 from schedc import Op, Problem, Schedule, ScheduleError, simulate
@@ -134,3 +135,59 @@ def test_back_to_back_steps_take_between_the_span_and_the_makespan(problem):
         assert ends[0] == pytest.approx(t.makespan)
         for a, b in zip(ends, ends[1:]):
             assert max(t.busy) - 1e-9 * t.makespan <= b - a <= t.makespan + 1e-9 * t.makespan
+
+
+@settings(max_examples=60, deadline=None)
+@given(pipeline_problems(max_microbatches=8), st.sampled_from(["makespan", "span"]))
+def test_the_objective_ranks_time_is_its_work_recompute_and_idle_by_phase(problem, objective):
+    """Every registry schedule that applies: the rank rank_time names sets the objective, and its
+    work, recompute and the three idle parts add up to its window, which is what the objective
+    measures on it; each part is >= 0."""
+    problem = problem.with_changes(objective=objective)
+    for name in ("gpipe", "1f1b", "zb-h1", "zb-v", "interleaved-1f1b", "zb-greedy"):
+        if solvers.REGISTRY[name].why_not(problem) is not None:
+            continue
+        t = simulate(problem, solvers.build(name, problem))
+        rt = t.rank_time()
+        assert t.rank_objective()[rt.rank] == max(t.rank_objective())
+        start, end = rt.window
+        assert end - start == pytest.approx(t.objective_value(), rel=1e-9, abs=1e-12)
+        assert rt.work == pytest.approx(t.busy[rt.rank]) and rt.recompute == 0
+        assert min(rt.warm_up, rt.steady, rt.cool_down) >= 0
+        assert rt.work + rt.idle == pytest.approx(end - start, rel=1e-9, abs=1e-12)
+        assert rt.idle == pytest.approx(t.idle()[rt.rank], rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (3, 5)])
+def test_1f1bs_idle_is_its_warm_up_and_cool_down(p, m):
+    """1F1B with a fused backward, every pass 1 and no latency (BW = B + W = 2): rank 0 runs p
+    forwards, waits for its first backward until 2 p - 1 + 2 (p - 1) (the forwards down and the
+    backwards up), idle 2 (p - 1); after its last forward the last microbatch's round trip leaves
+    it p - 1 idle; nothing in between. GPipe has no steady state: its idle is all before its first
+    backward."""
+    problem = Problem.parse(dict(ranks=p, microbatches=m, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-1)))
+    rt = simulate(problem, solvers.build("1f1b", problem)).rank_time()
+    assert (rt.rank, rt.work, rt.warm_up, rt.steady, rt.cool_down) == (0, 3 * m, 2 * (p - 1), 0, p - 1)
+    rt = simulate(problem, solvers.build("gpipe", problem)).rank_time()
+    assert (rt.warm_up, rt.steady) == (pytest.approx(simulate(problem, solvers.build("gpipe", problem)).idle()[0]), 0)
+
+
+def test_recompute_is_apart_from_the_work_and_idle_in_a_v_is_phased_by_its_first_stage():
+    """A V rank holds stages r and 2p - 1 - r: its cool-down starts when its last microbatch
+    enters, after the last forward of stage r (not of its later stage, which comes later), and a
+    recompute op counts as recompute, not work."""
+    problem = Problem.parse(dict(ranks=2, microbatches=4, chunks=2, placement="v", costs=dict(F=1, B=2, W=0.5),
+                                 comm=0.3, memory=dict(F=1, B=-1), recompute=dict(time=1, keep=0.1),
+                                 objective="span"))
+    from schedc.solvers.families.memtime import with_policies
+
+    schedule = with_policies(problem, solvers.build("zb-v", problem), {(0, 0): "R", (3, 1): "R"})
+    t = simulate(problem, schedule)
+    rt = t.rank_time(rank=0)
+    ops, ss, es = schedule.ranks[0], t.start[0], t.end[0]
+    last_entry = max(e for op, e in zip(ops, es) if op.kind == "F" and op.stage == 0)
+    gaps = [(ss[k] - es[k - 1], es[k - 1]) for k in range(1, len(ops)) if ss[k] > es[k - 1]]
+    assert rt.recompute == 2 and rt.work == pytest.approx(2 * 4 * 3.5)
+    assert rt.cool_down > 0
+    assert rt.cool_down == pytest.approx(sum(g for g, at in gaps if at >= last_entry) + t.rank_end[0] - es[-1])
+    assert rt.work + rt.recompute + rt.idle == pytest.approx(t.rank_span[0])

@@ -63,7 +63,7 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
     prob = t.problem
     critical = critical_path(t)
     if as_json:
-        out = {**t.summary(), **policy_report(prob, t.schedule)}
+        out = {**t.summary(), "rank_time": t.rank_time().summary(), **policy_report(prob, t.schedule)}
         out["ops"] = [
             {"rank": r, "kind": op.kind.value, "stage": op.stage, "mb": op.mb, "start": s, "end": e}
             for op, (r, s, e) in t.op_times().items()
@@ -79,6 +79,7 @@ def _report(t: Timeline, where: str, as_json: bool) -> None:
         f"makespan {fmt(t.makespan)}  span {fmt(t.span)}  bubble {100 * t.bubble_rate('makespan'):.2f}%"
         f" (makespan) / {100 * t.bubble_rate('span'):.2f}% (span)"
     )
+    click.echo(f"time: {t.rank_time()}")
     if not t.schedule.synchronous or prob.objective == "steady":
         click.echo(f"per microbatch {fmt(t.per_microbatch)} in the steady state, bubble"
                    f" {100 * t.bubble_rate('steady'):.2f}%"

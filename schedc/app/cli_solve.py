@@ -101,6 +101,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
     CompiledSchedule.build(prob, result.schedule, result.summary(), timeline=result.timeline).save(output)
     if as_json:
         click.echo(json.dumps({"problem": prob.name, "output": output, **result.summary(),
+                               "rank_time": result.timeline.rank_time().summary(),
                                **policy_report(prob, result.schedule)}, indent=2))
         return
     click.echo(
@@ -109,6 +110,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
         f" {result.seconds:.1f} s; started from {result.warm_start} ({fmt(result.warm_objective)})"
     )
     click.echo(f"bound: {result.bound_reason}")
+    click.echo(f"time: {result.timeline.rank_time()}")
     if prob.policies:
         click.echo(f"policies: {policies_line(prob, result.schedule)}")
     if result.not_evaluated:
