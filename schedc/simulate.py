@@ -62,12 +62,13 @@ class RankTime:
     """Where the time of the rank that sets the objective goes (``Timeline.rank_time``): its window
     (what the objective measures on it: its own span, or from 0 to its step for the makespan)
     holds its passes (F, B, W, BW), its other compute ops (recompute: R, S, RG, SG), and idle.
-    Idle is split by phase: the warm-up, before its first backward starts; the cool-down, after
-    the last microbatch entered the rank (the end of the last forward of its first stage; its
-    wait for reduces included); the steady state between them, where a rank that never idles
-    runs at its work per microbatch, the steady state's own bound. Where that forward ends before
-    the first backward starts (GPipe's order) there is no steady state: the idle before the first
-    backward counts as warm-up, the rest as cool-down."""
+    Idle is split by phase, at the rank's first stage (where microbatches enter it and, last, leave
+    it): the warm-up, until the first microbatch has come back (its first backward there starts);
+    the cool-down, once the last microbatch has entered (its last forward there has ended; the
+    wait for reduces included); the steady state between them, where a rank that never idles runs
+    at its work per microbatch, the steady state's own bound. Where that forward ends before that
+    backward starts (GPipe's order) there is no steady state: the idle before the backward counts
+    as warm-up, the rest as cool-down."""
 
     rank: int
     objective: str  # "span" or "makespan" (what ``window`` measures)
@@ -216,8 +217,9 @@ class Timeline:
             return RankTime(r, objective, (0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0.0)
         window = (ss[0] if objective == "span" else 0.0, self.rank_end[r])
         other = sum(e - s for op, s, e in zip(ops, ss, es) if op.kind not in _PASSES)
-        first_b = next((s for op, s in zip(ops, ss) if op.kind in (Kind.B, Kind.BW)), window[1])
-        first = min(op.stage for op in ops)  # the last microbatch enters the rank with its forward there
+        first = min(op.stage for op in ops)
+        first_b = min((s for op, s in zip(ops, ss) if op.kind in (Kind.B, Kind.BW) and op.stage == first),
+                      default=window[1])
         last_f = max((e for op, e in zip(ops, es) if op.kind is Kind.F and op.stage == first), default=window[0])
         idle = {"warm": 0.0, "steady": 0.0, "cool": 0.0}
         at = window[0]  # the end of the work so far (an overlapped pair's ops overlap: the later end)

@@ -173,21 +173,26 @@ def test_1f1bs_idle_is_its_warm_up_and_cool_down(p, m):
 
 
 def test_recompute_is_apart_from_the_work_and_idle_in_a_v_is_phased_by_its_first_stage():
-    """A V rank holds stages r and 2p - 1 - r: its cool-down starts when its last microbatch
-    enters, after the last forward of stage r (not of its later stage, which comes later), and a
-    recompute op counts as recompute, not work."""
-    problem = Problem.parse(dict(ranks=2, microbatches=4, chunks=2, placement="v", costs=dict(F=1, B=2, W=0.5),
+    """A V rank holds stages r and 2p - 1 - r: its warm-up lasts until its first microbatch comes
+    back, to the first backward of stage r (not of its later stage, which comes sooner); its
+    cool-down starts when its last microbatch enters, after the last forward of stage r (not of its
+    later stage, which comes later); a recompute op counts as recompute, not work."""
+    problem = Problem.parse(dict(ranks=2, microbatches=6, chunks=2, placement="v", costs=dict(F=1, B=2, W=0.5),
                                  comm=0.3, memory=dict(F=1, B=-1), recompute=dict(time=1, keep=0.1),
                                  objective="span"))
     from schedc.solvers.families.memtime import with_policies
 
-    schedule = with_policies(problem, solvers.build("zb-v", problem), {(0, 0): "R", (3, 1): "R"})
+    schedule = with_policies(problem, solvers.build("v-min", problem), {(0, 0): "R", (3, 1): "R"})
     t = simulate(problem, schedule)
     rt = t.rank_time(rank=0)
     ops, ss, es = schedule.ranks[0], t.start[0], t.end[0]
+    back = min(s for op, s in zip(ops, ss) if op.kind == "B" and op.stage == 0)
     last_entry = max(e for op, e in zip(ops, es) if op.kind == "F" and op.stage == 0)
-    gaps = [(ss[k] - es[k - 1], es[k - 1]) for k in range(1, len(ops)) if ss[k] > es[k - 1]]
-    assert rt.recompute == 2 and rt.work == pytest.approx(2 * 4 * 3.5)
-    assert rt.cool_down > 0
-    assert rt.cool_down == pytest.approx(sum(g for g, at in gaps if at >= last_entry) + t.rank_end[0] - es[-1])
+    gaps = [(ss[k] - es[k - 1], es[k - 1], ss[k]) for k in range(1, len(ops)) if ss[k] > es[k - 1]]
+    assert rt.recompute == 2 and rt.work == pytest.approx(2 * 6 * 3.5)
+    later = min(s for op, s in zip(ops, ss) if op.kind == "B" and op.stage == 3)  # (its first backward)
+    assert sum(g for g, at, end in gaps if at >= later and end <= back) > 0  # idle the warm-up must count
+    assert rt.warm_up > 0 and rt.cool_down > 0 and rt.steady > 0
+    assert rt.warm_up == pytest.approx(sum(g for g, _, end in gaps if end <= back))
+    assert rt.cool_down == pytest.approx(sum(g for g, at, _ in gaps if at >= last_entry) + t.rank_end[0] - es[-1])
     assert rt.work + rt.recompute + rt.idle == pytest.approx(t.rank_span[0])
