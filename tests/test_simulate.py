@@ -161,15 +161,16 @@ def test_the_objective_ranks_time_is_its_work_recompute_and_idle_by_phase(proble
 @pytest.mark.parametrize("p, m", [(4, 8), (3, 5)])
 def test_1f1bs_idle_is_its_warm_up_and_cool_down(p, m):
     """1F1B with a fused backward, every pass 1 and no latency (BW = B + W = 2): rank 0 runs p
-    forwards, waits for its first backward until 2 p - 1 + 2 (p - 1) (the forwards down and the
-    backwards up), idle 2 (p - 1); after its last forward the last microbatch's round trip leaves
-    it p - 1 idle; nothing in between. GPipe has no steady state: its idle is all before its first
-    backward."""
+    forwards, and its first backward starts at p + 2 (p - 1) (the forwards down, the backwards of
+    ranks p - 1 to 1 up): idle 2 (p - 1); after its last forward the last microbatch's round trip
+    leaves it p - 1 idle; nothing in between. GPipe has no steady state (every forward ends before
+    the first backward): all of rank 0's idle comes before its first backward."""
     problem = Problem.parse(dict(ranks=p, microbatches=m, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-1)))
     rt = simulate(problem, solvers.build("1f1b", problem)).rank_time()
     assert (rt.rank, rt.work, rt.warm_up, rt.steady, rt.cool_down) == (0, 3 * m, 2 * (p - 1), 0, p - 1)
-    rt = simulate(problem, solvers.build("gpipe", problem)).rank_time()
-    assert (rt.warm_up, rt.steady) == (pytest.approx(simulate(problem, solvers.build("gpipe", problem)).idle()[0]), 0)
+    t = simulate(problem, solvers.build("gpipe", problem))
+    rt = t.rank_time()
+    assert (rt.rank, rt.steady, rt.cool_down) == (0, 0, 0) and rt.warm_up == pytest.approx(t.idle()[0]) and rt.warm_up > 0
 
 
 def test_recompute_is_apart_from_the_work_and_idle_in_a_v_is_phased_by_its_first_stage():
