@@ -198,14 +198,8 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
     # Every rank holds a stage, so runs compute ops; its last compute op ends it, since every copy
     # op (an offload, its reload) comes before the backward that waits for the reload, unless a
     # gradient all-reduce ends after it (``Timeline.last_op``).
-    ends = list(timeline.rank_end)
-    if objective == "makespan":
-        rank = max(range(len(ends)), key=ends.__getitem__)
-        window = (0.0, ends[rank])
-    else:
-        spans = timeline.rank_span
-        rank = max(range(len(spans)), key=spans.__getitem__)
-        window = (timeline.start[rank][0], ends[rank])
+    rank = timeline.objective_rank(objective)
+    window = timeline.window(rank, objective)
     before = waits_of(timeline)
     times = timeline.op_times()
     tol = timeline.problem.time_tol
@@ -224,9 +218,9 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
     waits = [None, *reversed(waits)]
     paired = timeline.schedule.paired() if timeline.schedule.pairs else {}
     length = sum(durations(timeline.problem, chain, paired)) + sum(w.latency for w in waits[1:])
-    if not tol.eq(length, ends[rank]):
+    if not tol.eq(length, window[1]):
         raise ValueError(f"{timeline.schedule.name}: the chain into {chain[-1]} takes {length:g} but it ends at"
-                         f" {ends[rank]:g}: critical_path needs the times simulate() gives, not measured ones")
+                         f" {window[1]:g}: critical_path needs the times simulate() gives, not measured ones")
     # Keep what lies in the window: ops, or the transfer before them, that end after it opens.
     keep = next(k for k, op in enumerate(chain) if tol.gt(times[op][2], window[0]))
     chain = chain[keep:]

@@ -206,16 +206,26 @@ class Timeline:
             return tuple(self.per_microbatch * m - b / rounds for b in self.busy)
         return tuple(self.makespan - b for b in self.busy)
 
-    def rank_time(self, objective: str | None = None, rank: int | None = None) -> RankTime:
-        """``RankTime`` of ``rank``, by default the rank that sets the objective (the lowest among
-        ties; "steady" as the makespan)."""
-        objective = "span" if (objective or self.problem.objective) == "span" else "makespan"
+    def objective_rank(self, objective: str | None = None) -> int:
+        """The rank that sets the objective: the largest ``rank_objective``, the lowest among ties."""
         per_rank = self.rank_objective(objective)
-        r = max(range(len(per_rank)), key=lambda x: (per_rank[x], -x)) if rank is None else rank
+        return max(range(len(per_rank)), key=per_rank.__getitem__)
+
+    def window(self, rank: int, objective: str | None = None) -> tuple[float, float]:
+        """What the objective measures on ``rank``: its own span (from its first op), else from 0
+        to its step (``rank_end``)."""
+        ss = self.start[rank]
+        return (ss[0] if ss and (objective or self.problem.objective) == "span" else 0.0), self.rank_end[rank]
+
+    def rank_time(self, objective: str | None = None, rank: int | None = None) -> RankTime:
+        """``RankTime`` of ``rank``, by default the rank that sets the objective (``objective_rank``;
+        "steady" as the makespan)."""
+        objective = "span" if (objective or self.problem.objective) == "span" else "makespan"
+        r = self.objective_rank(objective) if rank is None else rank
         ops, ss, es = self.schedule.ranks[r], self.start[r], self.end[r]
         if not ops:
             return RankTime(r, objective, (0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0.0)
-        window = (ss[0] if objective == "span" else 0.0, self.rank_end[r])
+        window = self.window(r, objective)
         other = sum(e - s for op, s, e in zip(ops, ss, es) if op.kind not in _PASSES)
         first = min(op.stage for op in ops)
         first_b = min((s for op, s in zip(ops, ss) if op.kind in (Kind.B, Kind.BW) and op.stage == first),
