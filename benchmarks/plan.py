@@ -295,9 +295,53 @@ def report(rows: list[dict], command: str) -> str:
     return "\n".join(lines)
 
 
+BARS = (  # (row key, label), as the table's columns
+    ("base_uniform_layers", "uniform layers + best"),
+    ("base_uniform_blocks", "uniform blocks + best"),
+    ("base_balanced", "balanced + solve"),
+    ("base_megatron", "Megatron layout"),
+    ("base_adapipe", "AdaPipe-like"),
+    ("plan", "plan"),
+)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """One panel per case, each on its own time axis (zoomed in: the layouts differ by a few percent):
+    a dot per layout that has an iteration time (a baseline that does not fit, or has none for the
+    case, is left out), plan's proven bound dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.8 * len(rows)), squeeze=False)
+    for ax, r in zip(axes[:, 0], rows):
+        dots = [(label, r[key]["objective"]) for key, label in BARS
+                if r.get(key) and r[key].get("objective") is not None and r[key].get("fits", True)]
+        labels, values = zip(*dots)
+        ax.scatter(values, range(len(dots)), color=["tab:gray"] * (len(dots) - 1) + ["tab:blue"], zorder=3)
+        for y, x in enumerate(values):
+            ax.annotate(f"{x:.0f}", (x, y), textcoords="offset points", xytext=(6, -3), fontsize=7)
+        ax.set_yticks(range(len(dots)), labels, fontsize=7)
+        ax.set_ylim(len(dots) - 0.5, -0.5)
+        bound = r["plan"].get("bound")
+        low = min(values + ((bound,) if bound is not None else ()))
+        ax.set_xlim(low - 0.04 * (max(values) - low) - 1e-9, max(values) + 0.12 * (max(values) - low) + 1e-9)
+        title = r["case"]
+        if bound is not None:
+            ax.axvline(bound, color="tab:red", linestyle="--", linewidth=1)
+            title += f": plan {r['plan']['objective']:.0f}, its bound over every cut {bound:.0f} (dashed)"
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("iteration (ms)", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md (section plan)")
+    parser.add_argument("--write", action="store_true",
+                        help="write the table into benchmarks/RESULTS.md (section plan) and benchmarks/plan.png")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds for each solve and each plan")
     parser.add_argument("--only", default="", help="the cases whose name contains this")
     parser.add_argument("--out", default="out/plan", help="where the files go")
@@ -318,6 +362,7 @@ def main() -> None:
     print(text)
     if args.write:
         write_section("plan", "## plan: the layout chosen with the schedule\n\n" + text)
+        plot(rows, Path(__file__).with_name("plan.png"))
 
 
 if __name__ == "__main__":
