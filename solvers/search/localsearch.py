@@ -21,10 +21,14 @@ problems of any size: move single ops on a rank, keep what the simulator's repla
 
 Where the problem allows recompute (R, S), a move may also change one (stage, microbatch)'s
 policy: drop its recompute op, swap it for the other (R for S), or (in kicks) recompute it, the
-op placed right before its B. A policy move that keeps more and passes the room is repaired on its
-rank (``_repaired``): a pending W pulled earlier, or the forward held there moved after the next
-backward. The evaluator holds every recompute op the problem allows; one that
-is not chosen lasts 0 right after its F, so every op's memory delta is a constant
+op placed right before its B; or exchange two policies of one stage on a rank: one of the
+``EXCHANGE_TAIL`` last dear recompute ops (R) takes the cheap policy (S) of a microbatch before it,
+which takes the dear one. The rank holds about as much as before, and the cheap recompute moves
+to the end of the step, where a recompute lies on the chain of the last backwards through every
+rank. A policy move that keeps more and passes the room is repaired on its rank (``_repaired``):
+a pending W pulled earlier, or the forward held there moved after the next backward. The
+evaluator holds every recompute op the problem allows; one that is not chosen lasts 0 right
+after its F, so every op's memory delta is a constant
 (``common.model_deltas``, as in the ILP). A schedule that offloads (a copy lane) is returned as
 given: the search does not model the copy lane.
 
@@ -62,6 +66,7 @@ KICK_REACH = 6  # each by at most this many places
 KICK_POLICY = 0.3  # the chance that a kick's move changes a policy (where the problem allows recompute)
 KICK_PAIR = 0.3  # the chance that a kick's move makes or breaks an overlapped pair (where a pair is faster)
 REPAIR_STEPS = 3  # a policy move over the room may pull this many W earlier or push this many F later to fit
+EXCHANGE_TAIL = 2  # per stage on a rank, the last this many dear recompute ops may exchange policies
 
 Orders = list[list[int]]  # per rank, op ids in order
 Score = tuple[float, float]
@@ -257,7 +262,7 @@ def _moved(orders: Orders, r: int, i: int, j: int) -> Orders:
     return out
 
 
-Move = tuple  # (rank, from, to): move an op; (rank, at, None, op): a policy move (see _apply)
+Move = tuple  # (rank, from, to): move an op; (rank, at, None, op): a policy move; ("exchange", rank, at, at)
 
 
 def _apply(ev: _Evaluator, orders: Orders, move: Move) -> Orders:
@@ -273,6 +278,12 @@ def _apply(ev: _Evaluator, orders: Orders, move: Move) -> Orders:
         else:  # the backward at j moves right after the forward at i, and runs overlapped with it
             new.insert(i + 1, new.pop(j))
             new[i] += ev.n
+        return out
+    if move[0] == "exchange":  # two recompute ops of one stage swap policies
+        _, r, i, j = move
+        out = orders[:]
+        out[r] = new = orders[r][:]
+        new[i], new[j] = ev.partner[new[i]], ev.partner[new[j]]
         return out
     if move[2] is not None:
         return _moved(orders, *move)
@@ -290,13 +301,24 @@ def _apply(ev: _Evaluator, orders: Orders, move: Move) -> Orders:
 
 def _policy_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
     """On ``ranks``: drop each recompute op (its pair keeps its activation), or swap it for the
-    other policy's."""
+    other policy's; then exchange policies (``EXCHANGE_TAIL``)."""
     for r in ranks:
         for i, k in enumerate(orders[r]):
             if k in ev.recompute:
                 yield r, i, None, None
                 if k in ev.partner:
                     yield r, i, None, ev.partner[k]
+    for r in ranks:
+        ks = orders[r]
+        by_stage: dict[int, list[int]] = {}  # stage -> positions of its recompute ops that have a partner
+        for i, k in enumerate(ks):
+            if k in ev.partner:
+                by_stage.setdefault(ev.ops[k].stage, []).append(i)
+        for at in by_stage.values():
+            dearer = [ev.cost[ks[i]] - ev.cost[ev.partner[ks[i]]] for i in at]  # than its partner
+            dear = [x for x in range(len(at)) if dearer[x] > 0]
+            for x in reversed(dear[max(0, len(dear) - EXCHANGE_TAIL):]):
+                yield from (("exchange", r, at[x], at[y]) for y in range(x - 1, -1, -1) if dearer[y] < 0)
 
 
 def _repaired(ev: _Evaluator, orders: Orders, r: int) -> Orders | None:
@@ -400,8 +422,8 @@ def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: boo
                 break
             trial = _apply(ev, orders, move)
             out = ev.run(trial)
-            if out is None and move[0] != "pair" and move[2] is None and ev.room is not None:
-                trial = _repaired(ev, trial, move[0])  # a policy move that keeps more: make room for it
+            if out is None and ev.room is not None and (r := _policy_rank(move)) is not None:
+                trial = _repaired(ev, trial, r)  # a policy move that keeps more: make room for it
                 out = None if trial is None else ev.run(trial)
             if out is not None and _better(out[0], s, ev.tol):
                 orders, (s, start, end), improved = trial, out, True
@@ -409,6 +431,13 @@ def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: boo
                     found(s)
                 break
     return orders, s
+
+
+def _policy_rank(move: Move) -> int | None:
+    """The rank of a policy move (one that may keep more there and pass the room), else None."""
+    if move[0] == "exchange":
+        return move[1]
+    return move[0] if move[0] != "pair" and move[2] is None else None
 
 
 def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
