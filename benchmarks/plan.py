@@ -1,7 +1,7 @@
 """``schedc plan`` on cost models built from published model shapes (issue 41), against the
 layouts users run today.
 
-    python benchmarks/plan.py [--write] [--time-limit 60] [--only NAME]
+    python benchmarks/plan.py [--write] [--time-limit 60] [--only NAME]   # --write: the table and benchmarks/plan.png
 
 Cases (``CASES``; shapes from ../shared/model-shapes.md, each model's published config):
 Llama-3-8B-like on p = 4 and 8 (v 1 or 2, loop or V); Llama-3-70B-like on PP8 x VPP5 (NeMo's
@@ -295,7 +295,7 @@ def report(rows: list[dict], command: str) -> str:
     return "\n".join(lines)
 
 
-BARS = (  # (row key, label), as the table's columns
+LAYOUTS = (  # (row key, label), as the table's columns
     ("base_uniform_layers", "uniform layers + best"),
     ("base_uniform_blocks", "uniform blocks + best"),
     ("base_balanced", "balanced + solve"),
@@ -316,17 +316,18 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.8 * len(rows)), squeeze=False)
     for ax, r in zip(axes[:, 0], rows):
-        dots = [(label, r[key]["objective"]) for key, label in BARS
+        dots = [(label, r[key]["objective"]) for key, label in LAYOUTS
                 if r.get(key) and r[key].get("objective") is not None and r[key].get("fits", True)]
-        labels, values = zip(*dots)
-        ax.scatter(values, range(len(dots)), color=["tab:gray"] * (len(dots) - 1) + ["tab:blue"], zorder=3)
-        for y, x in enumerate(values):
-            ax.annotate(f"{x:.0f}", (x, y), textcoords="offset points", xytext=(6, -3), fontsize=7)
-        ax.set_yticks(range(len(dots)), labels, fontsize=7)
-        ax.set_ylim(len(dots) - 0.5, -0.5)
         bound = r["plan"].get("bound")
-        low = min(values + ((bound,) if bound is not None else ()))
-        ax.set_xlim(low - 0.04 * (max(values) - low) - 1e-9, max(values) + 0.12 * (max(values) - low) + 1e-9)
+        for y, (label, x) in enumerate(dots):
+            ax.scatter([x], [y], color="tab:blue" if label == "plan" else "tab:gray", zorder=3)
+            ax.annotate(f"{x:.0f}", (x, y), textcoords="offset points", xytext=(6, -3), fontsize=7)
+        ax.set_yticks(range(len(dots)), [label for label, _ in dots], fontsize=7)
+        ax.set_ylim(len(dots) - 0.5, -0.5)
+        xs = [x for _, x in dots] + ([bound] if bound is not None else [])
+        if xs:
+            width = (max(xs) - min(xs)) or max(xs) * 0.01
+            ax.set_xlim(min(xs) - 0.04 * width, max(xs) + 0.12 * width)
         title = r["case"]
         if bound is not None:
             ax.axvline(bound, color="tab:red", linestyle="--", linewidth=1)
