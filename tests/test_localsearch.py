@@ -190,3 +190,17 @@ def test_an_exchange_of_policies_moves_the_cheap_recompute_to_the_end(monkeypatc
     assert better.fits and better.span < start.span - 15
     monkeypatch.setattr(localsearch, "EXCHANGE_TAIL", 0)  # without it, the start is a local optimum
     assert improve(loaded.problem, start, Budget.seconds(60), patience=0).span == start.span
+
+
+def test_the_climb_tries_the_exchanges_after_every_other_move():
+    """Tried first, an exchange that gains a little led the climb away from where the other moves
+    go (28.3B cut to p = 3, m = 6 at half of 1F1B's memory: no longer proven optimal in 20 s)."""
+    from schedc.solvers.search.localsearch import _candidates
+
+    loaded = schedc.load(Path(__file__).parent / "data" / "memtime_p8_m12_quarter.json")
+    ev = _Evaluator(loaded.problem, loaded.schedule)
+    orders = ev.orders(loaded.schedule)
+    _, start, end = ev.run(orders)
+    kinds = [move[0] == "exchange" for move in _candidates(ev, orders, start, end, 3, True)]
+    first = kinds.index(True)  # (there are some: rank 0 recomputes fully and selectively on its stage)
+    assert first > 0 and all(kinds[first:])

@@ -25,7 +25,8 @@ op placed right before its B; or exchange two policies of one stage on a rank: o
 ``EXCHANGE_TAIL`` last dear recompute ops (R) takes the cheap policy (S) of a microbatch before it,
 which takes the dear one. The rank holds about as much as before, and the cheap recompute moves
 to the end of the step, where a recompute lies on the chain of the last backwards through every
-rank. A policy move that keeps more and passes the room is repaired on its rank (``_repaired``):
+rank. The climb tries exchanges after every other move (tried first, they can lead it away from
+what the others reach). A policy move that keeps more and passes the room is repaired on its rank (``_repaired``):
 a pending W pulled earlier, or the forward held there moved after the next backward. The
 evaluator holds every recompute op the problem allows; one that is not chosen lasts 0 right
 after its F, so every op's memory delta is a constant
@@ -301,13 +302,18 @@ def _apply(ev: _Evaluator, orders: Orders, move: Move) -> Orders:
 
 def _policy_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
     """On ``ranks``: drop each recompute op (its pair keeps its activation), or swap it for the
-    other policy's; then exchange policies (``EXCHANGE_TAIL``)."""
+    other policy's."""
     for r in ranks:
         for i, k in enumerate(orders[r]):
             if k in ev.recompute:
                 yield r, i, None, None
                 if k in ev.partner:
                     yield r, i, None, ev.partner[k]
+
+
+def _exchange_moves(ev: _Evaluator, orders: Orders, ranks) -> Iterator[Move]:
+    """On ``ranks``: each of a stage's last ``EXCHANGE_TAIL`` dear recompute ops exchanges
+    policies with each cheap one before it (the nearest first)."""
     for r in ranks:
         ks = orders[r]
         by_stage: dict[int, list[int]] = {}  # stage -> positions of its recompute ops that have a partner
@@ -368,7 +374,7 @@ def _pair_moves(ev: _Evaluator, orders: Orders, ranks, reach: int) -> Iterator[M
 
 def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bool) -> Iterator[Move]:
     """(rank, from, to) moves, targeted ones first; the reach-neighbourhood (and the policy and
-    pair moves) only when ``full``."""
+    pair moves) only when ``full``, and the exchanges of policies last."""
     where = {k % ev.n: (r, i) for r, ks in enumerate(orders) for i, k in enumerate(ks)}
     key = [(es[-1] if ev.makespan else es[-1] - ss[0]) if es else 0.0 for ss, es in zip(start, end)]
     critical = sorted(range(len(orders)), key=lambda r: -key[r])
@@ -408,6 +414,7 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
                 for j in (i - d, i + d):
                     if new(r, i, j):
                         yield r, i, j
+    yield from _exchange_moves(ev, orders, critical)  # last: the climb reaches them at the others' optimum
 
 
 def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: bool, found=None):
