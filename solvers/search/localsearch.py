@@ -26,11 +26,11 @@ op placed right before its B; or exchange two policies of one stage on a rank: o
 which takes the dear one. The rank holds about as much as before, and the cheap recompute moves
 to the end of the step, where a recompute lies on the chain of the last backwards through every
 rank. The climb tries exchanges after every other move (tried first, they can lead it away from
-what the others reach). A policy move that keeps more and passes the room is repaired on its rank (``_repaired``):
-a pending W pulled earlier, or the forward held there moved after the next backward. The
-evaluator holds every recompute op the problem allows; one that is not chosen lasts 0 right
-after its F, so every op's memory delta is a constant
-(``common.model_deltas``, as in the ILP). A schedule that offloads (a copy lane) is returned as
+what the others reach). A policy move that keeps more and passes the room is repaired on its
+rank (``_repaired``): a pending W pulled earlier, or the forward held there moved after the next
+backward. The evaluator holds every recompute op the problem allows; one that is not chosen
+lasts 0 right after its F, so every op's memory delta is a constant (``common.model_deltas``, as
+in the ILP). A schedule that offloads (a copy lane) is returned as
 given: the search does not model the copy lane.
 
 Where an overlapped pair of a forward and a backward is faster than the two one after the other
