@@ -81,6 +81,7 @@ def test_runtime_measures_on_cuda_with_gloo(tmp_path):
 CFG = dict(vocab=64, d_model=64, n_layers=6, n_heads=2, seq_len=32)
 MB_SIZE = 4
 BOUNDARY = MB_SIZE * CFG["seq_len"] * CFG["d_model"] * 4 / MiB  # a stage's output, MiB
+SMALL = 1024 / MiB  # a few small tensors, MiB
 
 
 def blocks():
@@ -118,8 +119,10 @@ def check_against_prediction(compiled, results):
         assert all("memory" in e and e["memory_peak"] >= e["memory"] - 1e-9 for e in events)
         peak = max(e["memory_peak"] for e in events)
         assert LOW <= peak / predicted[r] <= HIGH, (r, peak, predicted[r], peak / predicted[r])
-        # before STEP (which waits for the sends in flight): at most those sends are left
-        assert -1e-9 <= events[-1]["memory"] <= 2 * BOUNDARY + 1e-9, events[-1]
+        # before STEP (which waits for the sends in flight): at most those sends are left, and
+        # small tensors (a CI run once saw 16 bytes more: a scalar or a few int64s, not an
+        # activation, which is BOUNDARY or more)
+        assert -1e-9 <= events[-1]["memory"] <= 2 * BOUNDARY + SMALL, events[-1]
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
