@@ -13,6 +13,7 @@ from schedc.solvers.search.localsearch import _Evaluator, improve, renumbered, s
 from tests.strategies import pipeline_problems
 
 PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
+QUARTER = Path(__file__).parent / "data" / "memtime_p8_m12_quarter.json"  # solve's, before the exchanges
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -183,7 +184,7 @@ def test_an_exchange_of_policies_moves_the_cheap_recompute_to_the_end(monkeypatc
     much) does: 822.40."""
     import schedc.solvers.search.localsearch as localsearch
 
-    loaded = schedc.load(Path(__file__).parent / "data" / "memtime_p8_m12_quarter.json")
+    loaded = schedc.load(QUARTER)
     start = simulate(loaded.problem, loaded.schedule)
     assert abs(start.span - 839.6415) < 1e-3
     better = improve(loaded.problem, start, Budget.seconds(60), patience=0)
@@ -197,7 +198,7 @@ def test_the_climb_tries_the_exchanges_after_every_other_move():
     go (28.3B cut to p = 3, m = 6 at half of 1F1B's memory: no longer proven optimal in 20 s)."""
     from schedc.solvers.search.localsearch import _candidates
 
-    loaded = schedc.load(Path(__file__).parent / "data" / "memtime_p8_m12_quarter.json")
+    loaded = schedc.load(QUARTER)
     ev = _Evaluator(loaded.problem, loaded.schedule)
     orders = ev.orders(loaded.schedule)
     _, start, end = ev.run(orders)
