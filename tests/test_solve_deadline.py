@@ -29,6 +29,7 @@ from schedc.solvers.deadline import END, LATE, Budget, Worker, can_fork
 from schedc.solvers.search.solve import best_registry_schedule, evaluate_registry, solve
 from schedc.kinds import Kind
 from schedc.solvers.families.memtime import everywhere, with_policies
+from schedc.solvers.search.mixed import fitted_orders
 from tests.strategies import pipeline_problems, small_problems
 
 # gpipe and looped-bfs hold every microbatch's activations: they do not fit here, 1f1b does.
@@ -457,6 +458,25 @@ def test_a_paused_worker_dies_with_its_parent():
     assert run.returncode == -signal.SIGKILL, run.stderr
     assert gone(int(run.stdout.split()[0])), "a paused worker outlived its parent"
 
+
+def test_a_re_solve_under_a_lower_limit_starts_from_the_old_order_with_policies_fitted():
+    """A start that no longer fits (the limit lowered below what it holds) is not dropped where the
+    problem allows recompute: its order with mixed policies fitted is judged next, as "start+mix"
+    and "start+mix-w", and the result is never worse than the best of them."""
+    roomy = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=3),
+                               recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    old = solve(roomy, time_limit=2)
+    tight = roomy.with_changes(memory=dict(F=1, B=-0.5, limit=1.5))
+    assert not simulate(tight, old.schedule).fits
+    events = []
+    again = solve(tight, time_limit=2, start=old.schedule, progress=events.append)
+    notes = [e.note for e in events if e.note]
+    assert notes[0] == "warm start: start does not fit"
+    fitted = {name: simulate(tight, s) for name, s in fitted_orders(tight, old.schedule, "start")}
+    assert fitted and all(t.fits for t in fitted.values())
+    for name, t in fitted.items():  # (judged next, each under its name)
+        assert f"warm start: {name} {tight.objective} {t.objective_value():.6g}" in notes[1:3]
+    assert again.timeline.fits and again.objective <= min(t.objective_value() for t in fitted.values()) + 1e-9
 
 def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
     """The warm start's orders with policies (``recomputed_candidates``) that its budget cuts short

@@ -603,6 +603,16 @@ def _judge_candidates(
     return fitting
 
 
+def _start_candidates(problem: Problem, start: Schedule, say: Callable[[str], None]) -> list[tuple[str, Timeline]]:
+    """A re-solve's start, judged as "start"; where it does not fit (the limit is lower, or the
+    activations larger, than those it was solved for) and the problem allows recompute, its order
+    with mixed policies fitted instead (``mixed.fitted_orders``: "start+mix", "start+mix-w")."""
+    judged = _judge_candidates(problem, [("start", start)], say)
+    if judged or not problem.recomputes or problem.activation_room is None:
+        return judged
+    return _judge_candidates(problem, list(fitted_orders(problem, start, "start")), say)
+
+
 # ---- the driver ----
 
 
@@ -692,8 +702,10 @@ def solve(
     microbatches numbered in the order its last stage runs their forwards (see the module notes);
     a problem torch cannot run (replicas, sequence chunks, recompute or offload) is refused first.
     ``start``: a re-solve's head start, a schedule of this problem (e.g. the one solved before the
-    costs changed): judged first, as the candidate "start"; where it fits, each step of the warm
-    start keeps to its share of the budget from the outset, leaving the search more time."""
+    costs changed): judged first, as the candidate "start" (where it does not fit and the problem
+    allows recompute, its order with mixed policies fitted: ``_start_candidates``); where one fits,
+    each step of the warm start keeps to its share of the budget from the outset, leaving the search
+    more time."""
     if solver not in BACKENDS:
         raise SchedcError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     check_settings(time_limit, gap, threads)
@@ -714,8 +726,7 @@ def solve(
     # The registry's schedules (the greedy scheduler's searches as they go, with half of what is left,
     # before those that need a policy section), then the candidates with mixed policies: each step
     # stops at its share once a schedule fits.
-    started = ([] if start is None
-               else _judge_candidates(problem, [("start", _refuse_foreign_start(problem, start))], clock.say))
+    started = [] if start is None else _start_candidates(problem, _refuse_foreign_start(problem, start), clock.say)
     run = evaluate_registry(problem, warm_budget.share(REGISTRY_SHARE), clock.say,
                             greedy_budget=lambda: warm_budget.share(GREEDY_SHARE),
                             later_budget=lambda: warm_budget.share(REGISTRY_SHARE), found=bool(started),
