@@ -364,10 +364,15 @@ def from_columns(columns: list[list]) -> tuple[Instr, ...]:
     """The instructions whose fields ``columns`` holds (``columns_of``); an unknown op is a
     ProgramError, as ``Instr`` says."""
     names, *fields = columns
-    ops = list(map(_OPCODE_OF.get, names))
+    ops = ops_of(names)
     if None in ops:
         Instr(names[ops.index(None)])  # (raises, naming it)
     return tuple(map(_new, repeat(Instr), zip(ops, *fields)))
+
+
+def ops_of(names: list[str]) -> list[Kind | Opcode | None]:
+    """The op each name names (None for a name that names none)."""
+    return list(map(_OPCODE_OF.get, names))
 
 
 @bulk

@@ -60,7 +60,7 @@ from schedc.check import CheckReport, check
 from schedc.inputs import MAX_DATA_BYTES, one_line, parse_json, read_text, shorten
 from schedc.kinds import POLICIES, ROWS, Kind
 from schedc.problem import Boundary, Problem, load_problem
-from schedc.program import OPCODES, Header, Instr, Program, columns_of, from_columns, lower, rank_from_data
+from schedc.program import OPCODES, Header, Instr, Program, columns_of, from_columns, lower, ops_of, rank_from_data
 from schedc.schedule import MAX_ROUNDS, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.tolerance import meets
@@ -364,7 +364,7 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
             f"{path}: written by a newer schedc (schedule format version {version}; this schedc"
             f" {__version__} reads version {VERSION}): upgrade schedc or write the file again"
         )
-    model, stored = _validated(data, str(path), consume)
+    model, stored = _validated(data, str(path), consume, columns=not verify)
     if consume:  # (the model holds its own copy: let the parsed JSON go, the caller's reference too)
         data.clear()
     del data  # (a large file's parsed JSON is most of the memory)
@@ -405,7 +405,7 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
         timeline = simulate(problem, schedule)
         program, report = None if verify else _lowered(problem, schedule, timeline, stored), None
         if program is None:
-            program = Program(stored, Header.of(problem, schedule))
+            program = Program(tuple(map(_instrs, stored)), Header.of(problem, schedule))
             del stored
             report = check(problem, program, schedule, issue=version >= 3)
     except (ScheduleError, ProgramError) as e:
@@ -417,12 +417,13 @@ def from_data(data: Any, path: str | Path = "schedule file", *, verify: bool = F
     return CompiledSchedule(problem, schedule, program, timeline, solver, provenance, report)
 
 
-def _validated(data: dict, path: str, consume: bool) -> tuple[ScheduleFile, tuple[tuple[Instr, ...], ...]]:
-    """The file's model and its program's instructions, validated. The program, most of a large
-    file, is validated a rank at a time after the rest and turned into instructions at once, and
-    with ``consume`` each rank's parsed dicts go once read, so that the parsed file, its validated
-    copy and the instructions are never all held whole (an error is located in the file as the
-    model's own would be)."""
+def _validated(data: dict, path: str, consume: bool, columns: bool) -> tuple[ScheduleFile, tuple[Stored, ...]]:
+    """The file's model and its program's ranks, validated (``Stored``: with ``columns``, those
+    as written kept as columns, to compare with the lowered program; else all as instructions). The
+    program, most of a large file, is validated a rank at a time after the rest, and with
+    ``consume`` each rank's parsed dicts go once read, so that the parsed file, its validated copy
+    and the instructions are never all held whole (an error is located in the file as the model's
+    own would be)."""
     program = data.get("program")
     if not (isinstance(program, list) and all(isinstance(rank, list) for rank in program)):
         model = ScheduleFile.validated(data, path)
@@ -432,7 +433,9 @@ def _validated(data: dict, path: str, consume: bool) -> tuple[ScheduleFile, tupl
     for r in range(len(program)):
         try:
             rank = _as_written(program[r])
-            ranks.append(rank if rank is not None else rank_from_data(_RANK.validate_python(program[r])))
+            if rank is None:
+                rank = rank_from_data(_RANK.validate_python(program[r]))
+            ranks.append(rank if columns else _instrs(rank))
         except ValidationError as e:  # (located as in the whole file)
             raise ScheduleFile._one_line(ValidationError.from_exception_data(e.title, [
                 {"type": err["type"], "loc": ("program", r, *err["loc"]), "input": err["input"],
@@ -446,11 +449,18 @@ _FIELDS = frozenset(InstrData.__annotations__)
 _TENSORS = frozenset({"", "act", "grad"})
 
 
-def _as_written(instrs: Any) -> tuple[Instr, ...] | None:
+# One rank of a file's program as read: its instructions, or where they are as ``Program.to_data``
+# writes them, their columns (``program.columns_of``), turned into instructions only where the
+# program is not the one this schedc lowers (``_lowered`` compares columns).
+Stored = tuple[Instr, ...] | list[list]
+
+
+def _as_written(instrs: Any) -> list[list] | None:
     """One rank of the file's program, read field by field at C speed where every instruction is
     as ``Program.to_data`` writes one (a dict of InstrData's fields with "op", names it knows, ints
-    from -1, a tensor it knows); None for anything else, which the model then validates (and
-    refuses, or reads as it reads any input). A large file's program is a million such dicts."""
+    from -1, a tensor it knows): its columns; None for anything else, which the model then
+    validates (and refuses, or reads as it reads any input). A large file's program is a million
+    such dicts."""
     if not isinstance(instrs, list) or not set(map(type, instrs)) <= {dict} or not set().union(*instrs) <= _FIELDS:
         return None
     try:
@@ -463,11 +473,30 @@ def _as_written(instrs: Any) -> tuple[Instr, ...] | None:
     for numbers in (stage, mb, peer, peer_stage):
         if not set(map(type, numbers)) <= {int} or min(numbers, default=0) < -1:
             return None
-    return from_columns(columns)
+    return columns
 
 
-def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline,
-             stored: tuple[tuple[Instr, ...], ...]) -> Program | None:
+def _instrs(rank: Stored) -> tuple[Instr, ...]:
+    return rank if isinstance(rank, tuple) else from_columns(rank)
+
+
+def _same_rank(lowered: tuple[Instr, ...], rank: Stored) -> bool:
+    """Whether a lowered rank's instructions are the file's (compared column by column where the
+    file's are columns: the instructions are not built)."""
+    if isinstance(rank, tuple):
+        return lowered == rank
+    names, *fields = rank
+    if len(lowered) != len(names) or not names:
+        return len(lowered) == len(names)
+    ops, *mine = zip(*lowered)
+    return list(ops) == ops_of(names) and all(map(_same_column, mine, fields))
+
+
+def _same_column(mine: tuple, theirs: list) -> bool:
+    return list(mine) == theirs
+
+
+def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline, stored: tuple[Stored, ...]) -> Program | None:
     """The program this schedc lowers ``schedule`` to, if the file's program (``stored``) is
     exactly that one, else None. Such a program needs no check: a lowered program cannot deadlock
     for any schedule that simulates (the argument in ``schedc.program``'s notes; the property tests
@@ -477,7 +506,8 @@ def _lowered(problem: Problem, schedule: Schedule, timeline: Timeline,
         program = lower(problem, schedule, timeline)
     except SchedcError:  # (a schedule compile would not lower: the check names what is wrong)
         return None
-    return program if program.ranks == stored else None
+    same = len(program.ranks) == len(stored) and all(map(_same_rank, program.ranks, stored))
+    return program if same else None
 
 
 def _same(path, field: str, stored: dict, actual: dict, keys) -> None:

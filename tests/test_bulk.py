@@ -15,7 +15,7 @@ from schedc import schedfile
 from schedc.bulk import paused_collector
 from schedc.errors import SchedcError
 from schedc.inputs import MAX_DEPTH, _nesting, parse_json
-from schedc.program import rank_from_data
+from schedc.program import Instr, Opcode, rank_from_data
 from schedc.schedule import Op, _ops
 
 # JSON values whose strings hold what the text walk must step over: brackets, quotes, backslashes
@@ -91,15 +91,23 @@ MISWRITTEN = st.tuples(WRITTEN, FIELD, ANY).map(lambda t: {**t[0], t[1]: t[2]}) 
 @given(st.lists(st.one_of(WRITTEN, MISWRITTEN, st.dictionaries(FIELD, ANY, max_size=4), st.integers()), max_size=5))
 def test_a_rank_read_at_c_speed_is_what_the_model_reads(rank):
     """Where the fast reading takes a rank, the model takes it too and reads the same instructions;
-    where the model refuses it, so does the fast reading (it then leaves the rank to the model)."""
-    fast = schedfile._as_written(rank)
+    where the model refuses it, so does the fast reading (it then leaves the rank to the model). The
+    columns it keeps compare equal to those instructions and to no others."""
+    columns = schedfile._as_written(rank)
     try:
         slow = rank_from_data(schedfile._RANK.validate_python(rank))
     except (ValidationError, SchedcError):
-        assert fast is None
+        assert columns is None
         return
-    if fast is not None:  # (the same values of the same types: True == 1 and 2.0 == 2 in a tuple's ==)
+    if columns is not None:  # (the same values of the same types: True == 1 and 2.0 == 2 in a tuple's ==)
+        fast = schedfile._instrs(columns)
         assert [list(map(type, i)) for i in fast] == [list(map(type, i)) for i in slow] and fast == slow
+        assert schedfile._same_rank(slow, columns)
+        assert not schedfile._same_rank((*slow, Instr(Opcode.STEP)), columns)
+        for i, instr in enumerate(slow):  # (one field of one instruction off)
+            for other in (instr._replace(mb=instr.mb + 1), instr._replace(tensor="grad" if instr.tensor == "act" else "act"),
+                          instr._replace(op=Opcode.RECV if instr.op != Opcode.RECV else Opcode.SEND)):
+                assert not schedfile._same_rank((*slow[:i], other, *slow[i + 1:]), columns)
 
 
 def test_ops_read_at_c_speed_or_one_by_one():
