@@ -232,8 +232,13 @@ def _json_object_hook():
     once per text (a schedule file repeats "F", "SEND" and "act" a million times)."""
     strings: dict[str, str] = {}
 
+    keep = strings.setdefault
+
     def mapping(pairs: list[tuple[str, Any]]) -> dict:
-        out = {key: strings.setdefault(value, value) if value.__class__ is str else value for key, value in pairs}
+        out = dict(pairs)
+        for key, value in pairs:
+            if value.__class__ is str:
+                out[key] = keep(value, value)
         if len(out) != len(pairs):  # a key written twice (the last kept): name the first
             seen: set[str] = set()
             key = next(key for key, _ in pairs if key in seen or seen.add(key))
