@@ -193,7 +193,7 @@ def _pct(x: float | None, digits: int = 2) -> str:
 
 
 def main() -> None:
-    from _results import machine, write_section
+    from _results import commit, machine, write_section
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
@@ -260,7 +260,7 @@ def main() -> None:
         + (f" --time-limit {args.time_limit:g}" if args.time_limit != 60 else "")
         + (f" --solvers {args.solvers}" if args.solvers != "cbc,cpsat" else "") + "`",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {machine()}. Commit: {commit()}.",
         "",
         "The zero-bubble paper's settings (Qi et al. 2024: Table 3 models, Table 9 profiled costs, Table 1",
         "memory, Table 5 published bubble rates; see the script's docstring), `objective: span`, solved with",
