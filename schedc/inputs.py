@@ -231,7 +231,6 @@ def _json_object_hook():
     """A mapping from its key-value pairs, refusing a key written twice. String values are kept
     once per text (a schedule file repeats "F", "SEND" and "act" a million times)."""
     strings: dict[str, str] = {}
-
     keep = strings.setdefault
 
     def mapping(pairs: list[tuple[str, Any]]) -> dict:

@@ -477,6 +477,7 @@ def _as_written(instrs: Any) -> list[list] | None:
 
 
 def _instrs(rank: Stored) -> tuple[Instr, ...]:
+    """A stored rank's instructions (built from its columns where it holds those)."""
     return rank if isinstance(rank, tuple) else from_columns(rank)
 
 
@@ -486,7 +487,7 @@ def _same_rank(lowered: tuple[Instr, ...], rank: Stored) -> bool:
     if isinstance(rank, tuple):
         return lowered == rank
     names, *fields = rank
-    if len(lowered) != len(names) or not names:
+    if not names or len(lowered) != len(names):  # (an empty rank has no columns to unzip)
         return len(lowered) == len(names)
     ops, *mine = zip(*lowered)
     return list(ops) == ops_of(names) and all(map(_same_column, mine, fields))
