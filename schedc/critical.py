@@ -154,10 +154,11 @@ class CriticalPath:
 
 
 class _Itself(dict):
-    """An index that maps each op to itself: ``dependencies`` then names the ops, not positions."""
+    """An index that maps each op to itself: ``dependencies`` then names the ops, not positions
+    (an Op also where it looks one up by a plain tuple)."""
 
-    def __missing__(self, op: Op) -> Op:
-        return op
+    def __missing__(self, op: tuple) -> Op:
+        return Op._make(op)
 
 
 def waits_of(timeline: Timeline) -> Callable[[Op], dict[Op, Wait]]:

@@ -36,7 +36,6 @@ from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, chunk_producers, comm_lane, members, producers, stage_needs
 
 _KIND_STAGE = itemgetter(0, 1)
-_new = tuple.__new__  # an Op without Op.__new__'s check (``dependencies`` makes one per need of every op)
 
 
 @dataclass(frozen=True)
@@ -398,14 +397,14 @@ def dependencies(problem: Problem, ops: list[Op], index: dict[Op, int], where,
                 if (k, t, i) in where:
                     met = k
                     break
-            deps.append((index[_new(Op, (met, t, i))], lat))
+            deps.append((index[met, t, i], lat))  # (a plain tuple finds its Op in an index: equal, same hash)
         if chunks > 1:
             deps += [(index[d], 0.0) for d in chunk_producers(op, where, chunks)]
-        if op in paired:
+        if paired and op in paired:
             deps += [(index[d], latency(d, op)) for d in producers(paired[op], depth, where, chunks)]
-        if op in anchors:
+        if anchors and op in anchors:
             deps.append((index[anchors[op]], latency(anchors[op], op)))
-        if op in joint:
+        if joint and op in joint:
             deps += [(index[d], 0.0) for d in joint[op]]
         out.append(deps)
     return out
