@@ -268,3 +268,25 @@ def test_the_solves_bound_is_where_cpsats_starts():
     assert "Optimal" in out.note and out.bound == pytest.approx(lower)
     alone = solve_cpsat(problem, warm, Settings(Budget.seconds(2), 0.0, 1, 0.0, None))
     assert alone.bound is None or alone.bound <= lower + 1e-9  # (its own bound, valid, lower or equal)
+
+
+def test_relaxation_bounds_the_problem_and_holds_only_the_ranks_named():
+    """``relaxation`` (benchmarks/relaxed.py): holding every rank it solves the problem itself; holding
+    fewer it drops their lanes and memory, so its optimum lies below and bounds every schedule."""
+    from schedc.solvers.search.cpsat import relaxation
+
+    problem = Problem.parse(
+        dict(ranks=3, microbatches=4, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]),
+             memory=dict(F=[2, 1.5, 1], B=[-1, -0.5, -0.5], static=[1, 0.5, 0], limit=[5, 4, 2]))
+    )
+    truth, _ = exhaustive_optimum(problem, time_budget=60)
+    _, warm = best_registry_schedule(problem)
+    whole = relaxation(problem, warm, range(3), 30, threads=1)
+    assert whole.optimal and whole.bound == pytest.approx(truth) and whole.value == pytest.approx(truth)
+    free = relaxation(problem, warm, (), 30, threads=1)
+    assert free.optimal and free.bound < truth - 1e-6  # nothing held: the longest chain only
+    for r in range(3):
+        alone = relaxation(problem, warm, (r,), 30, threads=1)
+        assert alone.optimal and free.bound - 1e-6 <= alone.bound <= truth + 1e-6
+    lifted = relaxation(problem, warm, (), 30, lower=truth - 1, threads=1)
+    assert lifted.optimal and lifted.bound == pytest.approx(truth - 1)  # from the bound given, not below it

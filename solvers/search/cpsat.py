@@ -74,8 +74,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
+from typing import Callable, Collection
 
 from schedc.errors import SchedcError
 from schedc.kinds import ROWS, Kind
@@ -197,6 +198,43 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
     return Found(None, None, history, f"time limit, no solution ({solver.status_name(status)})")
 
 
+@dataclass(frozen=True)
+class Relaxed:
+    """What ``relaxation`` found: ``bound`` is proven for every schedule of the problem."""
+
+    held: tuple[int, ...]  # the ranks whose lanes and memory the model held
+    value: float | None  # the least objective CP-SAT found for the relaxation (None: none found)
+    bound: float | None  # CP-SAT's proven bound on it, at least the ``lower`` given (None: not proven)
+    optimal: bool  # the relaxation solved: ``bound`` is its optimum (or the ``lower`` given, if above it)
+
+
+def relaxation(problem: Problem, warm_t: Timeline, held: Collection[int], seconds: float,
+               lower: float = 0.0, threads: int | None = None) -> Relaxed:
+    """The CP-SAT model of ``problem`` holding only the ranks ``held`` to one op at a time and to
+    their memory limits, solved within ``seconds`` from ``warm_t``: a measurement of where a
+    bound can still gain (``benchmarks/relaxed.py``), not a search.
+
+    Every schedule of the problem is a solution of this model (it drops constraints only), so the
+    model's optimum, and CP-SAT's bound on it, are lower bounds on the problem's objective. With
+    ``lower`` (a bound already proven, such as schedc's own) the model starts from it: ``optimal``
+    with ``bound == lower`` then says the ranks held prove nothing more. ``bound`` is None where the
+    memory scale is not exact (the model then rounds towards more memory held, which may refuse a
+    real schedule)."""
+    from ortools.sat.python import cp_model
+
+    budget = Budget.seconds(seconds)
+    try:
+        model = _CpModel(problem, warm_t, cp_model, budget, lower, held=held)
+    except _OutOfTime:
+        return Relaxed(tuple(sorted(held)), None, None, False)
+    solver = _cp_solver(cp_model, model, Settings(budget, 0.0, threads, lower), max(MIN_SEARCH_SECONDS, budget.left()))
+    status = solver.solve(model.cp)
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    value = model.objective_back(solver.objective_value) if found else None
+    bound = model.bound_back(solver.best_objective_bound) if found else None
+    return Relaxed(tuple(sorted(held)), value, bound, status == cp_model.OPTIMAL and bound is not None)
+
+
 COPY_LANE.add("cpsat")  # its model holds the copy lane
 
 
@@ -233,12 +271,15 @@ class _CpModel:
     """The CP-SAT model of one problem, hinted with the warm start."""
 
     def __init__(self, problem: Problem, warm_t: Timeline, cp_model, budget: Budget | None = None,
-                 lower: float = 0.0):
+                 lower: float = 0.0, held: Collection[int] | None = None):
         """``lower``: a proven lower bound on the objective (schedc's own), C's least value, so that
-        CP-SAT's bound starts there rather than at a rank's work. Raises _OutOfTime when ``budget``
-        (None: no limit) runs out first."""
+        CP-SAT's bound starts there rather than at a rank's work. ``held``: the ranks whose lanes
+        (one op at a time) and memory the model holds (None: every rank); on the others the ops
+        keep their costs and precedences but may overlap and hold any memory (``relaxation``).
+        Raises _OutOfTime when ``budget`` (None: no limit) runs out first."""
         budget = budget or Budget.unlimited()
         self.problem = problem
+        self.held = set(range(problem.ranks) if held is None else held)
         n, m = problem.n_stages, problem.microbatches
         self.span = problem.objective == "span"
         self.time = _time_scale(problem)
@@ -404,6 +445,8 @@ class _CpModel:
             cp.add(self.start[b] >= self.end_of(a) + lat)
         self._policies(literal)
         for r, ks in enumerate(self.on_rank):
+            if r not in self.held:
+                continue
             lanes = {"compute": [], "copy": []}
             for k in ks:
                 lanes[ROWS[self.ops[k].kind].lane].append(intervals[k])
@@ -476,6 +519,8 @@ class _CpModel:
                     step[x, s] = up(a) if mem[x][s] > 0 else -up(a)
         for r, ks in enumerate(self.on_rank):
             _on_time(budget)
+            if r not in self.held:
+                continue
             room = memory.down(problem.activation_room[r])
             when, change, active = [], [], []
             true = self.cp.new_constant(1)
@@ -554,7 +599,8 @@ class _CpModel:
                     row.only_enforce_if(self.present[k])
             lane.append(cp.new_fixed_size_interval_var(a, self.comm_dur[op], f"i_{op.kind}{op.stage}"))
             cp.add(C >= a + self.comm_dur[op] - (base if self.span else 0))
-        cp.add_no_overlap(lane)
+        if r in self.held:
+            cp.add_no_overlap(lane)
         for ordered in fixed_orders(problem, self.comm[r]):  # the collectives' one order; the reduces at the end
             for x, y in zip(ordered, ordered[1:]):
                 cp.add(self.comm_start[y] >= self.comm_start[x] + self.comm_dur[x])
