@@ -19,8 +19,8 @@ offload):
 - the same cut to p = 4, m = 4 on the V placement at 0.5x and 1x, where CP-SAT proves the optimum
   and schedc's bound stays 1.2 % and 1.1 % below it (benchmarks/RESULTS.md, "Memory for time on
   small problems");
-- the table's 1.5B m = 24 V at 0.75x (examples/problems/memory-time), its first rank and the V's
-  middle rank alone, that pair, and every rank.
+- the table's 1.5B m = 24 V at 0.75x (examples/problems/memory-time): rank 0 alone, rank 7 (the V's
+  middle rank, on most of rank 0's critical path) alone, ranks 6 and 7, and every rank.
 
 Per cell: `solve` (in this process, --solve-limit seconds; its schedule is every relaxation's hint),
 schedc's bound (`lower_bound`), and per set of ranks held CP-SAT for --relax-limit seconds from
@@ -95,7 +95,7 @@ def fmt(x: float | None) -> str:
 
 
 def table(rows: list[dict]) -> tuple[str, list[str]]:
-    lines = ["| problem | ops | solve | schedc's bound | ranks held | relaxation proves | relaxation found | s |",
+    lines = ["| problem | ops (solve's) | solve | schedc's bound | ranks held | relaxation proves | relaxation found | s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         proves = fmt(r["proves"]) + (" (optimal)" if r["optimal"] else "")
@@ -104,21 +104,19 @@ def table(rows: list[dict]) -> tuple[str, list[str]]:
     notes = []
     for name in dict.fromkeys(r["name"] for r in rows):
         mine = [r for r in rows if r["name"] == name]
-        base, span = mine[0]["bound"], mine[0]["solve"]
-        best = max((r for r in mine if r["proves"] is not None), key=lambda r: r["proves"], default=None)
-        alone = [r for r in mine if len(r["held"]) == 1]
-        solved_alone = [r for r in alone if r["optimal"]]
-        text = f"- {name}: solve {span:.1f}, schedc's bound {base:.1f}"
-        if best is not None and best["proves"] > base * (1 + REL):
-            text += (f"; the relaxation holding ranks {held_text(best['held'], best['ranks'])} proves {best['proves']:.1f}"
-                     f" ({(best['proves'] - base) / span:.1%} of solve's span more)")
-        else:
-            text += "; no relaxation proves more"
-        if solved_alone:
-            top = max(r["proves"] for r in solved_alone)
-            text += (f"; {len(solved_alone)} of {len(alone)} ranks alone solved exactly, the largest optimum {top:.1f}"
-                     f" ({(span - top) / span:.1%} below solve)")
-        notes.append(text)
+        base, span, p = mine[0]["bound"], mine[0]["solve"], mine[0]["ranks"]
+        parts = [f"solve {span:.1f}, schedc's bound {base:.1f}"]
+        part = [r for r in mine if len(r["held"]) < p]
+        solved = sum(r["optimal"] for r in part)
+        above = [r for r in part if r["proves"] is not None and r["proves"] > base * (1 + REL)]
+        parts.append(f"{solved} of {len(part)} relaxations solved, "
+                     + ("; ".join(f"holding {held_text(r['held'], p)} proves {r['proves']:.1f}" for r in above)
+                        if above else "none proves more than schedc's bound"))
+        for r in mine:
+            if len(r["held"]) == p:  # every rank held: the problem itself
+                parts.append(f"the problem itself {'solved' if r['optimal'] else 'not solved'}: proves {fmt(r['proves'])},"
+                             f" found {fmt(r['found'])}")
+        notes.append(f"- {name}: " + "; ".join(parts))
     return "\n".join(lines), notes
 
 

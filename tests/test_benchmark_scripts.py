@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
-@pytest.mark.parametrize("script", ["backends.py", "memory_time.py", "memtime_small.py", "plan.py"])
+@pytest.mark.parametrize("script", ["backends.py", "memory_time.py", "memtime_small.py", "plan.py", "relaxed.py"])
 def test_write_with_only_is_refused_before_anything_runs(script):
     """--only runs part of a table, which --write never wrote: together they are an error (exit 2,
     one line saying why), not a run whose --write is dropped; RESULTS.md stays as it was."""
@@ -52,3 +52,21 @@ def test_the_small_table_counts_an_exhaustive_optimum_only_where_offloading_cann
     cell = {"bound": best - 1, "solve": {"span": best + 1, "bound": None}, "cpsat": {"error": "x"}, "exact": again}
     assert ms.summarise({**cell, "offloaded": float("inf")})["known"]
     assert not ms.summarise({**cell, "offloaded": best - 0.5})["known"]
+
+
+def test_the_relaxed_table_says_which_relaxation_proves_more_than_the_bound():
+    """benchmarks/relaxed.py's notes: a relaxation counts where it proves more than schedc's bound,
+    and holding every rank is the problem itself, not one of them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from relaxed import table
+
+    cell = dict(name="c", ranks=2, ops=12, solve=110.0, solve_bound=100.0, bound=100.0)
+    rows = [dict(cell, held=(0,), proves=100.0, found=100.0, optimal=True, wall=1.0),
+            dict(cell, held=(1,), proves=104.0, found=104.0, optimal=True, wall=1.0),
+            dict(cell, held=(0, 1), proves=100.0, found=109.0, optimal=False, wall=60.0)]
+    body, notes = table(rows)
+    assert "| c | 12 | 110.0 | 100.0 | all | 100.0 | 109.0 | 60 |" in body
+    assert notes == ["- c: solve 110.0, schedc's bound 100.0; 2 of 2 relaxations solved, holding 1 proves 104.0;"
+                     " the problem itself not solved: proves 100.0, found 109.0"]
+    _, notes = table(rows[:1] + rows[2:])
+    assert "1 of 1 relaxations solved, none proves more than schedc's bound" in notes[0]
