@@ -87,7 +87,7 @@ def run_cell(problem, sets, solve_limit: float, relax_limit: float) -> list[dict
                      "wall": time.perf_counter() - began})
         print(problem.name, held, rows[-1], flush=True)
     return [{"name": problem.name, "ranks": problem.ranks, "ops": sum(map(len, result.timeline.schedule.ranks)),
-             "solve": result.objective, "solve_bound": result.bound, "bound": bound, **row} for row in rows]
+             "solve": result.objective, "bound": bound, **row} for row in rows]
 
 
 def fmt(x: float | None) -> str:

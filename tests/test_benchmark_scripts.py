@@ -60,7 +60,7 @@ def test_the_relaxed_table_says_which_relaxation_proves_more_than_the_bound():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from relaxed import table
 
-    cell = dict(name="c", ranks=2, ops=12, solve=110.0, solve_bound=100.0, bound=100.0)
+    cell = dict(name="c", ranks=2, ops=12, solve=110.0, bound=100.0)
     rows = [dict(cell, held=(0,), proves=100.0, found=100.0, optimal=True, wall=1.0),
             dict(cell, held=(1,), proves=104.0, found=104.0, optimal=True, wall=1.0),
             dict(cell, held=(0, 1), proves=100.0, found=109.0, optimal=False, wall=60.0)]
