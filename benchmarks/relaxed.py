@@ -24,8 +24,9 @@ offload):
 
 Per cell: `solve` (in this process, --solve-limit seconds; its schedule is every relaxation's hint),
 schedc's bound (`lower_bound`), and per set of ranks held CP-SAT for --relax-limit seconds from
-schedc's bound: "proves" is its bound (the relaxation's optimum where marked optimal), "found" the
-least objective of the relaxation it found (the optimum lies between). --write puts the table into
+schedc's bound: "proves" is its bound, never below schedc's (marked optimal where it solved the
+relaxation: its optimum, or schedc's bound if the optimum lies below), "found" the least objective of
+the relaxation it found (the optimum lies at or below it). --write puts the table into
 benchmarks/RESULTS.md (section relaxed).
 """
 
