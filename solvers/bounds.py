@@ -50,7 +50,9 @@ and the per-rank and two-rank terms above with each knapsack re-derived for what
 cool-down, and the W work memory lets a rank defer
 past its last backward (``mW`` per microbatch, whatever its policy, beside the whole activation
 that last backward holds: ``_deferred_w``), which on the zero-bubble paper's settings below 1F1B's
-memory is what binds.
+memory is what binds; and (span) the backward work a rank must still hold at its last forward for
+the way back through another rank's span, weighed against the recompute that holding it owes on
+its own lane (``_held_at_last_forward``: the V's middle rank at 1F1B's memory and below).
 
 With ``data_parallel``, nothing waits for a gradient all-reduce but the rank's step, and a rank's
 last compute op is the last weight gradient of one of its stages (a W or BW ends each microbatch's
@@ -98,6 +100,7 @@ WINDOW_COMBOS = 256  # _windows: at most this many mixes of those are enumerated
 TINY_WEIGHT = 1e-200  # _item_hull: a lighter option counts as weighing nothing (no slope overflows)
 KNAP_EXACT = 16  # _most: an option that fits this many times or fewer in the room is counted in whole microbatches
 KNAP_COMBOS = 256  # _most: at most this many mixes of those are enumerated (the rest relaxed)
+LAST_FORWARD_GRID = 50  # _held_at_last_forward: the weight of the chain against the recompute steps by 1 / this
 
 
 @dataclass(frozen=True)
@@ -663,34 +666,23 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
     from its last forward back to stage lo on the rank itself). The rank q and cut that give
     the most are reported, one bound per rank r. Cost O(p * v) per r.
     """
-    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
-    head, rt, down = ch.head, ch.rt, ch.down
+    W = problem.cost[Kind.W]
     mine = problem.rank_stages[r]
-    lo_r = mine[0]
     candidates = []
     for q, k in enumerate(ranks):
-        if q == r:
-            lead = 0.0
-        elif lo_r < k.lo:
-            lead = head[k.lo] - head[lo_r]
-        else:
+        lead = _lead(problem, ch, q, r)
+        if lead is None:
             continue  # rank q may start before rank r: no lead
         idle_b, idle_f, _ = idle[q]
         # The last backward's chain down to a stage of r below lo(q).
-        below = [down[k.lo] - down[t] + W[t] for t in mine if t < k.lo]
+        below = [ch.down[k.lo] - ch.down[t] + W[t] for t in mine if t < k.lo]
         if below:
             value = lead + k.work - k.knap_w + idle_b + max(below)
             candidates.append((value, q, "last backward", lead, idle_b, max(below), k.knap_w, k))
         # The last forward's chain to an op of r.
-        hi = k.hi
-        chains = []
-        for t in mine:
-            if t <= hi:
-                chains.append(rt[hi] + B[hi] + down[hi] - down[t] + W[t])
-            else:
-                chains.append(head[t] - head[hi] - F[hi] + F[t] + rt[t] + B[t] + W[t])
-        value = lead + k.work - k.knap_back + idle_f + max(chains)
-        candidates.append((value, q, "last forward", lead, idle_f, max(chains), k.knap_back, k))
+        chain = _from_last_forward(problem, ch, k.hi, mine)
+        value = lead + k.work - k.knap_back + idle_f + chain
+        candidates.append((value, q, "last forward", lead, idle_f, chain, k.knap_back, k))
     if not candidates:
         return None
     value, (_, q, cut, lead, idle, chain, after, k) = _largest(problem, candidates)
@@ -711,6 +703,95 @@ def _pair_bound(problem: Problem, ch: _Chains, ranks: list[_Rank], idle: list, r
             f" (forward chain) + rank {q}'s work {k.work:g} {held}{idle_text}"
         )
     return Bound(value, f"{text} + {chain:g} from there to rank {r}'s last op ({onward})", r)
+
+
+def _lead(problem: Problem, ch: _Chains, q: int, r: int) -> float | None:
+    """How long after rank r's first start rank q's first op starts at the least (span): 0 for q =
+    r; ``head(lo(q)) - head(lo(r))`` where r holds a stage below lo(q) (the forward chain from
+    F(lo(r), i), fact 1); None where rank q may start first."""
+    if q == r:
+        return 0.0
+    lo_q, lo_r = problem.rank_stages[q][0], problem.rank_stages[r][0]
+    return ch.head[lo_q] - ch.head[lo_r] if lo_r < lo_q else None
+
+
+def _from_last_forward(problem: Problem, ch: _Chains, hi: int, mine: tuple[int, ...]) -> float:
+    """From the end of F(hi, j), the longest chain of microbatch j to the end of an op on the rank
+    holding ``mine``: for a stage t <= hi, ``rt(hi) + B(hi) + down(hi) - down(t) + W(t)`` (back
+    through hi to t); for t > hi, the forward chain to F(t, j), its round trip, B(t) and W(t)."""
+    F, B, W = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W))
+    head, rt, down = ch.head, ch.rt, ch.down
+    return max(rt[hi] + B[hi] + down[hi] - down[t] + W[t] if t <= hi
+               else head[t] - head[hi] - F[hi] + F[t] + rt[t] + B[t] + W[t] for t in mine)
+
+
+def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None:
+    """Span, where the limit can be bought with time: what rank q must still hold at the end of its
+    last forward, weighed against the recompute that holding it owes (``_pair_bound``'s last-forward
+    cut with the recompute counted).
+
+    Let t be the end of q's last forward, F(hi, i) (fact 2), S_q its first start, E its recompute
+    work (R, S) and ``work`` its F, B and W. No compute op of q runs at t (one lane), so every op of
+    q after t starts after t and belongs to a (stage, microbatch) open at t: forward ended, W not.
+    Each open one is in one of these states, holding at least (weight) and leaving after t
+    (value, for B and W; owed, a recompute; copy, a reload on the copy lane):
+
+    - whole (kept, recomputed or reloaded already, or its copy out not yet ended): mF, B + W;
+    - its recompute k still to run: k's keep, B + W, owed R_k;
+    - offloaded, its reload not started: nothing, B + W, copy L;
+    - its B ended, its W not: mW, W.
+
+    Their weights fit within ``cap`` at t (fact 3). With V the sum of their values, O of what they
+    owe and C of their reloads: the work before t is at least ``work + E - V - O``, and E >= O, so
+    t - S_q >= work - V. Three terms follow: (P) the chain from the end of F(hi, i) to an op of a
+    rank r (``_from_last_forward``) gives T >= lead(q, r) + work - V + chain, as in ``_pair_bound``;
+    (Q) q's compute lane runs all its work: T >= work + E >= work + O; (C) the reloads run one at
+    a time after t, then the last one's B and W: T >= work - V + C + min(B + W). For weights
+    lam + mu + nu = 1, T >= work + lam (lead + chain) + mu min(B + W) - sum over the open ones of
+    ((lam + mu) value - nu owed - mu copy), whose most is a multiple-choice knapsack over ``cap``
+    (``_most``, an upper bound). mu is the least that makes an offloaded one worth nothing (else
+    every microbatch could be open at no weight); lam steps by 1 / ``LAST_FORWARD_GRID``. Where a
+    recompute is cheap against the B and W it lets the rank hold (selective recompute on a long round
+    trip, the V's middle rank), holding what the chain needs costs that recompute on q's own lane."""
+    cap = _cap(problem, q)
+    stages = problem.rank_stages[q]
+    if not math.isfinite(cap) or not problem.recomputes:
+        return None
+    c, a, m = problem.cost, problem.mem[Kind.F], problem.microbatches
+    B, W = c[Kind.B], c[Kind.W]
+    reach, r = max((lead + _from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
+                   for r in range(problem.ranks) if (lead := _lead(problem, ch, q, r)) is not None)
+    # (weight, value, owed, copy) of each state of an open (stage, microbatch), per stage
+    states = {s: [(a[s], B[s] + W[s], 0.0, 0.0), (-problem.mem[Kind.W][s], W[s], 0.0, 0.0)]
+                 + [(problem.delta(Kind.F, s, k), B[s] + W[s], c[k][s], 0.0) for k in problem.recomputes]
+              for s in stages}
+    share = 0.0  # mu per unit of lam that makes an offloaded one worth nothing
+    if Kind.O in problem.policies:
+        for s in stages:
+            if c[Kind.L][s] <= B[s] + W[s]:
+                return None  # a reload no dearer than what it brings back: nothing to weigh
+            states[s].append((0.0, B[s] + W[s], 0.0, c[Kind.L][s]))
+            share = max(share, (B[s] + W[s]) / (c[Kind.L][s] - B[s] - W[s]))
+    work = m * sum(c[Kind.F][s] + B[s] + W[s] for s in stages)
+    least = min(B[s] + W[s] for s in stages)
+    best = None
+    for step in range(1, LAST_FORWARD_GRID + 1):
+        lam = step / LAST_FORWARD_GRID
+        mu = lam * share
+        nu = 1.0 - lam - mu
+        if nu < 0:
+            break
+        items = [([(w, (lam + mu) * v - nu * o - mu * cp) for w, v, o, cp in states[s]], m) for s in stages]
+        value = work + lam * reach + mu * least - _most(items, cap)
+        if best is None or value > best[0]:
+            best = (value, lam, mu, nu)
+    if best is None:
+        return None
+    value, lam, mu, nu = best
+    return Bound(value, (
+        f"rank {q}: at its last forward it holds what is left of its backward work (rank {r}'s span holds"
+        f" it and the way back, {reach:g} at least), within its room {cap - problem.memory_tol.eps:g}, and"
+        f" the recompute that holding it owes runs on its own lane (weighed {lam:g} / {mu:g} / {nu:g})"), None)
 
 
 def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
@@ -773,7 +854,9 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
     - Per stage, how many microbatches may be in flight: with one keep (``_in_flight``) and with
       the policies' keeps priced against their recompute (``_windows``); per pair of a rank's
       stages, how many may be between the higher one's backward and the lower one's
-      (``_round_trips``)."""
+      (``_round_trips``).
+    - Span, per rank: the last-forward cut of ``_pair_bound`` with the recompute that holding the
+      work after it owes charged to the rank's own lane (``_held_at_last_forward``)."""
     data = problem.model_dump(exclude_none=True)
     data.pop("recompute", None)
     data.pop("offload", None)
@@ -790,6 +873,7 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
         out += [_rank_bound(problem, ch, k, r, objective) for r, k in enumerate(ranks)]
         if objective == "span":
             out += _pair_bounds(problem, ch, ranks)
+            out += [b for q in range(problem.ranks) if (b := _held_at_last_forward(problem, ch, q)) is not None]
     return out
 
 
