@@ -100,7 +100,8 @@ WINDOW_COMBOS = 256  # _windows: at most this many mixes of those are enumerated
 TINY_WEIGHT = 1e-200  # _item_hull: a lighter option counts as weighing nothing (no slope overflows)
 KNAP_EXACT = 16  # _most: an option that fits this many times or fewer in the room is counted in whole microbatches
 KNAP_COMBOS = 256  # _most: at most this many mixes of those are enumerated (the rest relaxed)
-LAST_FORWARD_GRID = 50  # _held_at_last_forward: the weight of the chain against the recompute steps by 1 / this
+LAST_FORWARD_GRID = 20  # _held_at_last_forward: the weight of the chain against the recompute, on a grid of this many
+LAST_FORWARD_REFINE = 20  # _held_at_last_forward: then steps of a ternary search beside the grid's best
 
 
 @dataclass(frozen=True)
@@ -750,9 +751,10 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None
     lam + mu + nu = 1, T >= work + lam (lead + chain) + mu min(B + W) - sum over the open ones of
     ((lam + mu) value - nu owed - mu copy), whose most is a multiple-choice knapsack over ``cap``
     (``_most``, an upper bound). mu is the least that makes an offloaded one worth nothing (else
-    every microbatch could be open at no weight); lam steps by 1 / ``LAST_FORWARD_GRID``. Where a
-    recompute is cheap against the B and W it lets the rank hold (selective recompute on a long round
-    trip, the V's middle rank), holding what the chain needs costs that recompute on q's own lane."""
+    every microbatch could be open at no weight); lam on a grid, then searched beside its best.
+    Where a recompute is cheap against the B and W it lets the rank hold (selective recompute on a
+    long round trip, the V's middle rank), holding what the chain needs costs that recompute on q's
+    own lane."""
     cap = _cap(problem, q)
     stages = problem.rank_stages[q]
     if not math.isfinite(cap) or not problem.recomputes:
@@ -774,19 +776,23 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None
             share = max(share, (B[s] + W[s]) / (c[Kind.L][s] - B[s] - W[s]))
     work = m * sum(c[Kind.F][s] + B[s] + W[s] for s in stages)
     least = min(B[s] + W[s] for s in stages)
-    best = None
-    for step in range(1, LAST_FORWARD_GRID + 1):
-        lam = step / LAST_FORWARD_GRID
+
+    def weighed(lam: float) -> tuple[float, float, float, float]:  # (the bound, lam, mu, nu)
         mu = lam * share
         nu = 1.0 - lam - mu
-        if nu < 0:
-            break
         items = [([(w, (lam + mu) * v - nu * o - mu * cp) for w, v, o, cp in states[s]], m) for s in stages]
-        value = work + lam * reach + mu * least - _most(items, cap)
-        if best is None or value > best[0]:
-            best = (value, lam, mu, nu)
-    if best is None:
-        return None
+        return work + lam * reach + mu * least - _most(items, cap), lam, mu, nu
+
+    # The bound is concave in lam (linear, less a most over holdings of linear terms): a grid, then
+    # a ternary search beside its best (every lam gives a valid bound; the search only finds more).
+    top = 1.0 / (1.0 + share)  # (nu >= 0)
+    step = top / LAST_FORWARD_GRID
+    best = max(weighed(k * step) for k in range(1, LAST_FORWARD_GRID + 1))
+    lo, hi = max(0.0, best[1] - step), min(top, best[1] + step)
+    for _ in range(LAST_FORWARD_REFINE):
+        left, right = weighed(lo + (hi - lo) / 3), weighed(hi - (hi - lo) / 3)
+        best = max(best, left, right)
+        lo, hi = (lo, right[1]) if left[0] >= right[0] else (left[1], hi)
     value, lam, mu, nu = best
     return Bound(value, (
         f"rank {q}: at its last forward it holds what is left of its backward work (rank {r}'s span holds"
