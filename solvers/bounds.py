@@ -50,9 +50,9 @@ and the per-rank and two-rank terms above with each knapsack re-derived for what
 cool-down, and the W work memory lets a rank defer
 past its last backward (``mW`` per microbatch, whatever its policy, beside the whole activation
 that last backward holds: ``_deferred_w``), which on the zero-bubble paper's settings below 1F1B's
-memory is what binds; and (span) the backward work a rank must still hold at its last forward for
-the way back through another rank's span, weighed against the recompute that holding it owes on
-its own lane (``_held_at_last_forward``: the V's middle rank at 1F1B's memory and below).
+memory is what binds; and the backward work a rank must still hold at its last forward for the
+way back (through another rank's span, for span), weighed against the recompute that holding it
+owes on its own lane (``_held_at_last_forward``: the V's middle rank at 1F1B's memory and below).
 
 With ``data_parallel``, nothing waits for a gradient all-reduce but the rank's step, and a rank's
 last compute op is the last weight gradient of one of its stages (a W or BW ends each microbatch's
@@ -726,10 +726,10 @@ def _from_last_forward(problem: Problem, ch: _Chains, hi: int, mine: tuple[int, 
                else head[t] - head[hi] - F[hi] + F[t] + rt[t] + B[t] + W[t] for t in mine)
 
 
-def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None:
-    """Span, where the limit can be bought with time: what rank q must still hold at the end of its
-    last forward, weighed against the recompute that holding it owes (``_pair_bound``'s last-forward
-    cut with the recompute counted).
+def _held_at_last_forward(problem: Problem, ch: _Chains, q: int, objective: str) -> Bound | None:
+    """Where the limit can be bought with time: what rank q must still hold at the end of its last
+    forward, weighed against the recompute that holding it owes (``_pair_bound``'s last-forward cut
+    with the recompute counted).
 
     Let t be the end of q's last forward, F(hi, i) (fact 2), S_q its first start, E its recompute
     work (R, S) and ``work`` its F, B and W. No compute op of q runs at t (one lane), so every op of
@@ -747,7 +747,9 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None
     t - S_q >= work - V. Three terms follow: (P) the chain from the end of F(hi, i) to an op of a
     rank r (``_from_last_forward``) gives T >= lead(q, r) + work - V + chain, as in ``_pair_bound``;
     (Q) q's compute lane runs all its work: T >= work + E >= work + O; (C) the reloads run one at
-    a time after t, then the last one's B and W: T >= work - V + C + min(B + W). For weights
+    a time after t, then the last one's B and W: T >= work - V + C + min(B + W). For makespan,
+    q's work starts at head(lo) or later (fact 1) and the chain may end on any rank: each term
+    gains head(lo), and P's lead is 0 with the longest chain over every rank. For weights
     lam + mu + nu = 1, T >= work + lam (lead + chain) + mu min(B + W) - sum over the open ones of
     ((lam + mu) value - nu owed - mu copy), whose most is a multiple-choice knapsack over ``cap``
     (``_most``, an upper bound). mu is the least that makes an offloaded one worth nothing (else
@@ -761,8 +763,14 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None
         return None
     c, a, m = problem.cost, problem.mem[Kind.F], problem.microbatches
     B, W = c[Kind.B], c[Kind.W]
-    reach, r = max((lead + _from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
-                   for r in range(problem.ranks) if (lead := _lead(problem, ch, q, r)) is not None)
+    if objective == "makespan":
+        opens = ch.head[stages[0]]
+        reach, r = max((_from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
+                       for r in range(problem.ranks))
+    else:
+        opens = 0.0
+        reach, r = max((lead + _from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
+                       for r in range(problem.ranks) if (lead := _lead(problem, ch, q, r)) is not None)
     # (weight, value, owed, copy) of each state of an open (stage, microbatch), per stage
     states = {s: [(a[s], B[s] + W[s], 0.0, 0.0), (-problem.mem[Kind.W][s], W[s], 0.0, 0.0)]
                  + [(problem.delta(Kind.F, s, k), B[s] + W[s], c[k][s], 0.0) for k in problem.recomputes]
@@ -774,7 +782,7 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None
                 return None  # a reload no dearer than what it brings back: nothing to weigh
             states[s].append((0.0, B[s] + W[s], 0.0, c[Kind.L][s]))
             share = max(share, (B[s] + W[s]) / (c[Kind.L][s] - B[s] - W[s]))
-    work = m * sum(c[Kind.F][s] + B[s] + W[s] for s in stages)
+    work = opens + m * sum(c[Kind.F][s] + B[s] + W[s] for s in stages)  # (from time 0 for makespan)
     least = min(B[s] + W[s] for s in stages)
 
     def weighed(lam: float) -> tuple[float, float, float, float]:  # (the bound, lam, mu, nu)
@@ -794,10 +802,11 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int) -> Bound | None
         best = max(best, left, right)
         lo, hi = (lo, right[1]) if left[0] >= right[0] else (left[1], hi)
     value, lam, mu, nu = best
+    holds = f"rank {r}'s span holds it and the way back" if objective == "span" else f"the way back to rank {r}"
     return Bound(value, (
-        f"rank {q}: at its last forward it holds what is left of its backward work (rank {r}'s span holds"
-        f" it and the way back, {reach:g} at least), within its room {cap - problem.memory_tol.eps:g}, and"
-        f" the recompute that holding it owes runs on its own lane (weighed {lam:g} / {mu:g} / {nu:g})"), None)
+        f"rank {q}: at its last forward it holds what is left of its backward work ({holds}, {reach:g} at"
+        f" least), within its room {cap - problem.memory_tol.eps:g}, and the recompute that holding it owes"
+        f" runs on its own lane (weighed {lam:g} / {mu:g} / {nu:g})"), None)
 
 
 def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
@@ -861,8 +870,9 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
       the policies' keeps priced against their recompute (``_windows``); per pair of a rank's
       stages, how many may be between the higher one's backward and the lower one's
       (``_round_trips``).
-    - Span, per rank: the last-forward cut of ``_pair_bound`` with the recompute that holding the
-      work after it owes charged to the rank's own lane (``_held_at_last_forward``)."""
+    - Per rank: the last-forward cut of ``_pair_bound`` with the recompute that holding the work
+      after it owes charged to the rank's own lane (``_held_at_last_forward``; for makespan from
+      time 0, the chain to any rank)."""
     data = problem.model_dump(exclude_none=True)
     data.pop("recompute", None)
     data.pop("offload", None)
@@ -877,9 +887,10 @@ def _policy_bounds(problem: Problem, objective: str) -> list[Bound]:
         out += [b for r in range(problem.ranks) if (b := _round_trips(problem, ch, r, objective)) is not None]
         ranks = [_policy_rank(problem, ch, r, objective) for r in range(problem.ranks)]
         out += [_rank_bound(problem, ch, k, r, objective) for r, k in enumerate(ranks)]
+        out += [b for q in range(problem.ranks)
+                if (b := _held_at_last_forward(problem, ch, q, objective)) is not None]
         if objective == "span":
             out += _pair_bounds(problem, ch, ranks)
-            out += [b for q in range(problem.ranks) if (b := _held_at_last_forward(problem, ch, q)) is not None]
     return out
 
 

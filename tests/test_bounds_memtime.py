@@ -21,6 +21,7 @@ from schedc.solvers.families import memtime
 from schedc.solvers import bounds
 from schedc.solvers.bounds import all_bounds, lower_bound
 from schedc.solvers.registry import unfuse
+from schedc.solvers.search.mixed import fitted_orders
 from tests.exhaustive import BudgetExceeded, exhaustive_optimum, policy_optimum
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "problems"
@@ -428,7 +429,8 @@ def test_the_last_forward_weighs_what_it_holds_against_the_recompute_that_owes()
     out here on its own, and within 1 of it; it is the binding term, 2.8 above the others."""
     problem = load_problem(EXAMPLES / "memory-time" / "mt-1.5B-m24-1x-v.yaml")
     q, s = 7, 7  # (both of rank 7's stages cost and hold the same)
-    term = bounds._held_at_last_forward(problem, bounds._Chains(problem.with_changes(recompute=None, offload=None)), q)
+    chains = bounds._Chains(problem.with_changes(recompute=None, offload=None))
+    term = bounds._held_at_last_forward(problem, chains, q, "span")
     c, comm = problem.cost, problem.comm
     F, B, W = c[Kind.F][s], c[Kind.B][s], c[Kind.W][s]
     a, mW = problem.mem[Kind.F][s], -problem.mem[Kind.W][s]
@@ -449,3 +451,19 @@ def test_the_last_forward_weighs_what_it_holds_against_the_recompute_that_owes()
     assert least - 1.0 <= term.value <= least + 1e-9
     others = max(b.value for b in all_bounds(problem) if "at its last forward it holds" not in b.reason)
     assert lower_bound(problem).value == term.value > others + 2.5
+
+
+def test_the_last_forward_term_holds_for_makespan_too():
+    """The same cell at half of 1F1B's memory, objective makespan: from time 0 rank 7's work starts
+    at the forward chain's head, and the way back may end on any rank. There the term binds, 5 or
+    more above every other, and stays below ZB-V's order fitted with mixed policies (a schedule
+    that fits: 1209.3)."""
+    problem = load_problem(EXAMPLES / "memory-time" / "mt-1.5B-m24-0.5x-v.yaml")
+    terms = all_bounds(problem, "makespan")
+    held = max(b.value for b in terms if "at its last forward it holds" in b.reason)
+    others = max(b.value for b in terms if "at its last forward it holds" not in b.reason)
+    assert held > others + 5
+    fitted = [s for _, s in fitted_orders(problem, REGISTRY["zb-v"].build(problem), "zb-v")]
+    timed = [simulate(problem, s) for s in fitted]
+    assert any(t.fits for t in timed)
+    assert all(held <= t.makespan + 1e-9 for t in timed if t.fits)
