@@ -423,7 +423,7 @@ def test_the_last_forward_weighs_what_it_holds_against_the_recompute_that_owes()
     rank 7 holds the V's turn, so from the end of its last forward the way back to rank 0's end is
     long (295.8 with rank 7's start after rank 0's): unless it holds that much backward work then,
     rank 0's span grows, and holding it within the room takes selective recomputes, which run on
-    rank 7's own lane. The term (``_held_at_last_forward``, weights on a grid, knapsack relaxed) is
+    rank 7's own lane. The term (``_held_at_last_forward``, its weights searched, knapsack relaxed) is
     at most the least over every integer holding (whole, pending W, selective or full recompute
     owed, a few offloaded; the last whole ones in part) of the largest of its three terms, worked
     out here on its own, and within 1 of it; it is the binding term, 2.8 above the others."""
