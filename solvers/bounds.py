@@ -763,14 +763,11 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int, objective: str)
         return None
     c, a, m = problem.cost, problem.mem[Kind.F], problem.microbatches
     B, W = c[Kind.B], c[Kind.W]
-    if objective == "makespan":
-        opens = ch.head[stages[0]]
-        reach, r = max((_from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
-                       for r in range(problem.ranks))
-    else:
-        opens = 0.0
-        reach, r = max((lead + _from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
-                       for r in range(problem.ranks) if (lead := _lead(problem, ch, q, r)) is not None)
+    makespan = objective == "makespan"
+    opens = ch.head[stages[0]] if makespan else 0.0
+    leads = [0.0 if makespan else _lead(problem, ch, q, r) for r in range(problem.ranks)]
+    reach, r = max((lead + _from_last_forward(problem, ch, stages[-1], problem.rank_stages[r]), r)
+                   for r, lead in enumerate(leads) if lead is not None)
     # (weight, value, owed, copy) of each state of an open (stage, microbatch), per stage
     states = {s: [(a[s], B[s] + W[s], 0.0, 0.0), (-problem.mem[Kind.W][s], W[s], 0.0, 0.0)]
                  + [(problem.delta(Kind.F, s, k), B[s] + W[s], c[k][s], 0.0) for k in problem.recomputes]
