@@ -93,7 +93,8 @@ from schedc.problem import Problem
 from schedc.schedule import Op, comm_ops, producers
 
 BOUNDED = (Kind.F, Kind.B, Kind.W, Kind.BW, Kind.R, Kind.S, Kind.RG, Kind.SG, Kind.O, Kind.L, Kind.AR, Kind.RS, Kind.TS)  # the kinds the terms hold for
-POLICY_GRID = 20  # memory for time: the weights of its three terms step by 1 / POLICY_GRID (any weights are valid)
+POLICY_GRID = 8  # memory for time: the weights of its terms on a grid of this many steps (any weights are valid)
+POLICY_REFINE = 16  # memory for time: then steps of a ternary search beside the grid's best
 JOINT_POLICIES = 4096  # at most this many policy assignments of one microbatch on a rank are enumerated
 WINDOW_EXACT = 16  # _windows: a policy that fits this many times or fewer in a window's room is counted exactly
 WINDOW_COMBOS = 256  # _windows: at most this many mixes of those are enumerated (the rest relaxed)
@@ -788,22 +789,31 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int, objective: str)
         items = [([(w, (lam + mu) * v - nu * o - mu * cp) for w, v, o, cp in states[s]], m) for s in stages]
         return work + lam * reach + mu * least - _most(items, cap), lam, mu, nu
 
-    # The bound is concave in lam (linear, less a most over holdings of linear terms): a grid, then
-    # a ternary search beside its best (every lam gives a valid bound; the search only finds more).
-    top = 1.0 / (1.0 + share)  # (nu >= 0)
-    step = top / LAST_FORWARD_GRID
-    best = max(weighed(k * step) for k in range(1, LAST_FORWARD_GRID + 1))
-    lo, hi = max(0.0, best[1] - step), min(top, best[1] + step)
-    for _ in range(LAST_FORWARD_REFINE):
-        left, right = weighed(lo + (hi - lo) / 3), weighed(hi - (hi - lo) / 3)
-        best = max(best, left, right)
-        lo, hi = (lo, right[1]) if left[0] >= right[0] else (left[1], hi)
-    value, lam, mu, nu = best
+    # The bound is concave in lam (linear, less a most over holdings of linear terms).
+    value, lam, mu, nu = _concave_max(weighed, 0.0, 1.0 / (1.0 + share), LAST_FORWARD_GRID, LAST_FORWARD_REFINE)  # (nu >= 0)
     holds = f"rank {r}'s span holds it and the way back" if objective == "span" else f"the way back to rank {r}"
     return Bound(value, (
         f"rank {q}: at its last forward it holds what is left of its backward work ({holds}, {reach:g} at"
         f" least), within its room {cap - problem.memory_tol.eps:g}, and the recompute that holding it owes"
         f" runs on its own lane (weighed {lam:g} / {mu:g} / {nu:g})"), None)
+
+
+def _concave_max(f, lo: float, hi: float, grid: int, refine: int) -> tuple:
+    """The largest ``f(x)`` found for x in [lo, hi], where ``f`` returns ``(value, x, ...)`` and the
+    value is concave in x: on a grid of ``grid`` steps, then ``refine`` steps of a ternary search
+    beside the grid's best. Where every x gives a valid bound, the search only finds a larger one.
+    Where f does not rise from lo on (by a millionth of the range), it never does: lo's is the best."""
+    first, then = f(lo), f(lo + (hi - lo) * 1e-6)
+    if then[0] <= first[0]:
+        return first
+    step = (hi - lo) / grid
+    best = max((f(lo + k * step) for k in range(grid + 1)), key=lambda t: t[0])
+    a, b = max(lo, best[1] - step), min(hi, best[1] + step)
+    for _ in range(refine):
+        left, right = f(a + (b - a) / 3), f(b - (b - a) / 3)
+        best = max((best, left, right), key=lambda t: t[0])
+        a, b = (a, right[1]) if left[0] >= right[0] else (left[1], b)
+    return best
 
 
 def _memory_time_bound(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | None:
@@ -1485,23 +1495,23 @@ def _forced(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | No
     start = ch.head[stages[0]] if objective == "makespan" else 0.0
     copy_start = start + min(c[Kind.F][s] for s in stages)
     copy_end = min(c[Kind.B][s] + c[Kind.W][s] for s in stages)
+    terms = [[(o[0] / cap, o[1], o[2]) for o in options] for options in choices]  # (per unit of each weight)
+
+    def copying(nu: float) -> tuple[float, float, float]:  # (the bound, nu, the best weight of memory-time)
+        def split(lam: float) -> tuple[float, float]:
+            mu = 1.0 - nu - lam
+            least = sum(min(lam * x + mu * y + nu * z for x, y, z in options) for options in terms)
+            return lam * start + mu * (start + work) + nu * (copy_start + copy_end) + m * least, lam
+
+        value, lam = _concave_max(split, 0.0, 1.0 - nu, POLICY_GRID, POLICY_REFINE)
+        return value, nu, lam
+
+    # The bound is concave in the weights (linear, plus a least over linear terms per microbatch), so
+    # the best split for each weight of the copy lane is concave in that weight too.
     copies = Kind.O in problem.policies
-    best = None
-    steps = range(POLICY_GRID + 1)
-    for i in steps:
-        for j in (steps if copies else (POLICY_GRID - i,)):
-            if i + j > POLICY_GRID:
-                continue
-            mu = (i / POLICY_GRID, j / POLICY_GRID, (POLICY_GRID - i - j) / POLICY_GRID)
-            value = mu[0] * start + mu[1] * (start + work) + mu[2] * (copy_start + copy_end)
-            picked = []
-            for options in choices:
-                weighed = min(options, key=lambda o: mu[0] * o[0] / cap + mu[1] * o[1] + mu[2] * o[2])
-                value += m * (mu[0] * weighed[0] / cap + mu[1] * weighed[1] + mu[2] * weighed[2])
-                picked.append(weighed)
-            if best is None or value > best[0]:
-                best = (value, mu, picked)
-    value, mu, picked = best
+    value, nu, lam = _concave_max(copying, 0.0, 1.0, POLICY_GRID, POLICY_REFINE) if copies else copying(0.0)
+    mu = (lam, 1.0 - nu - lam, nu)
+    picked = [min(options, key=lambda o: mu[0] * o[0] / cap + mu[1] * o[1] + mu[2] * o[2]) for options in choices]
     area = m * sum(o[0] for o in picked)
     rc = m * sum(o[1] for o in picked)
     cp = m * sum(o[2] for o in picked)

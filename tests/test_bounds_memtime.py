@@ -467,3 +467,45 @@ def test_the_last_forward_term_holds_for_makespan_too():
     timed = [simulate(problem, s) for s in fitted]
     assert any(t.fits for t in timed)
     assert all(held <= t.makespan + 1e-9 for t in timed if t.fits)
+
+
+def test_memory_for_time_weighs_its_terms_at_their_best():
+    """The zero-bubble paper's 14.6B on the loop at a quarter of 1F1B's memory (m = 128,
+    benchmarks/memory_time.py): rank 0 must hold its long round trips within a room of 4, so it
+    recomputes (selectively, or fully where that holds less for its time). The memory-for-time term
+    (``_forced``) weighs its three terms (memory-time over the room, the compute lane, the copy lane)
+    and takes the least over each microbatch's policies: by LP duality its best weights give the LP
+    over the rank's policy mixes, solved here on its own (PuLP). The term, its weights searched, is
+    within 0.5 of it and never above; there it binds, 40 or more above the same term on a grid of 20
+    steps (as it was) and above every other term."""
+    import pulp
+
+    problem = load_problem(EXAMPLES / "memory-time" / "mt-14.6B-m128-0.25x.yaml")
+    r = s = 0
+    chains = bounds._Chains(problem.with_changes(recompute=None, offload=None, memory={
+        **problem.memory.model_dump(exclude_none=True), "limit": None}))
+    term = bounds._forced(problem, chains, r, "span")
+    c, m, cap = problem.cost, problem.microbatches, bounds._cap(problem, r)
+    work = m * (c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s])
+    options = bounds._policy_options(problem, chains, s)
+    lp = pulp.LpProblem("mix", pulp.LpMinimize)
+    t = lp.add_variable("T")
+    x = [lp.add_variable(f"x{i}", lowBound=0) for i in range(len(options))]
+    lp += t
+    lp += pulp.lpSum(x) == 1
+    lp += t >= m * pulp.lpSum(xi * o[2] for xi, o in zip(x, options)) / cap  # memory-time
+    lp += t >= work + m * pulp.lpSum(xi * o[3] for xi, o in zip(x, options))  # the compute lane
+    lp += t >= c[Kind.F][s] + m * pulp.lpSum(xi * o[4] for xi, o in zip(x, options)) + c[Kind.B][s] + c[Kind.W][s]
+    assert lp.solve(pulp.PULP_CBC_CMD(msg=False)) == pulp.LpStatusOptimal
+    assert pulp.value(t) - 0.5 <= term.value <= pulp.value(t) + 1e-6
+    others = max(b.value for b in all_bounds(problem) if "memory for time" not in b.reason)
+    assert lower_bound(problem).value == term.value > others
+    grid = max(_weighed_on(options, (i / 20, j / 20, (20 - i - j) / 20), m, cap, work, c, s)
+               for i in range(21) for j in range(21 - i))  # (the weights as they were chosen: a grid of 20 steps)
+    assert term.value >= grid + 40
+
+
+def _weighed_on(options, mu, m, cap, work, c, s) -> float:
+    """``_forced``'s weighted sum at weights mu (span: the rank's window from its first start), one stage."""
+    value = mu[1] * work + mu[2] * (c[Kind.F][s] + c[Kind.B][s] + c[Kind.W][s])
+    return value + m * min(mu[0] * o[2] / cap + mu[1] * o[3] + mu[2] * o[4] for o in options)
