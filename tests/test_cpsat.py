@@ -290,3 +290,32 @@ def test_relaxation_bounds_the_problem_and_holds_only_the_ranks_named():
         assert alone.optimal and free.bound - 1e-6 <= alone.bound <= truth + 1e-6
     lifted = relaxation(problem, warm, (), 30, lower=truth - 1, threads=1)
     assert lifted.optimal and lifted.bound == pytest.approx(truth - 1)  # from the bound given, not below it
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_a_recompute_chosen_counts_in_its_ranks_work(objective):
+    """C is at least each rank's work (from its first start for makespan): with recompute allowed,
+    the R or S ops chosen count in it too (they run on the compute lane, between the F and the B),
+    the copies (O, L, on the copy lane) do not. Without the recompute the bound a search proves
+    missed what the limit forces: on the zero-bubble paper's 1.5B cut to p = 2, m = 4 on the V at
+    1F1B's memory (benchmarks/memtime_small.py), CP-SAT then did not prove 185.7 optimal in 120 s."""
+    cp_model = pytest.importorskip("ortools.sat.python.cp_model")
+    problem = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}, "comm": 0.1,
+                             "objective": objective, "memory": {"F": 1, "B": -0.5, "limit": 2.5},
+                             "recompute": {"time": 1, "keep": 0.1, "selective": {"time": 0.25, "keep": 0.5}},
+                             "offload": {"time": 0.5}})
+    warm = simulate(problem, best_registry_schedule(problem)[1].schedule)
+    model = _CpModel(problem, warm, cp_model)
+    proto = model.cp.Proto()
+    c = model.C.Index()
+    works = [ct.linear for ct in proto.constraints
+             if ct.has_linear() and c in ct.linear.vars and len(ct.linear.vars) > 2]
+    for r in range(problem.ranks):
+        policy = [k for k in model.on_rank[r] if k in model.present]
+        compute = {model.present[k].Index(): model.dur[k] for k in policy if model.ops[k].kind in ("R", "S")}
+        copies = {model.present[k].Index() for k in policy if model.ops[k].kind in ("O", "L")}
+        assert compute and copies
+        (work,) = [w for w in works if set(compute) <= set(w.vars)]  # one constraint per rank
+        coeff = dict(zip(work.vars, work.coeffs))
+        assert all(coeff[v] == -coeff[c] * d for v, d in compute.items())  # (C on one side, each recompute's time on the other)
+        assert not copies & set(work.vars)
