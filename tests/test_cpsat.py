@@ -293,12 +293,15 @@ def test_relaxation_bounds_the_problem_and_holds_only_the_ranks_named():
 
 
 @pytest.mark.parametrize("objective", ["makespan", "span"])
-def test_a_recompute_chosen_counts_in_its_ranks_work(objective):
+def test_a_recompute_chosen_counts_in_its_ranks_work(objective, monkeypatch):
     """C is at least each rank's work (from its first start for makespan): with recompute allowed,
-    the R or S ops chosen count in it too (they run on the compute lane, between the F and the B),
-    the copies (O, L, on the copy lane) do not. Without the recompute the bound a search proves
-    missed what the limit forces: on the zero-bubble paper's 1.5B cut to p = 2, m = 4 on the V at
-    1F1B's memory (benchmarks/memtime_small.py), CP-SAT then did not prove 185.7 optimal in 120 s."""
+    on a small model, the R or S ops chosen count in it too (they run on the compute lane, between
+    the F and the B), the copies (O, L, on the copy lane) do not. Without the recompute the bound a
+    search proves missed what the limit forces: on the zero-bubble paper's 1.5B cut to p = 2, m = 4
+    on the V at 1F1B's memory (benchmarks/memtime_small.py), CP-SAT then did not prove 185.7 optimal
+    in 120 s. Above ``RECOMPUTE_WORK_OPS`` F, B and W (here set below the model's 24) they do not."""
+    from schedc.solvers.search import cpsat
+
     cp_model = pytest.importorskip("ortools.sat.python.cp_model")
     problem = Problem.parse({"ranks": 2, "microbatches": 4, "costs": {"F": 1, "B": 1, "W": 1}, "comm": 0.1,
                              "objective": objective, "memory": {"F": 1, "B": -0.5, "limit": 2.5},
@@ -319,3 +322,8 @@ def test_a_recompute_chosen_counts_in_its_ranks_work(objective):
         coeff = dict(zip(work.vars, work.coeffs))
         assert all(coeff[v] == -coeff[c] * d for v, d in compute.items())  # (C on one side, each recompute's time on the other)
         assert not copies & set(work.vars)
+    monkeypatch.setattr(cpsat, "RECOMPUTE_WORK_OPS", 23)
+    model = _CpModel(problem, warm, cp_model)
+    literals = {lit.Index() for lit in model.present.values()}
+    assert not any(literals & set(ct.linear.vars) for ct in model.cp.Proto().constraints
+                   if ct.has_linear() and model.C.Index() in ct.linear.vars)

@@ -12,8 +12,9 @@ disjunctive scheduling directly instead of through big-M binaries:
   order is the rank's order and this is exactly the simulator's check (frees that end when an F
   starts come before it in the order and count before it, as in the simulator);
 - objective: makespan (every W ends by C) or span (every W on rank r ends by C plus the earliest
-  start on rank r), and C at least each rank's work, the recompute ops chosen included (without
-  them CP-SAT's bound missed what a memory limit forces); C no less than the solve's own proven bound (``Settings.lower``), so that
+  start on rank r), and C at least each rank's work, on small models (``RECOMPUTE_WORK_OPS``) the
+  recompute ops chosen included (without them CP-SAT's bound missed what a memory limit forces);
+  C no less than the solve's own proven bound (``Settings.lower``), so that
   CP-SAT's bound starts there and an incumbent that meets it is proven optimal at once (on its
   own, CP-SAT's bound is often little more than a rank's work);
 - gradient syncs (``data_parallel``: an all-reduce AR per stage; ``replicas``: a sum RS of each
@@ -95,6 +96,10 @@ SEED = 0  # fixed, so that a single-worker run is reproducible
 RESERVOIR_EXPAND = 128  # events per rank above which reservoirs are not expanded into pair Booleans
 MIN_SEARCH_SECONDS = 0.2  # CP-SAT is not started with less time than this left
 CHECK_EVERY = 1024  # model building looks at the clock once per this many items
+RECOMPUTE_WORK_OPS = 256  # C counts the recompute chosen in each rank's work on models of at most this
+# many F, B and W (valid everywhere: there it lets CP-SAT prove optima it missed, benchmarks/memtime_small.py;
+# on the larger memory-time cells it only turned the search's path, to longer schedules on 3 of 1.5B
+# m = 24's 12 cells and shorter on none: docs/results.md)
 
 
 class _OutOfTime(Exception):
@@ -286,7 +291,7 @@ class _CpModel:
         self.time = _time_scale(problem)
         comm = self.time.down(problem.comm)
         self.ops = [Op(k, s, i) for s in range(n) for i in range(m) for k in KINDS]
-        mandatory = len(self.ops)
+        mandatory = self.mandatory = len(self.ops)
         self.index = {op: k for k, op in enumerate(self.ops)}
         # Precedences: data dependencies (with latency) and stage 0's microbatch numbering, among
         # the ops every schedule holds (each policy op's are conditional, ``_policies``).
@@ -549,10 +554,10 @@ class _CpModel:
         return memory
 
     def _objective(self, budget: Budget, hint_obj: int, horizon: int, lower: float):
-        """C, minimised: every rank's work (with the recompute ops chosen) fits before it, and every
-        W ends by it (for span, by it plus the rank's first start); and no less than ``lower`` scaled
-        (rounded down, less the unit ``bound_back`` allows where span's two ends round separately),
-        which every real schedule's C meets."""
+        """C, minimised: every rank's work (on a small model with the recompute ops chosen) fits
+        before it, and every W ends by it (for span, by it plus the rank's first start); and no less
+        than ``lower`` scaled (rounded down, less the unit ``bound_back`` allows where span's two ends
+        round separately), which every real schedule's C meets."""
         cp, start, dur, span = self.cp, self.start, self.dur, self.span
         rank_of = self.problem.stage_rank
         least = self.time.down(lower) - (0 if self.time.exact or not span else 1)
@@ -563,8 +568,9 @@ class _CpModel:
             work = sum(dur[k] for k in ks if k not in self.present and k not in self.alone)
             work += sum(dur[k] * self.alone[k] for k in ks if k in self.alone)
             work += sum(self.pair_dur_of(f) * z for (f, _), z in self.pairs.items() if rank_of[self.ops[f].stage] == r)
-            work += sum(dur[k] * self.present[k] for k in ks  # (a recompute chosen runs on the compute lane too)
-                        if k in self.present and ROWS[self.ops[k].kind].lane == "compute")
+            if self.mandatory <= RECOMPUTE_WORK_OPS:  # (a recompute chosen runs on the compute lane too)
+                work += sum(dur[k] * self.present[k] for k in ks
+                            if k in self.present and ROWS[self.ops[k].kind].lane == "compute")
             base = cp.new_int_var(0, horizon, f"first_{r}")  # the rank's first start, whichever op it is
             cp.add_min_equality(base, [start[k] for k in ks if k not in self.present])  # the compute lane's
             if span:
