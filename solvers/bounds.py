@@ -789,8 +789,8 @@ def _held_at_last_forward(problem: Problem, ch: _Chains, q: int, objective: str)
         items = [([(w, (lam + mu) * v - nu * o - mu * cp) for w, v, o, cp in states[s]], m) for s in stages]
         return work + lam * reach + mu * least - _most(items, cap), lam, mu, nu
 
-    # The bound is concave in lam (linear, less a most over holdings of linear terms).
-    value, lam, mu, nu = _concave_max(weighed, 0.0, 1.0 / (1.0 + share), LAST_FORWARD_GRID, LAST_FORWARD_REFINE)  # (nu >= 0)
+    # The bound is concave in lam (linear, less a most over holdings of linear terms); nu >= 0 caps lam.
+    value, lam, mu, nu = _concave_max(weighed, 0.0, 1.0 / (1.0 + share), LAST_FORWARD_GRID, LAST_FORWARD_REFINE)
     holds = f"rank {r}'s span holds it and the way back" if objective == "span" else f"the way back to rank {r}"
     return Bound(value, (
         f"rank {q}: at its last forward it holds what is left of its backward work ({holds}, {reach:g} at"

@@ -320,7 +320,7 @@ def test_a_recompute_chosen_counts_in_its_ranks_work(objective, monkeypatch):
         assert compute and copies
         (work,) = [w for w in works if set(compute) <= set(w.vars)]  # one constraint per rank
         coeff = dict(zip(work.vars, work.coeffs))
-        assert all(coeff[v] == -coeff[c] * d for v, d in compute.items())  # (C on one side, each recompute's time on the other)
+        assert all(coeff[v] == -coeff[c] * d for v, d in compute.items())  # (C one side, each recompute the other)
         assert not copies & set(work.vars)
     monkeypatch.setattr(cpsat, "RECOMPUTE_WORK_OPS", 23)
     model = _CpModel(problem, warm, cp_model)
