@@ -1465,7 +1465,8 @@ def _forced(problem: Problem, ch: _Chains, r: int, objective: str) -> Bound | No
     copy after some forward of the rank ended and before some B and W of it, T >= start + min F +
     sum_i cp(pi_i) + min (B + W). For weights mu >= 0 summing to 1, T >= the weighted sum of the
     three, which is >= its least over the policies, taken microbatch by microbatch (all alike).
-    Every mu gives a valid bound; the best on a grid is reported."""
+    Every mu gives a valid bound; the sum is concave in mu, so the best found by ``_concave_max``
+    (the copy lane's weight, and for each the split of the rest) is reported."""
     cap = _cap(problem, r)
     if cap <= 0:  # no room at all: only activations of zero size fit; no term
         return None
