@@ -70,3 +70,54 @@ def test_the_relaxed_table_says_which_relaxation_proves_more_than_the_bound():
                      " the problem itself not solved: proves 100.0, found 109.0"]
     _, notes = table(rows[:1] + rows[2:])
     assert "1 of 1 relaxations solved, none proves more than schedc's bound" in notes[0]
+
+
+def _periodic():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import periodic
+    from memtime_small import small_problem
+
+    return periodic, small_problem
+
+
+@pytest.mark.parametrize("v, slack, seconds", [(False, 1.5, 10), (True, 1.1, 30)])
+def test_a_periodic_pattern_that_claims_to_fit_does(v, slack, seconds):
+    """benchmarks/periodic.py: where memory forces a recompute into the steady state, the pattern
+    CP-SAT finds chooses one, and ``check`` (without CP-SAT: edges, one op at a time, the level over
+    a whole period with every microbatch alive there) finds nothing broken; the unrolled schedule
+    runs every op once and fits in the simulator."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.simulate import simulate
+
+    problem = small_problem("1.5B", 24, 4, 8, 0.5, v)
+    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    found = periodic.search(problem, slack * work, seconds=seconds)
+    assert found is not None and found.overflow == 0
+    assert any(k is not None for k in found.policy.values())  # kept everywhere, it would not fit
+    assert periodic.check(problem, found) == []
+    t = simulate(problem, periodic.unrolled(problem, found))
+    assert t.fits
+    assert sum(map(len, t.schedule.ranks)) == problem.microbatches * sum(
+        3 + (found.policy[0, s] is not None) for s in range(problem.n_stages))
+
+
+def test_the_periodic_check_finds_what_a_plan_breaks():
+    """``check`` is the plan's own referee: an op moved before what it needs, two ops of a rank at
+    once, and a stage kept where the room holds only the recomputed pattern are each reported."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.kinds import Kind
+
+    problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
+    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    found = periodic.search(problem, 1.5 * work, seconds=10)
+    assert found is not None and periodic.check(problem, found) == []
+    early = dict(found.start)
+    early[0, Kind.F, 1] = found.start[0, Kind.F, 0]  # stage 1's forward with stage 0's
+    broken = periodic.check(problem, periodic.Plan(**{**found.__dict__, "start": early}))
+    assert any("starts before F" in x for x in broken) and any("starts before" in x and "ends" in x for x in broken)
+    kept = {key: None for key in found.policy}
+    starts = {key: t for key, t in found.start.items() if key[1] in (Kind.F, Kind.B, Kind.W)}
+    broken = periodic.check(problem, periodic.Plan(**{**found.__dict__, "start": starts, "policy": kept}))
+    assert any("holds" in x and "room" in x for x in broken)

@@ -1,0 +1,327 @@
+"""Where memory binds in the steady state: the least period a periodic schedule reaches under the
+memory limit, against solve's and the bound's time per microbatch (issue 39, point 1).
+
+    python benchmarks/periodic.py PROBLEM --periods 46.6,46.9 [--slots 1] [--seconds 60] [--workers 8]
+
+A periodic schedule with period P and k slots runs op (kind, stage) of microbatch i = q k + j at
+``offset(j, kind, stage) + q P``: every k microbatches the same pattern again, each (slot, stage)
+with one policy (kept, or recomputed with R or S before its backward). CP-SAT (OR-Tools) searches
+the offsets and policies for one period P at a time (offload is not searched, nor data-parallel
+syncs, which run once per step):
+
+- the data edges (F down the stages, B up, W after B, a recompute after F and before B), with the
+  problem's link latency between ranks;
+- one op at a time per rank, on the circle of length P (each op's phase and its copy one period on
+  may not overlap another's);
+- the memory limit, exact on the circle: an activation held for a length L from phase a covers
+  every phase floor(L / P) times and once more on the arc from a of length L mod P; the
+  simulator's rule (an allocation counts from its op's start, a free from its op's end): F holds
+  what its policy keeps from its start to its B's end, a recompute brings back the rest from its
+  start, and what W frees stays from B's end to W's end.
+
+Durations are rounded up to 1/1000 of the time unit and memory up to a millionth of the unit, so a
+plan found holds with the real costs. ``check`` verifies a plan without CP-SAT (edges, lanes, the
+periodic memory sampled at every event), so a modelling error shows. The objective: the least
+overflow of the room (so a pattern is found even where none fits), then the recompute time, then
+one microbatch's life (its first start to its last end).
+
+A periodic schedule unrolled for m microbatches (``unrolled``: each rank's ops in the order of
+their planned starts) fits wherever the plan does, but it pays the fill and drain the pattern
+leaves idle; what it measures is the steady state: if a pattern of period P fits, the time per
+microbatch need not exceed P there. Prints, per period: CP-SAT's status, the policies, stage 0's
+hold, the overflow, ``check``'s verdict, and the unrolled schedule's span and fit; then schedc's
+bound and the work per microbatch of the busiest rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from schedc import load_problem
+from schedc.kinds import Kind
+from schedc.problem import Problem
+from schedc.schedule import Op, Schedule
+
+TICKS = 1000  # time steps per unit of time
+MEM = 10**6  # memory steps per unit of memory
+
+
+@dataclass
+class Plan:
+    period: float  # the pattern's length (time units), holding ``slots`` microbatches
+    slots: int
+    start: dict[tuple[int, Kind, int], float]  # (slot, kind, stage) -> offset, for the ops present
+    policy: dict[tuple[int, int], Kind | None]  # (slot, stage) -> R, S or None (kept)
+    overflow: float  # the most the pattern holds beyond a rank's room (0: it fits)
+    status: str
+
+
+def _ticks(x: float) -> int:
+    return int(math.ceil(x * TICKS - 1e-9))
+
+
+def links(problem: Problem) -> list[float]:
+    """The latency from stage s to s + 1 (0 on one rank)."""
+    sr = problem.stage_rank
+    return [problem.comm if sr[s] != sr[s + 1] else 0.0 for s in range(problem.n_stages - 1)]
+
+
+def needs(problem: Problem, kind: Kind, s: int, policy: Kind | None) -> list[tuple[Kind, int, float]]:
+    """The ops of the same microbatch that (kind, s) waits for, with the latency after their end."""
+    n, link = problem.n_stages, links(problem)
+    if kind is Kind.F:
+        return [(Kind.F, s - 1, link[s - 1])] if s else []
+    if kind is Kind.B:
+        out = [(Kind.F, s, 0.0)] if s == n - 1 else [(Kind.B, s + 1, link[s])]
+        return out + ([(policy, s, 0.0)] if policy is not None else [])
+    if kind is Kind.W:
+        return [(Kind.B, s, 0.0)]
+    return [(Kind.F, s, 0.0)]  # a recompute
+
+
+def segments(problem: Problem, s: int, policy: Kind | None) -> list[tuple[float, tuple[Kind, str], tuple[Kind, str]]]:
+    """What one microbatch holds at stage s: (level, (op, 'start' or 'end') it holds from, to)."""
+    a, mW = problem.mem[Kind.F][s], -problem.mem[Kind.W][s]
+    out = [(mW, (Kind.B, "end"), (Kind.W, "end"))]
+    if policy is None:
+        return out + [(a, (Kind.F, "start"), (Kind.B, "end"))]
+    keep = problem.delta(Kind.F, s, policy)
+    return out + [(keep, (Kind.F, "start"), (Kind.B, "end")), (a - keep, (policy, "start"), (Kind.B, "end"))]
+
+
+def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8,
+         hint: Plan | None = None, policies: bool = True) -> Plan | None:
+    """CP-SAT's best periodic pattern of ``period`` (time units per ``slots`` microbatches) within
+    ``seconds``, None where it finds none. ``policies``: the recompute kinds may be chosen (else
+    every stage keeps its activation)."""
+    from ortools.sat.python import cp_model
+
+    n, sr, cost = problem.n_stages, problem.stage_rank, problem.cost
+    P = _ticks(period)
+    recs = list(problem.recomputes) if policies else []
+    life = sum(_ticks(cost[k][s]) for s in range(n) for k in (Kind.F, Kind.B, Kind.W) + tuple(recs))
+    life += 2 * sum(_ticks(x) for x in links(problem))
+    horizon = 2 * life + 2 * P
+    wraps = horizon // P + 1
+    cp = cp_model.CpModel()
+    room = problem.activation_room
+    lanes: list[list] = [[] for _ in range(problem.ranks)]
+    arcs: list[list] = [[] for _ in range(problem.ranks)]  # (interval, level)
+    whole: list[list] = [[] for _ in range(problem.ranks)]  # (level, full turns)
+    at: dict[tuple[int, Kind, int], tuple] = {}  # -> (start, phase, duration, present)
+    chosen: dict[tuple[int, int], list] = {}
+
+    def phase_of(x, name: str):
+        ph, k = cp.new_int_var(0, P - 1, "p" + name), cp.new_int_var(0, wraps + 1, "k" + name)
+        cp.add(x == ph + P * k)
+        return ph
+
+    for j in range(slots):
+        for s in range(n):
+            lits = [None] + [cp.new_bool_var(f"u{j},{s},{k.value}") for k in recs]
+            keep_lit = cp.new_bool_var(f"kept{j},{s}")
+            cp.add_exactly_one([keep_lit] + lits[1:])
+            chosen[j, s] = [(None, keep_lit)] + list(zip(recs, lits[1:]))
+            for kind, lit in [(Kind.F, None), (Kind.B, None), (Kind.W, None)] + list(zip(recs, lits[1:])):
+                d = _ticks(cost[kind][s])
+                x = cp.new_int_var(0, horizon, f"o{j},{kind.value},{s}")
+                ph = phase_of(x, f"{j},{kind.value},{s}")
+                for shift in (0, P):
+                    if lit is None:
+                        lanes[sr[s]].append(cp.new_interval_var(ph + shift, d, ph + shift + d, ""))
+                    else:
+                        lanes[sr[s]].append(cp.new_optional_interval_var(ph + shift, d, ph + shift + d, lit, ""))
+                if lit is not None:
+                    cp.add(x == 0).only_enforce_if(~lit)
+                at[j, kind, s] = (x, ph, d, lit)
+        for s in range(n):
+            for kind in (Kind.F, Kind.B, Kind.W, *recs):  # what every policy's op needs
+                x, _, _, lit = at[j, kind, s]
+                for k2, s2, lat in needs(problem, kind, s, None):
+                    y, _, dy, _ = at[j, k2, s2]
+                    c = cp.add(x >= y + dy + _ticks(lat))
+                    if lit is not None:
+                        c.only_enforce_if(lit)
+            for k, lit in chosen[j, s][1:]:  # B after its recompute
+                x, y, dy = at[j, Kind.B, s][0], at[j, k, s][0], at[j, k, s][2]
+                cp.add(x >= y + dy).only_enforce_if(lit)
+            for pol, plit in chosen[j, s]:
+                for level, (k0, e0), (k1, e1) in segments(problem, s, pol):
+                    lv = int(math.ceil(level * MEM - 1e-9))
+                    if lv <= 0:
+                        continue
+                    x0, ph0, d0, _ = at[j, k0, s]
+                    x1, _, d1, _ = at[j, k1, s]
+                    begin = x0 + (d0 if e0 == "end" else 0)
+                    end = x1 + (d1 if e1 == "end" else 0)
+                    bph = ph0 if e0 == "start" else phase_of(begin, f"b{j},{s},{k0.value}{level}")
+                    turns, rest = cp.new_int_var(0, wraps, ""), cp.new_int_var(0, P - 1, "")
+                    cp.add(end - begin == P * turns + rest).only_enforce_if(plit)
+                    cp.add(turns == 0).only_enforce_if(~plit)
+                    cp.add(rest == 0).only_enforce_if(~plit)
+                    for shift in (0, P):
+                        e = cp.new_int_var(0, 3 * P, "")
+                        cp.add(e == bph + shift + rest)
+                        arcs[sr[s]].append((cp.new_optional_interval_var(bph + shift, rest, e, plit, ""), lv))
+                    whole[sr[s]].append((lv, turns))
+        if j:
+            cp.add(at[j, Kind.F, 0][0] >= at[j - 1, Kind.F, 0][0])
+    cp.add(at[0, Kind.F, 0][0] == 0)
+    overs = []
+    for r in range(problem.ranks):
+        cp.add_no_overlap(lanes[r])
+        if room is None:
+            continue
+        cap = int(math.floor(room[r] * MEM))
+        base = cp.new_int_var(0, 4 * cap, f"base{r}")
+        cp.add(base == sum(lv * t for lv, t in whole[r]))
+        peak = cp.new_int_var(0, 4 * cap, f"peak{r}")
+        everywhere = cp.new_interval_var(0, 3 * P, 3 * P, "")
+        cp.add_cumulative([everywhere] + [iv for iv, _ in arcs[r]], [base] + [lv for _, lv in arcs[r]], peak)
+        over = cp.new_int_var(0, 4 * cap // (MEM // 1000) + 1, f"over{r}")  # in thousandths of a unit of memory
+        cp.add(over * (MEM // 1000) >= peak - cap)
+        overs.append(over)
+    ends = cp.new_int_var(0, horizon + P, "life")
+    cp.add_max_equality(ends, [at[j, Kind.W, s][0] + at[j, Kind.W, s][2] for j in range(slots) for s in range(n)])
+    spent = sum(_ticks(cost[k][s]) * lit for (j, s), opts in chosen.items() for k, lit in opts if k is not None)
+    most = 1 + slots * sum(_ticks(max(cost[k][s] for k in recs)) for s in range(n)) if recs else 1
+    weight = (horizon + P + 1) * most  # above any recompute and life: the overflow first
+    cp.minimize(weight * sum(overs) + (horizon + P + 1) * spent + ends)
+    if hint is not None:
+        for key, t in hint.start.items():
+            if key in at:
+                cp.add_hint(at[key][0], _ticks(t))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = seconds
+    solver.parameters.num_workers = workers
+    status = solver.solve(cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    policy = {key: next(k for k, lit in opts if solver.value(lit)) for key, opts in chosen.items()}
+    start = {(j, kind, s): solver.value(x) / TICKS for (j, kind, s), (x, _, _, lit) in at.items()
+             if lit is None or solver.value(lit)}
+    over = max([solver.value(x) / 1000 for x in overs], default=0.0)
+    return Plan(P / TICKS, slots, start, policy, over, solver.status_name(status))
+
+
+def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8) -> Plan | None:
+    """``plan`` hinted with the pattern of the same period without the limit (a quarter of the
+    seconds, every stage kept), which CP-SAT finds at once: from it, the memory limit's version."""
+    data = problem.model_dump(exclude_none=True)
+    data["memory"].pop("limit", None)
+    free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False)
+    return plan(problem, period, slots, seconds, workers, hint=free)
+
+
+def _timed(problem: Problem, p: Plan, count: int) -> list[tuple[float, float, Op]]:
+    """(start, end, op) of the periodic schedule's microbatches 0 .. count - 1 (planned times)."""
+    out = []
+    for i in range(count):
+        j, q = i % p.slots, i // p.slots
+        for (jj, kind, s), t in p.start.items():
+            if jj == j:
+                out.append((t + q * p.period, t + q * p.period + problem.cost[kind][s], Op(kind, s, i)))
+    return out
+
+
+def check(problem: Problem, p: Plan, eps: float = 1e-6) -> list[str]:
+    """What the plan breaks, found without CP-SAT (empty: nothing): each op after what it needs,
+    one op at a time per rank, and, over enough microbatches that the middle one sees every
+    microbatch it overlaps, every rank's level at each event of the middle periods within its room."""
+    life = max(t for t in p.start.values()) + max(max(row) for row in problem.cost.values() if row) + p.period
+    turns = int(math.ceil(life / p.period)) + 1
+    count = p.slots * (2 * turns + 1)
+    ops = _timed(problem, p, count)
+    begin = {op: a for a, _, op in ops}
+    end = {op: e for _, e, op in ops}
+    pol = {(i, s): p.policy[i % p.slots, s] for i in range(count) for s in range(problem.n_stages)}
+    wrong = []
+    for a, _, op in ops:
+        for kind, s, lat in needs(problem, op.kind, op.stage, pol[op.mb, op.stage]):
+            if a + eps < end[Op(kind, s, op.mb)] + lat:
+                wrong.append(f"{op} starts before {kind.value}{op.mb}@{s} ends (+ {lat:g})")
+    by_rank: list[list] = [[] for _ in range(problem.ranks)]
+    for a, e, op in ops:
+        by_rank[problem.stage_rank[op.stage]].append((a, e, op))
+    for r, lst in enumerate(by_rank):
+        lst.sort(key=lambda x: x[0])
+        for (a0, e0, o0), (a1, _, o1) in zip(lst, lst[1:]):
+            if a1 + eps < e0:
+                wrong.append(f"rank {r}: {o1} starts before {o0} ends")
+    room = problem.activation_room
+    if room is not None:
+        lo, hi = turns * p.period, (turns + 1) * p.period  # every microbatch alive there is in the window
+        for r in range(problem.ranks):
+            events = []
+            for i in range(count):
+                for s in problem.rank_stages[r]:
+                    for level, (k0, e0), (k1, e1) in segments(problem, s, pol[i, s]):
+                        x0 = (begin if e0 == "start" else end)[Op(k0, s, i)]
+                        x1 = (begin if e1 == "start" else end)[Op(k1, s, i)]
+                        events += [(x0, 1, level), (x1, 0, -level)]
+            # frees at an instant before allocations (an instant up to float noise: times are sums of periods)
+            events.sort(key=lambda x: (round(x[0], 6), x[1]))
+            level = 0.0
+            for t, _, delta in events:
+                level += delta
+                if lo <= t < hi and level > room[r] + 1e-6 * max(1.0, room[r]):
+                    wrong.append(f"rank {r}: holds {level:g} at {t:g}, room {room[r]:g}")
+                    break
+    return wrong
+
+
+def unrolled(problem: Problem, p: Plan, name: str = "periodic") -> Schedule:
+    """The periodic schedule cut to the problem's microbatches: each rank's ops in the order of their
+    planned starts."""
+    ranks: list[list] = [[] for _ in range(problem.ranks)]
+    for a, _, op in sorted(_timed(problem, p, problem.microbatches), key=lambda x: x[0]):
+        ranks[problem.stage_rank[op.stage]].append(op)
+    return Schedule.from_lists(name, ranks)
+
+
+def main() -> None:
+    from schedc.simulate import simulate
+    from schedc.solvers.bounds import lower_bound
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problem", help="a problem file")
+    ap.add_argument("--periods", required=True, help="comma-separated periods to try (time units per microbatch)")
+    ap.add_argument("--slots", type=int, default=1, help="microbatches per pattern (each with its own policies)")
+    ap.add_argument("--seconds", type=float, default=60.0, help="CP-SAT's seconds per period")
+    ap.add_argument("--workers", type=int, default=8, help="CP-SAT's workers")
+    args = ap.parse_args()
+    try:
+        periods = [float(x) for x in args.periods.split(",")]
+    except ValueError:
+        ap.error(f"--periods takes numbers separated by commas, got {args.periods!r}")
+    if any(x <= 0 for x in periods) or args.slots < 1 or args.seconds <= 0 or args.workers < 1:
+        ap.error("--periods, --slots, --seconds and --workers must be positive")
+    problem = load_problem(args.problem)
+    if problem.replicas is not None or problem.seq_chunks > 1:
+        ap.error("the periodic pattern is one pipeline of whole microbatches: no replicas, no sequence chunks")
+    for per in periods:
+        began = time.perf_counter()
+        found = search(problem, per * args.slots, args.slots, args.seconds, args.workers)
+        wall = time.perf_counter() - began
+        if found is None:
+            print(f"period {per:g}: none found ({wall:.0f} s)")
+            continue
+        pols = Counter("kept" if k is None else k.value for k in found.policy.values())
+        hold = found.start[0, Kind.B, 0] - found.start[0, Kind.F, 0]
+        t = simulate(problem, unrolled(problem, found))
+        broken = check(problem, found)
+        print(f"period {per:g}: {found.status}, overflow {found.overflow:g}, policies {dict(pols)}, stage 0 held"
+              f" {hold:.1f}, check {'ok' if not broken else broken[:3]}, unrolled span {t.span:.1f}"
+              f" ({'fits' if t.fits else 'does not fit'}), {wall:.0f} s", flush=True)
+    c = problem.cost
+    busiest = max(sum(c[k][s] for s in stages for k in (Kind.F, Kind.B, Kind.W)) for stages in problem.rank_stages)
+    print(f"bound {lower_bound(problem).value:.1f}; work per microbatch on the busiest rank {busiest:g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
