@@ -123,11 +123,11 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
 
     for j in range(slots):
         for s in range(n):
-            lits = [None] + [cp.new_bool_var(f"u{j},{s},{k.value}") for k in recs]
+            lits = [cp.new_bool_var(f"u{j},{s},{k.value}") for k in recs]
             keep_lit = cp.new_bool_var(f"kept{j},{s}")
-            cp.add_exactly_one([keep_lit] + lits[1:])
-            chosen[j, s] = [(None, keep_lit)] + list(zip(recs, lits[1:]))
-            for kind, lit in [(Kind.F, None), (Kind.B, None), (Kind.W, None)] + list(zip(recs, lits[1:])):
+            cp.add_exactly_one([keep_lit] + lits)
+            chosen[j, s] = [(None, keep_lit)] + list(zip(recs, lits))
+            for kind, lit in [(Kind.F, None), (Kind.B, None), (Kind.W, None)] + list(zip(recs, lits)):
                 d = _ticks(cost[kind][s])
                 x = cp.new_int_var(0, horizon, f"o{j},{kind.value},{s}")
                 ph = phase_of(x, f"{j},{kind.value},{s}")
