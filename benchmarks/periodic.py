@@ -2,6 +2,7 @@
 memory limit, against solve's and the bound's time per microbatch (issue 39, point 1).
 
     python benchmarks/periodic.py PROBLEM --periods 46.6,46.9 [--slots 1] [--seconds 60] [--workers 8]
+                                  [--depth-of SCHEDULE [--slack 25]]
 
 A periodic schedule with period P and k slots runs op (kind, stage) of microbatch i = q k + j at
 ``offset(j, kind, stage) + q P``: every k microbatches the same pattern again, each (slot, stage)
@@ -23,7 +24,9 @@ Durations are rounded up to 1/1000 of the time unit and memory up to a millionth
 plan found holds with the real costs. ``check`` verifies a plan without CP-SAT (edges, lanes, the
 periodic memory sampled at every event), so a modelling error shows. The objective: the least
 overflow of the room (so a pattern is found even where none fits), then the recompute time, then
-one microbatch's life (its first start to its last end).
+one microbatch's life (its first start to its last end). ``--depth-of`` holds each stage as long
+as a given schedule's middle microbatches do (within ``--slack``): a pattern as deep as that
+schedule, whose steady state can be spliced into it without changing how much is in flight.
 
 A periodic schedule unrolled for m microbatches (``unrolled``: each rank's ops in the order of
 their planned starts) fits wherever the plan does, but it pays the fill and drain the pattern
@@ -95,10 +98,12 @@ def segments(problem: Problem, s: int, policy: Kind | None) -> list[tuple[float,
 
 
 def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8,
-         hint: Plan | None = None, policies: bool = True) -> Plan | None:
+         hint: Plan | None = None, policies: bool = True,
+         holds: dict[int, tuple[float, float]] | None = None) -> Plan | None:
     """CP-SAT's best periodic pattern of ``period`` (time units per ``slots`` microbatches) within
     ``seconds``, None where it finds none. ``policies``: the recompute kinds may be chosen (else
-    every stage keeps its activation)."""
+    every stage keeps its activation). ``holds``: per stage, the least and most time from the start
+    of each slot's F to the start of its B (how deep the pattern runs; ``holds_of``)."""
     from ortools.sat.python import cp_model
 
     n, sr, cost = problem.n_stages, problem.stage_rank, problem.cost
@@ -172,6 +177,9 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
         if j:
             cp.add(at[j, Kind.F, 0][0] >= at[j - 1, Kind.F, 0][0])
     cp.add(at[0, Kind.F, 0][0] == 0)
+    for s, (lo, hi) in (holds or {}).items():
+        for j in range(slots):
+            cp.add_linear_constraint(at[j, Kind.B, s][0] - at[j, Kind.F, s][0], _ticks(lo), int(hi * TICKS))
     overs = []
     for r in range(problem.ranks):
         cp.add_no_overlap(lanes[r])
@@ -209,13 +217,28 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
     return Plan(P / TICKS, slots, start, policy, over, solver.status_name(status))
 
 
-def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8) -> Plan | None:
+def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8,
+           holds: dict[int, tuple[float, float]] | None = None) -> Plan | None:
     """``plan`` hinted with the pattern of the same period without the limit (a quarter of the
     seconds, every stage kept), which CP-SAT finds at once: from it, the memory limit's version."""
     data = problem.model_dump(exclude_none=True)
     data["memory"].pop("limit", None)
-    free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False)
-    return plan(problem, period, slots, seconds, workers, hint=free)
+    free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False, holds=holds)
+    return plan(problem, period, slots, seconds, workers, hint=free, holds=holds)
+
+
+def holds_of(timeline, slack: float, around: int = 4) -> dict[int, tuple[float, float]]:
+    """Per stage, how long a schedule's middle microbatches (``around`` either side of m / 2) run
+    from their F's start to their B's start, widened by ``slack`` either way: ``plan``'s holds for a
+    pattern as deep as that schedule."""
+    starts = {op: a for r, ops in enumerate(timeline.schedule.ranks) for op, a in zip(ops, timeline.start[r])}
+    m, n = timeline.problem.microbatches, timeline.problem.n_stages
+    mids = range(max(0, m // 2 - around), min(m, m // 2 + around))
+    out = {}
+    for s in range(n):
+        held = [starts[Op(Kind.B, s, i)] - starts[Op(Kind.F, s, i)] for i in mids]
+        out[s] = (max(0.0, min(held) - slack), max(held) + slack)
+    return out
 
 
 def _timed(problem: Problem, p: Plan, count: int) -> list[tuple[float, float, Op]]:
@@ -285,6 +308,8 @@ def unrolled(problem: Problem, p: Plan, name: str = "periodic") -> Schedule:
 
 
 def main() -> None:
+    from schedc.errors import SchedcError
+    from schedc.schedfile import load
     from schedc.simulate import simulate
     from schedc.solvers.bounds import lower_bound
 
@@ -294,6 +319,9 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=1, help="microbatches per pattern (each with its own policies)")
     ap.add_argument("--seconds", type=float, default=60.0, help="CP-SAT's seconds per period")
     ap.add_argument("--workers", type=int, default=8, help="CP-SAT's workers")
+    ap.add_argument("--depth-of", metavar="SCHEDULE", help="a schedule file of the problem: the pattern holds each"
+                    " stage as long as its middle microbatches do (from F's start to B's start), within --slack")
+    ap.add_argument("--slack", type=float, default=25.0, help="with --depth-of: how far the holds may differ")
     args = ap.parse_args()
     try:
         periods = [float(x) for x in args.periods.split(",")]
@@ -304,9 +332,15 @@ def main() -> None:
     problem = load_problem(args.problem)
     if problem.replicas is not None or problem.seq_chunks > 1:
         ap.error("the periodic pattern is one pipeline of whole microbatches: no replicas, no sequence chunks")
+    holds = None
+    if args.depth_of:
+        try:
+            holds = holds_of(simulate(problem, load(args.depth_of).schedule), args.slack)
+        except (SchedcError, OSError, KeyError) as e:
+            ap.error(f"--depth-of {args.depth_of}: not a schedule of this problem's stages and microbatches ({e})")
     for per in periods:
         began = time.perf_counter()
-        found = search(problem, per * args.slots, args.slots, args.seconds, args.workers)
+        found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds)
         wall = time.perf_counter() - began
         if found is None:
             print(f"period {per:g}: none found ({wall:.0f} s)")

@@ -121,3 +121,25 @@ def test_the_periodic_check_finds_what_a_plan_breaks():
     starts = {key: t for key, t in found.start.items() if key[1] in (Kind.F, Kind.B, Kind.W)}
     broken = periodic.check(problem, periodic.Plan(**{**found.__dict__, "start": starts, "policy": kept}))
     assert any("holds" in x and "room" in x for x in broken)
+
+
+def test_a_periodic_pattern_as_deep_as_a_schedule_holds_each_stage_as_long():
+    """``holds_of`` reads how long a schedule's middle microbatches hold each stage (F's start to
+    B's start), and a pattern searched with those holds keeps every stage within them, and fits."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.kinds import Kind
+    from schedc.simulate import simulate
+
+    problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
+    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    first = periodic.search(problem, 1.5 * work, seconds=10)
+    t = simulate(problem, periodic.unrolled(problem, first))
+    holds = periodic.holds_of(t, slack=5.0)
+    assert set(holds) == set(range(problem.n_stages)) and all(0 <= lo < hi for lo, hi in holds.values())
+    deep = {s: (lo + 10.0, hi + 20.0) for s, (lo, hi) in holds.items()}  # deeper than the first
+    found = periodic.search(problem, 1.5 * work, seconds=10, holds=deep)
+    assert found is not None and found.overflow == 0 and periodic.check(problem, found) == []
+    for s, (lo, hi) in deep.items():
+        held = found.start[0, Kind.B, s] - found.start[0, Kind.F, s]
+        assert lo - 1e-3 <= held <= hi + 1e-3
