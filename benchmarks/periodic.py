@@ -29,8 +29,9 @@ as a given schedule's middle microbatches do (within ``--slack``): a pattern as 
 schedule, whose steady state can be spliced into it without changing how much is in flight.
 
 A periodic schedule unrolled for m microbatches (``unrolled``: each rank's ops in the order of
-their planned starts) fits wherever the plan does, but it pays the fill and drain the pattern
-leaves idle; what it measures is the steady state: if a pattern of period P fits, the time per
+their planned starts, which the simulator times as early as that order allows, so its fit is
+judged there, not assumed) pays the fill and drain the pattern leaves idle; what it measures is the
+steady state: if a pattern of period P fits, the time per
 microbatch need not exceed P there. Prints, per period: CP-SAT's status, the policies, stage 0's
 hold, the overflow, ``check``'s verdict, and the unrolled schedule's span and fit; then schedc's
 bound and the work per microbatch of the busiest rank.
