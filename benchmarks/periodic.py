@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from schedc import load_problem
 from schedc.kinds import Kind
 from schedc.problem import Problem
-from schedc.schedule import Op, Schedule
+from schedc.schedule import Op, Schedule, producers
 
 TICKS = 1000  # time steps per unit of time
 MEM = 10**6  # memory steps per unit of memory
@@ -69,23 +69,15 @@ def _ticks(x: float) -> int:
     return int(math.ceil(x * TICKS - 1e-9))
 
 
-def links(problem: Problem) -> list[float]:
-    """The latency from stage s to s + 1 (0 on one rank)."""
-    sr = problem.stage_rank
-    return [problem.comm if sr[s] != sr[s + 1] else 0.0 for s in range(problem.n_stages - 1)]
+def _latency(problem: Problem, a: int, b: int) -> float:
+    """The link's latency from stage a to stage b (none on one rank)."""
+    return problem.comm if problem.stage_rank[a] != problem.stage_rank[b] else 0.0
 
 
-def needs(problem: Problem, kind: Kind, s: int, policy: Kind | None) -> list[tuple[Kind, int, float]]:
-    """The ops of the same microbatch that (kind, s) waits for, with the latency after their end."""
-    n, link = problem.n_stages, links(problem)
-    if kind is Kind.F:
-        return [(Kind.F, s - 1, link[s - 1])] if s else []
-    if kind is Kind.B:
-        out = [(Kind.F, s, 0.0)] if s == n - 1 else [(Kind.B, s + 1, link[s])]
-        return out + ([(policy, s, 0.0)] if policy is not None else [])
-    if kind is Kind.W:
-        return [(Kind.B, s, 0.0)]
-    return [(Kind.F, s, 0.0)]  # a recompute
+def _needs(problem: Problem, op: Op, where=None) -> list[tuple[Op, float]]:
+    """What ``op`` waits for (``producers``, the rule every pass uses: ``where`` the ops present,
+    None for a schedule that keeps every activation), each with the latency after its end."""
+    return [(d, _latency(problem, d.stage, op.stage)) for d in producers(op, problem.pipeline_stages, where)]
 
 
 def segments(problem: Problem, s: int, policy: Kind | None) -> list[tuple[float, tuple[Kind, str], tuple[Kind, str]]]:
@@ -111,7 +103,7 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
     P = _ticks(period)
     recs = list(problem.recomputes) if policies else []
     life = sum(_ticks(cost[k][s]) for s in range(n) for k in (Kind.F, Kind.B, Kind.W) + tuple(recs))
-    life += 2 * sum(_ticks(x) for x in links(problem))
+    life += 2 * sum(_ticks(_latency(problem, s, s + 1)) for s in range(n - 1))
     horizon = 2 * life + 2 * P
     wraps = horizon // P + 1
     cp = cp_model.CpModel()
@@ -148,8 +140,8 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
         for s in range(n):
             for kind in (Kind.F, Kind.B, Kind.W, *recs):  # what every policy's op needs
                 x, _, _, lit = at[j, kind, s]
-                for k2, s2, lat in needs(problem, kind, s, None):
-                    y, _, dy, _ = at[j, k2, s2]
+                for d, lat in _needs(problem, Op(kind, s, 0)):
+                    y, _, dy, _ = at[j, d.kind, d.stage]
                     c = cp.add(x >= y + dy + _ticks(lat))
                     if lit is not None:
                         c.only_enforce_if(lit)
@@ -232,12 +224,12 @@ def holds_of(timeline, slack: float, around: int = 4) -> dict[int, tuple[float, 
     """Per stage, how long a schedule's middle microbatches (``around`` either side of m / 2) run
     from their F's start to their B's start, widened by ``slack`` either way: ``plan``'s holds for a
     pattern as deep as that schedule."""
-    starts = {op: a for r, ops in enumerate(timeline.schedule.ranks) for op, a in zip(ops, timeline.start[r])}
+    times = timeline.op_times()  # op -> (rank, start, end)
     m, n = timeline.problem.microbatches, timeline.problem.n_stages
     mids = range(max(0, m // 2 - around), min(m, m // 2 + around))
     out = {}
     for s in range(n):
-        held = [starts[Op(Kind.B, s, i)] - starts[Op(Kind.F, s, i)] for i in mids]
+        held = [times[Op(Kind.B, s, i)][1] - times[Op(Kind.F, s, i)][1] for i in mids]
         out[s] = (max(0.0, min(held) - slack), max(held) + slack)
     return out
 
@@ -266,9 +258,9 @@ def check(problem: Problem, p: Plan, eps: float = 1e-6) -> list[str]:
     pol = {(i, s): p.policy[i % p.slots, s] for i in range(count) for s in range(problem.n_stages)}
     wrong = []
     for a, _, op in ops:
-        for kind, s, lat in needs(problem, op.kind, op.stage, pol[op.mb, op.stage]):
-            if a + eps < end[Op(kind, s, op.mb)] + lat:
-                wrong.append(f"{op} starts before {kind.value}{op.mb}@{s} ends (+ {lat:g})")
+        for d, lat in _needs(problem, op, begin):
+            if a + eps < end[d] + lat:
+                wrong.append(f"{op} starts before {d.kind.value}{op.mb}@{d.stage} ends (+ {lat:g})")
     by_rank: list[list] = [[] for _ in range(problem.ranks)]
     for a, e, op in ops:
         by_rank[problem.stage_rank[op.stage]].append((a, e, op))
