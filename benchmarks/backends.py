@@ -51,7 +51,7 @@ def run(path: Path, backend: str, time_limit: float, out_dir: Path) -> dict:
 def main() -> None:
     from _results import commit, machine, refuse_partial_write, write_section
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md (section backends)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
     ap.add_argument("--only", default="", help="only the default cells whose name contains this")

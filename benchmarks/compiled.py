@@ -52,7 +52,7 @@ def rank_times(rank, world, path, backend, d_model, steps):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--steps", type=int, default=6)

@@ -191,7 +191,7 @@ def run_case(case: dict) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20, help="runs per fault kind (half on 2 ranks, half on 4)")
     ap.add_argument("--hang", type=float, default=60.0, help="seconds after which a rank without an outcome hangs")
     ap.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, comma-separated: " + ", ".join(KINDS))

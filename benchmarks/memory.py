@@ -159,7 +159,7 @@ def at_peak(instrs: list[tuple[str, float, float]], mem: dict[str, list[float]])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ps", default="2,4", help="pipeline ranks, comma-separated")
     ap.add_argument("--ms", default="8,32", help="microbatches, comma-separated")
     ap.add_argument("--steps", type=int, default=Config.steps, help="steps per schedule (the last is measured)")

@@ -212,7 +212,7 @@ def table(results: list[tuple[tuple, dict]], solve: float, cpsat: float, exact: 
 def main() -> None:
     from _results import machine, refuse_partial_write, write_section
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once (above 1, each solve is given one thread: --threads 1)")
     ap.add_argument("--solve-limit", type=float, default=20.0, help="seconds of `schedc solve` (its default backend) per cell")

@@ -150,7 +150,7 @@ def table(run: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=6, help="steps per schedule, the first a warm-up (default 6)")
     ap.add_argument("--json", type=Path, help="write the measurements here")
     ap.add_argument("--from", dest="source", type=Path, help="read the measurements of an earlier run instead")

@@ -306,7 +306,7 @@ def main() -> None:
     from schedc.simulate import simulate
     from schedc.solvers.bounds import lower_bound
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("problem", help="a problem file")
     ap.add_argument("--periods", required=True, help="comma-separated periods to try (time units per microbatch)")
     ap.add_argument("--slots", type=int, default=1, help="microbatches per pattern (each with its own policies)")

@@ -126,7 +126,7 @@ def row(case: str, runs: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="profiles in a row per case")
     ap.add_argument("--cases", default="reference,quiet,hog",
                     help="comma-separated: reference (a fixed kernel: the machine's own drift), quiet, hog")

@@ -124,7 +124,7 @@ def table(rows: list[dict]) -> tuple[str, list[str]]:
 def main() -> None:
     from _results import commit, machine, refuse_partial_write, write_section
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
     ap.add_argument("--solve-limit", type=float, default=20.0, help="seconds of solve per cell (the relaxations' hint)")
     ap.add_argument("--relax-limit", type=float, default=60.0, help="seconds of CP-SAT per relaxation")

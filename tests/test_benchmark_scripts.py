@@ -143,3 +143,23 @@ def test_a_periodic_pattern_as_deep_as_a_schedule_holds_each_stage_as_long():
     for s, (lo, hi) in deep.items():
         held = found.start[0, Kind.B, s] - found.start[0, Kind.F, s]
         assert lo - 1e-3 <= held <= hi + 1e-3
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
+                                          if "ArgumentParser(" in p.read_text()))
+def test_help_describes_the_script_in_whole_sentences(script):
+    """`--help` opens with the description argparse is given: evaluated here from the script's own
+    expression (its docstring, or a part of it), it ends a sentence rather than stopping mid-way
+    through one, as the first line of a wrapped docstring does."""
+    import ast
+
+    tree = ast.parse((ROOT / "benchmarks" / script).read_text())
+    doc = ast.get_docstring(tree, clean=False)
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "attr", getattr(node.func, "id", None)) == "ArgumentParser"]
+    assert calls, script
+    for call in calls:
+        given = [kw.value for kw in call.keywords if kw.arg == "description"]
+        assert given, f"{script}: ArgumentParser without a description"
+        description = eval(compile(ast.Expression(given[0]), script, "eval"), {"__doc__": doc})
+        assert description.strip()[-1] in ".?)", f"{script}: --help's description ends {description.strip()[-40:]!r}"
