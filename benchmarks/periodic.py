@@ -197,6 +197,10 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
         for key, t in hint.start.items():
             if key in at:
                 cp.add_hint(at[key][0], _ticks(t))
+        for key, opts in chosen.items():
+            if key in hint.policy:
+                for k, lit in opts:
+                    cp.add_hint(lit, k == hint.policy[key])
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = workers
@@ -210,10 +214,25 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
     return Plan(P / TICKS, slots, start, policy, over, solver.status_name(status))
 
 
+def repeated(p: Plan, slots: int) -> Plan:
+    """A one-slot pattern as a pattern of ``slots`` slots: slot j is slot 0 moved on by j periods,
+    with its policies (the same schedule, a point of the larger model to start from)."""
+    start = {(j, kind, s): t + j * p.period for j in range(slots) for (_, kind, s), t in p.start.items()}
+    policy = {(j, s): k for j in range(slots) for (_, s), k in p.policy.items()}
+    return Plan(p.period * slots, slots, start, policy, p.overflow, p.status)
+
+
 def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8,
            holds: dict[int, tuple[float, float]] | None = None) -> Plan | None:
     """``plan`` hinted with the pattern of the same period without the limit (a quarter of the
-    seconds, every stage kept), which CP-SAT finds at once: from it, the memory limit's version."""
+    seconds, every stage kept), which CP-SAT finds at once: from it, the memory limit's version.
+    With several slots, the hint is the one-slot pattern of the same time per microbatch (found so,
+    in half the seconds) repeated: CP-SAT finds no k-slot pattern on its own in minutes (1.5B and
+    6.2B, p = 8, two or three slots), and from this one it only has to improve."""
+    if slots > 1:
+        one = search(problem, period / slots, 1, seconds / 2, workers, holds)
+        return plan(problem, period, slots, seconds, workers, hint=None if one is None else repeated(one, slots),
+                    holds=holds)
     data = problem.model_dump(exclude_none=True)
     data["memory"].pop("limit", None)
     free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False, holds=holds)

@@ -145,6 +145,28 @@ def test_a_periodic_pattern_as_deep_as_a_schedule_holds_each_stage_as_long():
         assert lo - 1e-3 <= held <= hi + 1e-3
 
 
+def test_a_pattern_of_several_slots_starts_from_the_one_slot_pattern_repeated():
+    """``repeated``: a one-slot pattern written as k slots is the same schedule (``check`` finds
+    nothing, the unrolled spans agree), the point a k-slot ``search`` starts from; that search
+    returns a pattern of k slots that fits and that ``check`` passes."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.simulate import simulate
+
+    problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
+    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    one = periodic.search(problem, 1.5 * work, seconds=10)
+    three = periodic.repeated(one, 3)
+    assert three.slots == 3 and three.period == pytest.approx(3 * one.period)
+    assert periodic.check(problem, three) == []
+    spans = [simulate(problem, periodic.unrolled(problem, x)).span for x in (one, three)]
+    assert spans[0] == pytest.approx(spans[1])
+    found = periodic.search(problem, 3 * 1.5 * work, slots=3, seconds=10)
+    assert found is not None and found.slots == 3 and found.overflow == 0
+    assert periodic.check(problem, found) == []
+    assert simulate(problem, periodic.unrolled(problem, found)).fits
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
                                           if "ArgumentParser(" in p.read_text()))
 def test_help_describes_the_script_in_whole_sentences(script):
