@@ -28,6 +28,12 @@ one microbatch's life (its first start to its last end). ``--depth-of`` holds ea
 as a given schedule's middle microbatches do (within ``--slack``): a pattern as deep as that
 schedule, whose steady state can be spliced into it without changing how much is in flight.
 
+On the loop one slot runs at 1F1B's depth: where P is less than F + B of two neighbouring
+stages plus two links, each rank's B falls in the part of the period its F leaves free, on both
+ranks, so each rank down the pipeline adds a whole period to the hold: stage s holds each
+microbatch at least (p - 1 - s) P + F_s from its F's start to its B's start. A shallower steady
+state needs several slots (``--slots``, searched from the one-slot pattern repeated).
+
 A periodic schedule unrolled for m microbatches (``unrolled``: each rank's ops in the order of
 their planned starts, which the simulator times as early as that order allows, so its fit is
 judged there, not assumed) pays the fill and drain the pattern leaves idle; what it measures is the

@@ -145,6 +145,32 @@ def test_a_periodic_pattern_as_deep_as_a_schedule_holds_each_stage_as_long():
         assert lo - 1e-3 <= held <= hi + 1e-3
 
 
+def test_a_one_slot_pattern_on_the_loop_holds_1f1b_depth():
+    """With one slot of period P on the loop, where P < F_s + F_s+1 + B_s + B_s+1 + 2 comm, stage s
+    holds each microbatch at least (p - 1 - s) P + F_s from its F's start to its B's start (the B
+    lies in the F-free part of the period on both ranks, so each rank down the pipeline adds a whole
+    period): rank 0 holds p - 1 others at every backward. So where P is too short for a full
+    recompute on rank 0 and p - 1 selective keeps beside a whole activation pass the room, every
+    pattern overflows by at least the difference."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.kinds import Kind
+
+    problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
+    F, B, W, R, S = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W, Kind.R, Kind.S))
+    p, c = problem.ranks, problem.comm
+    period = 1.2 * (F[0] + B[0] + W[0])
+    assert all(period < F[s] + F[s + 1] + B[s] + B[s + 1] + 2 * c for s in range(p - 1))
+    assert period < F[0] + B[0] + W[0] + R[0]  # no room on rank 0 for a full recompute
+    found = periodic.search(problem, period, seconds=10)
+    assert found is not None
+    for s in range(p):
+        assert found.start[0, Kind.B, s] - found.start[0, Kind.F, s] >= (p - 1 - s) * period + F[s] - 1e-3
+    whole, keep_s = problem.mem[Kind.F][0], problem.delta(Kind.F, 0, Kind.S)
+    least = whole + (p - 1) * keep_s - problem.activation_room[0]
+    assert least > 0 and found.overflow >= least - 2e-3
+
+
 def test_a_pattern_of_several_slots_starts_from_the_one_slot_pattern_repeated():
     """``repeated``: a one-slot pattern written as k slots is the same schedule (``check`` finds
     nothing, the unrolled spans agree), the point a k-slot ``search`` starts from; that search
