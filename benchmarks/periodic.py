@@ -2,7 +2,8 @@
 memory limit, against solve's and the bound's time per microbatch (issue 39, point 1).
 
     python benchmarks/periodic.py PROBLEM --periods 46.6,46.9 [--slots 1] [--seconds 60] [--workers 8]
-                                  [--depth-of SCHEDULE [--slack 25]]
+                                  [--depth-of SCHEDULE [--slack 25]] [--most-hold STAGE=TIME ...]
+                                  [--no-limit]
 
 A periodic schedule with period P and k slots runs op (kind, stage) of microbatch i = q k + j at
 ``offset(j, kind, stage) + q P``: every k microbatches the same pattern again, each (slot, stage)
@@ -27,6 +28,9 @@ overflow of the room (so a pattern is found even where none fits), then the reco
 one microbatch's life (its first start to its last end). ``--depth-of`` holds each stage as long
 as a given schedule's middle microbatches do (within ``--slack``): a pattern as deep as that
 schedule, whose steady state can be spliced into it without changing how much is in flight.
+``--most-hold`` caps one stage's hold and ``--no-limit`` drops the memory limit: together they ask
+whether the lanes and edges alone allow a pattern that shallow ("no pattern exists" where CP-SAT
+proves there is none).
 
 On the loop one slot runs at 1F1B's depth: where P is less than F + B of two neighbouring
 stages plus two links, each rank's B falls in the part of the period its F leaves free, on both
@@ -71,6 +75,10 @@ class Plan:
     status: str
 
 
+class NoPattern(Exception):
+    """CP-SAT proved that no pattern of the period exists within the holds asked for."""
+
+
 def _ticks(x: float) -> int:
     return int(math.ceil(x * TICKS - 1e-9))
 
@@ -102,7 +110,9 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
     """CP-SAT's best periodic pattern of ``period`` (time units per ``slots`` microbatches) within
     ``seconds``, None where it finds none. ``policies``: the recompute kinds may be chosen (else
     every stage keeps its activation). ``holds``: per stage, the least and most time from the start
-    of each slot's F to the start of its B (how deep the pattern runs; ``holds_of``)."""
+    of each slot's F to the start of its B (how deep the pattern runs; ``holds_of``). Raises
+    ``NoPattern`` where CP-SAT proves there is none (the room never makes the model infeasible:
+    the overflow is minimised, so only the lanes, the edges and the holds can)."""
     from ortools.sat.python import cp_model
 
     n, sr, cost = problem.n_stages, problem.stage_rank, problem.cost
@@ -211,6 +221,8 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = workers
     status = solver.solve(cp)
+    if status == cp_model.INFEASIBLE:
+        raise NoPattern(f"no pattern of period {period:g} with {slots} slot(s) within these holds")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     policy = {key: next(k for k, lit in opts if solver.value(lit)) for key, opts in chosen.items()}
@@ -236,7 +248,10 @@ def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.
     in half the seconds) repeated: CP-SAT finds no k-slot pattern on its own in minutes (1.5B and
     6.2B, p = 8, two or three slots), and from this one it only has to improve."""
     if slots > 1:
-        one = search(problem, period / slots, 1, seconds / 2, workers, holds)
+        try:
+            one = search(problem, period / slots, 1, seconds / 2, workers, holds)
+        except NoPattern:  # one slot may be too few for the holds where several are not
+            one = None
         return plan(problem, period, slots, seconds, workers, hint=None if one is None else repeated(one, slots),
                     holds=holds)
     data = problem.model_dump(exclude_none=True)
@@ -340,6 +355,11 @@ def main() -> None:
     ap.add_argument("--depth-of", metavar="SCHEDULE", help="a schedule file of the problem: the pattern holds each"
                     " stage as long as its middle microbatches do (from F's start to B's start), within --slack")
     ap.add_argument("--slack", type=float, default=25.0, help="with --depth-of: how far the holds may differ")
+    ap.add_argument("--most-hold", metavar="STAGE=TIME", action="append", default=[],
+                    help="hold that stage at most TIME from its F's start to its B's start (repeatable; over"
+                    " --depth-of's upper end): is a pattern that shallow possible at all?")
+    ap.add_argument("--no-limit", action="store_true",
+                    help="the problem without its memory limit: what the lanes and edges alone allow")
     args = ap.parse_args()
     try:
         periods = [float(x) for x in args.periods.split(",")]
@@ -350,15 +370,33 @@ def main() -> None:
     problem = load_problem(args.problem)
     if problem.replicas is not None or problem.seq_chunks > 1:
         ap.error("the periodic pattern is one pipeline of whole microbatches: no replicas, no sequence chunks")
+    if args.no_limit:
+        data = problem.model_dump(exclude_none=True)
+        data["memory"].pop("limit", None)
+        problem = Problem.parse(data)
     holds = None
     if args.depth_of:
         try:
             holds = holds_of(simulate(problem, load(args.depth_of).schedule), args.slack)
         except (SchedcError, OSError, KeyError) as e:
             ap.error(f"--depth-of {args.depth_of}: not a schedule of this problem's stages and microbatches ({e})")
+    for item in args.most_hold:
+        try:
+            stage, most = item.split("=")
+            s, most = int(stage), float(most)
+        except ValueError:
+            ap.error(f"--most-hold takes STAGE=TIME, got {item!r}")
+        if not 0 <= s < problem.n_stages or most <= 0:
+            ap.error(f"--most-hold {item}: stages are 0-{problem.n_stages - 1} and the time must be positive")
+        holds = dict(holds or {})
+        holds[s] = (min(holds.get(s, (0.0,))[0], most), most)
     for per in periods:
         began = time.perf_counter()
-        found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds)
+        try:
+            found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds)
+        except NoPattern:
+            print(f"period {per:g}: no pattern exists (CP-SAT proves it, {time.perf_counter() - began:.0f} s)", flush=True)
+            continue
         wall = time.perf_counter() - began
         if found is None:
             print(f"period {per:g}: none found ({wall:.0f} s)")

@@ -169,6 +169,28 @@ def test_a_one_slot_pattern_on_the_loop_holds_1f1b_depth():
     whole, keep_s = problem.mem[Kind.F][0], problem.delta(Kind.F, 0, Kind.S)
     least = whole + (p - 1) * keep_s - problem.activation_room[0]
     assert least > 0 and found.overflow >= least - 2e-3
+    with pytest.raises(periodic.NoPattern):  # CP-SAT proves it too: nothing shallower exists
+        periodic.search(problem, period, seconds=10, holds={0: (0.0, (p - 1) * period + F[0] - 0.5)})
+
+
+def test_the_periodic_command_line_proves_a_hold_impossible_and_refuses_a_bad_one(tmp_path):
+    """``--most-hold 0=T --no-limit`` with T below one slot's least hold: "no pattern exists" (CP-SAT
+    proves it); a --most-hold that is not STAGE=TIME, or names no stage, is refused (exit 2)."""
+    pytest.importorskip("ortools")
+    import yaml
+
+    periodic, small_problem = _periodic()
+    problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(problem.model_dump(exclude_none=True), sort_keys=False))
+    script = [sys.executable, str(ROOT / "benchmarks" / "periodic.py"), str(path), "--periods", "60", "--workers", "2"]
+    run = subprocess.run(script + ["--no-limit", "--most-hold", "0=150", "--seconds", "10"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "period 60: no pattern exists" in run.stdout  # one slot holds stage 0 at least 3 x 60 + F
+    for bad in ("0:150", "9=150", "0=-1"):
+        run = subprocess.run(script + ["--most-hold", bad], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "--most-hold" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_a_pattern_of_several_slots_starts_from_the_one_slot_pattern_repeated():
