@@ -120,7 +120,7 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
     recs = list(problem.recomputes) if policies else []
     life = sum(_ticks(cost[k][s]) for s in range(n) for k in (Kind.F, Kind.B, Kind.W) + tuple(recs))
     life += 2 * sum(_ticks(_latency(problem, s, s + 1)) for s in range(n - 1))
-    horizon = 2 * life + 2 * P
+    horizon = 2 * life + 2 * P + sum(_ticks(hi) for _, hi in (holds or {}).values())  # room for the holds asked
     wraps = horizon // P + 1
     cp = cp_model.CpModel()
     room = problem.activation_room
@@ -195,12 +195,14 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
         if room is None:
             continue
         cap = int(math.floor(room[r] * MEM))
-        base = cp.new_int_var(0, 4 * cap, f"base{r}")
+        full = sum(lv * (wraps + 1) for lv, _ in whole[r])  # all a rank's segments at their longest:
+        # the domains below never bind, so that the room only adds overflow, never infeasibility
+        base = cp.new_int_var(0, full, f"base{r}")
         cp.add(base == sum(lv * t for lv, t in whole[r]))
-        peak = cp.new_int_var(0, 4 * cap, f"peak{r}")
+        peak = cp.new_int_var(0, full, f"peak{r}")
         everywhere = cp.new_interval_var(0, 3 * P, 3 * P, "")
         cp.add_cumulative([everywhere] + [iv for iv, _ in arcs[r]], [base] + [lv for _, lv in arcs[r]], peak)
-        over = cp.new_int_var(0, 4 * cap // (MEM // 1000) + 1, f"over{r}")  # in thousandths of a unit of memory
+        over = cp.new_int_var(0, full // (MEM // 1000) + 1, f"over{r}")  # in thousandths of a unit of memory
         cp.add(over * (MEM // 1000) >= peak - cap)
         overs.append(over)
     ends = cp.new_int_var(0, horizon + P, "life")

@@ -173,6 +173,21 @@ def test_a_one_slot_pattern_on_the_loop_holds_1f1b_depth():
         periodic.search(problem, period, seconds=10, holds={0: (0.0, (p - 1) * period + F[0] - 0.5)})
 
 
+def test_a_pattern_held_far_past_the_room_overflows_rather_than_being_called_impossible():
+    """The room adds overflow, never infeasibility: a stage held for 12-13 periods (12 activations
+    on a room of 2, past the model's old bound of four rooms on a rank's level) is a pattern found
+    with that overflow (CP-SAT proves it least), not ``NoPattern``."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.kinds import Kind
+
+    problem = small_problem("1.5B", 24, 2, 4, 1.0, False)
+    period = 1.5 * sum(problem.cost[k][0] for k in (Kind.F, Kind.B, Kind.W))
+    found = periodic.plan(problem, period, seconds=30, workers=2, policies=False,
+                          holds={0: (12 * period, 13 * period)})
+    assert found is not None and found.overflow > 4 * problem.activation_room[0]
+
+
 def test_the_periodic_command_line_proves_a_hold_impossible_and_refuses_a_bad_one(tmp_path):
     """``--most-hold 0=T --no-limit`` with T below one slot's least hold: "no pattern exists" (CP-SAT
     proves it); a --most-hold that is not STAGE=TIME, or names no stage, is refused (exit 2)."""
