@@ -3,7 +3,7 @@ memory limit, against solve's and the bound's time per microbatch (issue 39, poi
 
     python benchmarks/periodic.py PROBLEM --periods 46.6,46.9 [--slots 1] [--seconds 60] [--workers 8]
                                   [--depth-of SCHEDULE [--slack 25]] [--most-hold STAGE=TIME ...]
-                                  [--no-limit]
+                                  [--w-after-b STAGE ...] [--no-limit]
 
 A periodic schedule with period P and k slots runs op (kind, stage) of microbatch i = q k + j at
 ``offset(j, kind, stage) + q P``: every k microbatches the same pattern again, each (slot, stage)
@@ -30,7 +30,8 @@ as a given schedule's middle microbatches do (within ``--slack``): a pattern as 
 schedule, whose steady state can be spliced into it without changing how much is in flight.
 ``--most-hold`` caps one stage's hold and ``--no-limit`` drops the memory limit: together they ask
 whether the lanes and edges alone allow a pattern that shallow ("no pattern exists" where CP-SAT
-proves there is none).
+proves there is none). ``--w-after-b`` runs a stage's W as its B ends, so that none is pending at
+its next backward.
 
 On the loop one slot runs at 1F1B's depth: where P is less than F + B of two neighbouring
 stages plus two links, each rank's B falls in the part of the period its F leaves free, on both
@@ -106,11 +107,12 @@ def segments(problem: Problem, s: int, policy: Kind | None) -> list[tuple[float,
 
 def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8,
          hint: Plan | None = None, policies: bool = True,
-         holds: dict[int, tuple[float, float]] | None = None) -> Plan | None:
+         holds: dict[int, tuple[float, float]] | None = None, w_after_b: tuple[int, ...] = ()) -> Plan | None:
     """CP-SAT's best periodic pattern of ``period`` (time units per ``slots`` microbatches) within
     ``seconds``, None where it finds none. ``policies``: the recompute kinds may be chosen (else
     every stage keeps its activation). ``holds``: per stage, the least and most time from the start
-    of each slot's F to the start of its B (how deep the pattern runs; ``holds_of``). Raises
+    of each slot's F to the start of its B (how deep the pattern runs; ``holds_of``). ``w_after_b``:
+    stages whose W starts as its B ends (no W of theirs is pending at a later backward). Raises
     ``NoPattern`` where CP-SAT proves there is none (the room never makes the model infeasible:
     the overflow is minimised, so only the lanes, the edges and the holds can)."""
     from ortools.sat.python import cp_model
@@ -186,6 +188,9 @@ def plan(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0,
         if j:
             cp.add(at[j, Kind.F, 0][0] >= at[j - 1, Kind.F, 0][0])
     cp.add(at[0, Kind.F, 0][0] == 0)
+    for s in w_after_b:
+        for j in range(slots):
+            cp.add(at[j, Kind.W, s][0] == at[j, Kind.B, s][0] + at[j, Kind.B, s][2])
     for s, (lo, hi) in (holds or {}).items():
         for j in range(slots):
             cp.add_linear_constraint(at[j, Kind.B, s][0] - at[j, Kind.F, s][0], _ticks(lo), int(hi * TICKS))
@@ -243,7 +248,7 @@ def repeated(p: Plan, slots: int) -> Plan:
 
 
 def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.0, workers: int = 8,
-           holds: dict[int, tuple[float, float]] | None = None) -> Plan | None:
+           holds: dict[int, tuple[float, float]] | None = None, w_after_b: tuple[int, ...] = ()) -> Plan | None:
     """``plan`` hinted with the pattern of the same period without the limit (a quarter of the
     seconds, every stage kept), which CP-SAT finds at once: from it, the memory limit's version.
     With several slots, the hint is the one-slot pattern of the same time per microbatch (found so,
@@ -251,15 +256,16 @@ def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.
     6.2B, p = 8, two or three slots), and from this one it only has to improve."""
     if slots > 1:
         try:
-            one = search(problem, period / slots, 1, seconds / 2, workers, holds)
+            one = search(problem, period / slots, 1, seconds / 2, workers, holds, w_after_b)
         except NoPattern:  # one slot may be too few for the holds where several are not
             one = None
         return plan(problem, period, slots, seconds, workers, hint=None if one is None else repeated(one, slots),
-                    holds=holds)
+                    holds=holds, w_after_b=w_after_b)
     data = problem.model_dump(exclude_none=True)
     data["memory"].pop("limit", None)
-    free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False, holds=holds)
-    return plan(problem, period, slots, seconds, workers, hint=free, holds=holds)
+    free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False, holds=holds,
+                w_after_b=w_after_b)
+    return plan(problem, period, slots, seconds, workers, hint=free, holds=holds, w_after_b=w_after_b)
 
 
 def holds_of(timeline, slack: float, around: int = 4) -> dict[int, tuple[float, float]]:
@@ -360,6 +366,9 @@ def main() -> None:
     ap.add_argument("--most-hold", metavar="STAGE=TIME", action="append", default=[],
                     help="hold that stage at most TIME from its F's start to its B's start (repeatable; over"
                     " --depth-of's upper end): is a pattern that shallow possible at all?")
+    ap.add_argument("--w-after-b", metavar="STAGE", type=int, action="append", default=[],
+                    help="that stage runs each W as its B ends, so none of its W is pending at a later backward"
+                    " (repeatable)")
     ap.add_argument("--no-limit", action="store_true",
                     help="the problem without its memory limit: what the lanes and edges alone allow")
     args = ap.parse_args()
@@ -392,10 +401,13 @@ def main() -> None:
             ap.error(f"--most-hold {item}: stages are 0-{problem.n_stages - 1} and the time must be positive")
         holds = dict(holds or {})
         holds[s] = (min(holds.get(s, (0.0,))[0], most), most)
+    if any(not 0 <= s < problem.n_stages for s in args.w_after_b):
+        ap.error(f"--w-after-b: stages are 0-{problem.n_stages - 1}")
     for per in periods:
         began = time.perf_counter()
         try:
-            found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds)
+            found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds,
+                           tuple(args.w_after_b))
         except NoPattern:
             print(f"period {per:g}: no pattern exists (CP-SAT proves it, {time.perf_counter() - began:.0f} s)", flush=True)
             continue

@@ -173,6 +173,22 @@ def test_a_one_slot_pattern_on_the_loop_holds_1f1b_depth():
         periodic.search(problem, period, seconds=10, holds={0: (0.0, (p - 1) * period + F[0] - 0.5)})
 
 
+def test_a_stage_asked_to_run_w_after_b_does_so_in_every_slot():
+    """``w_after_b``: the stage's W starts as its B ends, in each slot, and the pattern still passes
+    ``check``."""
+    pytest.importorskip("ortools")
+    periodic, small_problem = _periodic()
+    from schedc.kinds import Kind
+
+    problem = small_problem("1.5B", 24, 4, 8, 1.0, False)
+    work = sum(problem.cost[k][0] for k in (Kind.F, Kind.B, Kind.W))
+    found = periodic.search(problem, 2 * 1.5 * work, slots=2, seconds=10, w_after_b=(0, 2))
+    assert found is not None and periodic.check(problem, found) == []
+    for j in range(2):
+        for s in (0, 2):
+            assert found.start[j, Kind.W, s] == pytest.approx(found.start[j, Kind.B, s] + problem.cost[Kind.B][s], abs=2e-3)
+
+
 def test_a_pattern_held_far_past_the_room_overflows_rather_than_being_called_impossible():
     """The room adds overflow, never infeasibility: a stage held for 12-13 periods (12 activations
     on a room of 2, past the model's old bound of four rooms on a rank's level) is a pattern found
