@@ -157,7 +157,7 @@ def test_a_one_slot_pattern_on_the_loop_holds_1f1b_depth():
     from schedc.kinds import Kind
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
-    F, B, W, R, S = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W, Kind.R, Kind.S))
+    F, B, W, R = (problem.cost[k] for k in (Kind.F, Kind.B, Kind.W, Kind.R))
     p, c = problem.ranks, problem.comm
     period = 1.2 * (F[0] + B[0] + W[0])
     assert all(period < F[s] + F[s + 1] + B[s] + B[s + 1] + 2 * c for s in range(p - 1))
@@ -192,7 +192,7 @@ def test_a_stage_asked_to_run_w_after_b_does_so_in_every_slot():
 def test_a_pattern_held_far_past_the_room_overflows_rather_than_being_called_impossible():
     """The room adds overflow, never infeasibility: a stage held for 12-13 periods (12 activations
     on a room of 2, past the model's old bound of four rooms on a rank's level) is a pattern found
-    with that overflow (CP-SAT proves it least), not ``NoPattern``."""
+    with that overflow, not ``NoPattern``."""
     pytest.importorskip("ortools")
     periodic, small_problem = _periodic()
     from schedc.kinds import Kind
