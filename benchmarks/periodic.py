@@ -262,7 +262,7 @@ def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.
         return plan(problem, period, slots, seconds, workers, hint=None if one is None else repeated(one, slots),
                     holds=holds, w_after_b=w_after_b)
     data = problem.model_dump(exclude_none=True)
-    data["memory"].pop("limit", None)
+    data.get("memory", {}).pop("limit", None)
     free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False, holds=holds,
                 w_after_b=w_after_b)
     return plan(problem, period, slots, seconds, workers, hint=free, holds=holds, w_after_b=w_after_b)
@@ -383,7 +383,7 @@ def main() -> None:
         ap.error("the periodic pattern is one pipeline of whole microbatches: no replicas, no sequence chunks")
     if args.no_limit:
         data = problem.model_dump(exclude_none=True)
-        data["memory"].pop("limit", None)
+        data.get("memory", {}).pop("limit", None)
         problem = Problem.parse(data)
     holds = None
     if args.depth_of:
@@ -397,8 +397,9 @@ def main() -> None:
             s, most = int(stage), float(most)
         except ValueError:
             ap.error(f"--most-hold takes STAGE=TIME, got {item!r}")
-        if not 0 <= s < problem.n_stages or most <= 0:
-            ap.error(f"--most-hold {item}: stages are 0-{problem.n_stages - 1} and the time must be positive")
+        if not 0 <= s < problem.n_stages or not 0 < most < math.inf:
+            ap.error(f"--most-hold {item}: stages are 0-{problem.n_stages - 1} and the time must be positive"
+                     " and finite")
         holds = dict(holds or {})
         holds[s] = (min(holds.get(s, (0.0,))[0], most), most)
     if any(not 0 <= s < problem.n_stages for s in args.w_after_b):
@@ -409,7 +410,8 @@ def main() -> None:
             found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds,
                            tuple(args.w_after_b))
         except NoPattern:
-            print(f"period {per:g}: no pattern exists (CP-SAT proves it, {time.perf_counter() - began:.0f} s)", flush=True)
+            print(f"period {per:g}: no pattern exists (CP-SAT proves it, {time.perf_counter() - began:.0f} s)",
+                  flush=True)
             continue
         wall = time.perf_counter() - began
         if found is None:

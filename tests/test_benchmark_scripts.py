@@ -186,7 +186,8 @@ def test_a_stage_asked_to_run_w_after_b_does_so_in_every_slot():
     assert found is not None and periodic.check(problem, found) == []
     for j in range(2):
         for s in (0, 2):
-            assert found.start[j, Kind.W, s] == pytest.approx(found.start[j, Kind.B, s] + problem.cost[Kind.B][s], abs=2e-3)
+            ends = found.start[j, Kind.B, s] + problem.cost[Kind.B][s]
+            assert found.start[j, Kind.W, s] == pytest.approx(ends, abs=2e-3)
 
 
 def test_a_pattern_held_far_past_the_room_overflows_rather_than_being_called_impossible():
@@ -219,7 +220,7 @@ def test_the_periodic_command_line_proves_a_hold_impossible_and_refuses_a_bad_on
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "period 60: no pattern exists" in run.stdout  # one slot holds stage 0 at least 3 x 60 + F
-    for bad in ("0:150", "9=150", "0=-1"):
+    for bad in ("0:150", "9=150", "0=-1", "0=nan"):
         run = subprocess.run(script + ["--most-hold", bad], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and "--most-hold" in run.stderr and "Traceback" not in run.stderr
 
