@@ -261,10 +261,8 @@ def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.
             one = None
         return plan(problem, period, slots, seconds, workers, hint=None if one is None else repeated(one, slots),
                     holds=holds, w_after_b=w_after_b)
-    data = problem.model_dump(exclude_none=True)
-    data.get("memory", {}).pop("limit", None)
-    free = plan(Problem.parse(data), period, slots, seconds / 4, workers, policies=False, holds=holds,
-                w_after_b=w_after_b)
+    free = plan(problem.with_changes(memory={"limit": None}), period, slots, seconds / 4, workers, policies=False,
+                holds=holds, w_after_b=w_after_b)
     return plan(problem, period, slots, seconds, workers, hint=free, holds=holds, w_after_b=w_after_b)
 
 
@@ -382,9 +380,7 @@ def main() -> None:
     if problem.replicas is not None or problem.seq_chunks > 1:
         ap.error("the periodic pattern is one pipeline of whole microbatches: no replicas, no sequence chunks")
     if args.no_limit:
-        data = problem.model_dump(exclude_none=True)
-        data.get("memory", {}).pop("limit", None)
-        problem = Problem.parse(data)
+        problem = problem.with_changes(memory={"limit": None})
     holds = None
     if args.depth_of:
         try:
