@@ -3,7 +3,7 @@ memory limit, against solve's and the bound's time per microbatch (issue 39, poi
 
     python benchmarks/periodic.py PROBLEM --periods 46.6,46.9 [--slots 1] [--seconds 60] [--workers 8]
                                   [--depth-of SCHEDULE [--slack 25]] [--most-hold STAGE=TIME ...]
-                                  [--w-after-b STAGE ...] [--no-limit]
+                                  [--w-after-b STAGE ...] [--no-limit] [--unrolled FILE.json]
 
 A periodic schedule with period P and k slots runs op (kind, stage) of microbatch i = q k + j at
 ``offset(j, kind, stage) + q P``: every k microbatches the same pattern again, each (slot, stage)
@@ -43,7 +43,11 @@ A periodic schedule unrolled for m microbatches (``unrolled``: each rank's ops i
 their planned starts, which the simulator times as early as that order allows, so its fit is
 judged there, not assumed) pays the fill and drain the pattern leaves idle; what it measures is the
 steady state: if a pattern of period P fits, the time per
-microbatch need not exceed P there. Prints, per period: CP-SAT's status, the policies, stage 0's
+microbatch need not exceed P there. ``--unrolled FILE.json`` writes the shortest unrolled pattern
+that fits (``seed``: relaxed, its W re-placed) as a schedule file, a start for ``schedc solve
+PROBLEM --start FILE.json``: on the V placement with two ranks at half of 1F1B's memory `solve`
+reaches a shorter span from it than from its own warm start (docs/results.md, "Which side is
+loose"). Prints, per period: CP-SAT's status, the policies, stage 0's
 hold, the overflow, ``check``'s verdict, and the unrolled schedule's span and fit; then schedc's
 bound and the work per microbatch of the busiest rank.
 """
@@ -346,9 +350,26 @@ def unrolled(problem: Problem, p: Plan, name: str = "periodic") -> Schedule:
     return Schedule.from_lists(name, ranks)
 
 
-def main() -> None:
+def seed(problem: Problem, p: Plan) -> Schedule | None:
+    """The plan unrolled for the problem's microbatches as a start for ``schedc solve --start``:
+    the unrolled order as it is, relaxed (``mixed.relax``) and with its W re-placed
+    (``mixed.polished``), the shortest of them that fits in the simulator; None where none fits.
+    The pattern's steady state is what it brings: its fill and drain are the plain unroll's."""
+    from schedc.simulate import simulate
+    from schedc.solvers.search.mixed import polished, relax
+
+    order = unrolled(problem, p)
+    best = None
+    for schedule in (order, relax(problem, order), *polished(problem, order)):
+        t = simulate(problem, schedule)
+        if t.fits and (best is None or t.objective_value() < best.objective_value()):
+            best = t
+    return None if best is None else best.schedule
+
+
+def main() -> int:
     from schedc.errors import SchedcError
-    from schedc.schedfile import load
+    from schedc.schedfile import CompiledSchedule, load
     from schedc.simulate import simulate
     from schedc.solvers.bounds import lower_bound
 
@@ -369,6 +390,9 @@ def main() -> None:
                     " (repeatable)")
     ap.add_argument("--no-limit", action="store_true",
                     help="the problem without its memory limit: what the lanes and edges alone allow")
+    ap.add_argument("--unrolled", metavar="FILE.json",
+                    help="write the shortest unrolled pattern that fits (over the periods tried; relaxed, its W"
+                    " re-placed) as a schedule file, a start for `schedc solve PROBLEM --start FILE.json`")
     args = ap.parse_args()
     try:
         periods = [float(x) for x in args.periods.split(",")]
@@ -379,6 +403,8 @@ def main() -> None:
     problem = load_problem(args.problem)
     if problem.replicas is not None or problem.seq_chunks > 1:
         ap.error("the periodic pattern is one pipeline of whole microbatches: no replicas, no sequence chunks")
+    if args.unrolled and args.no_limit:
+        ap.error("--unrolled writes a schedule of the problem as it is: not with --no-limit")
     if args.no_limit:
         problem = problem.with_changes(memory={"limit": None})
     holds = None
@@ -400,6 +426,7 @@ def main() -> None:
         holds[s] = (min(holds.get(s, (0.0,))[0], most), most)
     if any(not 0 <= s < problem.n_stages for s in args.w_after_b):
         ap.error(f"--w-after-b: stages are 0-{problem.n_stages - 1}")
+    best = None  # (objective, schedule, period) of the shortest start for --unrolled
     for per in periods:
         began = time.perf_counter()
         try:
@@ -420,9 +447,21 @@ def main() -> None:
         print(f"period {per:g}: {found.status}, overflow {found.overflow:g}, policies {dict(pols)}, stage 0 held"
               f" {hold:.1f}, check {'ok' if not broken else broken[:3]}, unrolled span {t.span:.1f}"
               f" ({'fits' if t.fits else 'does not fit'}), {wall:.0f} s", flush=True)
+        start = seed(problem, found) if args.unrolled and not broken else None
+        value = simulate(problem, start).objective_value() if start is not None else math.inf
+        if value < (best[0] if best else math.inf):
+            best = value, start, per
     c = problem.cost
     busiest = max(sum(c[k][s] for s in stages for k in (Kind.F, Kind.B, Kind.W)) for stages in problem.rank_stages)
     print(f"bound {lower_bound(problem).value:.1f}; work per microbatch on the busiest rank {busiest:g}")
+    if args.unrolled:
+        if best is None:
+            print(f"no pattern that fits was found: {args.unrolled} not written", file=sys.stderr)
+            return 1
+        CompiledSchedule.build(problem, best[1]).save(args.unrolled)
+        print(f"wrote {args.unrolled}: the pattern of period {best[2]:g} unrolled, {problem.objective}"
+              f" {best[0]:.1f}; start a solve from it: schedc solve {args.problem} --start {args.unrolled}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -225,6 +225,36 @@ def test_the_periodic_command_line_proves_a_hold_impossible_and_refuses_a_bad_on
         assert run.returncode == 2 and "--most-hold" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_the_periodic_command_line_writes_the_unrolled_pattern_as_a_start(tmp_path):
+    """``--unrolled FILE``: the shortest unrolled pattern that fits, over the periods tried, as a
+    schedule file of the problem that fits and has the span printed (a start for ``schedc solve
+    --start``); where no pattern fits, nothing is written and the exit status is 1; with
+    ``--no-limit`` (a schedule of another problem) it is refused."""
+    pytest.importorskip("ortools")
+    import yaml
+    from schedc import load
+
+    periodic, small_problem = _periodic()
+    problem = small_problem("1.5B", 24, 2, 8, 0.5, True)
+    path, out = tmp_path / "p.yaml", tmp_path / "start.json"
+    path.write_text(yaml.safe_dump(problem.model_dump(exclude_none=True), sort_keys=False))
+    script = [sys.executable, str(ROOT / "benchmarks" / "periodic.py"), str(path), "--workers", "2", "--seconds", "5",
+              "--unrolled", str(out)]
+    run = subprocess.run(script + ["--periods", "50.5"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    compiled = load(out)
+    t = compiled.timeline
+    assert t.fits and compiled.problem == problem
+    assert f"wrote {out}: the pattern of period 50.5 unrolled, span {t.span:.1f}" in run.stdout
+    assert sum(map(len, t.schedule.ranks)) >= 3 * problem.n_stages * problem.microbatches
+    out.unlink()
+    run = subprocess.run(script + ["--periods", "30"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "not written" in run.stderr and not out.exists()  # 30 < a rank's work, 45.9
+    run = subprocess.run(script + ["--periods", "50.5", "--no-limit"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and "--no-limit" in run.stderr and not out.exists()
+
+
 def test_a_pattern_of_several_slots_starts_from_the_one_slot_pattern_repeated():
     """``repeated``: a one-slot pattern written as k slots is the same schedule (``check`` finds
     nothing, the unrolled spans agree), the point a k-slot ``search`` starts from; that search
