@@ -8,7 +8,8 @@ The steps, all within one time ``Budget`` (``schedc.solvers.deadline``):
    backward split (``registry.evaluate``, those best on most problems first: ``WARM_FIRST``),
    plus any candidates the caller gives, plus (where the problem allows recompute or offload)
    every registry order with the fewest recomputes that fit, or everything offloaded
-   (``recomputed_candidates``); the best that fits is the incumbent;
+   (``recomputed_candidates``), and on small problems a periodic pattern unrolled
+   (``periodic_candidates``); the best that fits is the incumbent;
 2. local search (``localsearch.improve``), at most LOCAL_SEARCH_SHARE of the budget;
 3. the search backend named by ``solver`` (``BACKENDS``, ``solvers/search/common.py``: CBC and HiGHS in
    ``solvers/search/ilp.py``, CP-SAT in ``solvers/search/cpsat.py``; the default, "auto", is the one
@@ -48,6 +49,7 @@ from schedc.solvers.search.auto import AUTO, backend_for
 from schedc.solvers.search.common import BACKENDS, COPY_LANE, WINDOW_MIN_SECONDS, Found, Progress, Settings
 from schedc.solvers.deadline import END, LATE, Budget, Worker, WorkerDied, can_fork, in_child
 from schedc.solvers.families import greedy
+from schedc.solvers.search import periodic
 from schedc.solvers.search.localsearch import improve
 from schedc.solvers.families.memtime import everywhere, least_memory, with_policies
 from schedc.solvers.search.mixed import fit_mixed, fitted_orders, policy_orders, polished
@@ -57,6 +59,9 @@ from schedc.tolerance import Tolerance, meets
 WARM_SHARE = 0.5  # of the budget, at most, for the warm start once a schedule fits (see solve)
 REGISTRY_SHARE = 0.4  # of the warm start, at most, for the registry's schedules but the greedy's searches
 GREEDY_SHARE = 0.5  # of what the warm start has left then, at most, for the greedy's searches
+PERIODIC_SHARE = 0.25  # of the budget left then, at most, for the periodic start (``periodic_candidates``)
+PERIODIC_SECONDS = 5.0  # and at most this (``periodic.start`` finds its pattern in about 2.5 s where it applies)
+PERIODIC_MIN_SECONDS = 1.0  # no periodic start with less than this
 POLICY_SHARE = 0.75  # of what the warm start has left then, at most, for the candidates with policies
 # (the rest for polishing the best schedules found: on 28.3B m = 96 V at 0.75x, ZB-V's order with
 # mixed policies and its W re-placed, 2830.4 against 2884.8, which a 60 s solve never reached)
@@ -399,6 +404,24 @@ def recomputed_candidates(
     return out
 
 
+def periodic_candidates(
+    problem: Problem, run: RegistryRun, budget: Budget, say: Callable[[str], None]
+) -> list[tuple[str, Timeline]]:
+    """Where the memory limit forces recompute into a steady state that is most of the schedule:
+    a periodic pattern unrolled (``periodic.start``, within ``budget`` and PERIODIC_SECONDS),
+    judged. Its orders hold fewer microbatches than the warm start's and recompute selectively
+    where those recompute in full (docs/results.md, "Which side is loose")."""
+    seconds = min(PERIODIC_SECONDS, budget.left())
+    if seconds < PERIODIC_MIN_SECONDS:
+        return []
+    schedule = periodic.start(problem, seconds)
+    if schedule is None:
+        return []
+    t = simulate(problem, schedule)
+    say(f"warm start: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
+    return [(schedule.name, t)] if t.fits else []
+
+
 class PolicyCandidates(Paused):
     """``recomputed_candidates``' search: the orders ``_policy_candidates`` builds, each judged
     (simulated) as it comes; those alike in order and policies judged once."""
@@ -735,8 +758,10 @@ def solve(
         run.fitting.extend(started + _judge_candidates(problem, candidates, clock.say))
         # The candidates with policies leave the polish a share of what the warm start has left
         # (where their stream does not end in time, as on large problems, the polish had none).
-        for step, share in ((recomputed_candidates, POLICY_SHARE), (polished_candidates, 1.0)):
-            derived = step(problem, run, warm_budget.share(share), clock.say)
+        for step, within in ((recomputed_candidates, lambda: warm_budget.share(POLICY_SHARE)),
+                             (periodic_candidates, lambda: budget.share(PERIODIC_SHARE)),
+                             (polished_candidates, lambda: warm_budget.share(1.0))):
+            derived = step(problem, run, within(), clock.say)
             run.fitting.extend(derived)
             run.derived.update(name for name, _ in derived)
         if run.beside is not None:  # (what the greedy found beside the warm start so far)
