@@ -27,11 +27,10 @@ A periodic schedule unrolled for m microbatches (``unrolled``) pays the fill and
 leaves idle; what it measures is the steady state: if a pattern of period P fits, the time per
 microbatch need not exceed P there. ``--unrolled FILE.json`` writes the shortest unrolled pattern
 that fits (``seed``: relaxed, its W re-placed) as a schedule file, a start for ``schedc solve
-PROBLEM --start FILE.json``: on the V placement with two ranks at half of 1F1B's memory `solve`
-reaches a shorter span from it than from its own warm start (docs/results.md, "Which side is
-loose"). Prints, per period: CP-SAT's status, the policies, stage 0's hold, the overflow,
-``check``'s verdict, and the unrolled schedule's span and fit; then schedc's bound and the work per
-microbatch of the busiest rank.
+PROBLEM --start FILE.json`` (``solve``'s warm start makes such a start itself where the pattern
+holds at most four stages: ``schedc.solvers.search.periodic.start``). Prints, per period: CP-SAT's
+status, the policies, stage 0's hold, the overflow, ``check``'s verdict, and the unrolled
+schedule's span and fit; then schedc's bound and the work per microbatch of the busiest rank.
 """
 
 from __future__ import annotations
