@@ -44,7 +44,7 @@ from collections import Counter
 from schedc import load_problem
 from schedc.kinds import Kind
 from schedc.solvers.search.periodic import (  # noqa: F401 - the model, for the tests and for scratch runs
-    NoPattern, Plan, check, holds_of, plan, repeated, search, seed, unrolled,
+    NoPattern, Plan, busiest_work, check, holds_of, plan, repeated, search, seed, unrolled,
 )
 
 
@@ -107,7 +107,7 @@ def main() -> int:
         holds[s] = (min(holds.get(s, (0.0,))[0], most), most)
     if any(not 0 <= s < problem.n_stages for s in args.w_after_b):
         ap.error(f"--w-after-b: stages are 0-{problem.n_stages - 1}")
-    best = None  # (objective, schedule, period) of the shortest start for --unrolled
+    best = None  # (timeline, period) of the shortest start for --unrolled
     for per in periods:
         began = time.perf_counter()
         try:
@@ -129,19 +129,18 @@ def main() -> int:
               f" {hold:.1f}, check {'ok' if not broken else broken[:3]}, unrolled span {t.span:.1f}"
               f" ({'fits' if t.fits else 'does not fit'}), {wall:.0f} s", flush=True)
         start = seed(problem, found) if args.unrolled and not broken else None
-        value = simulate(problem, start).objective_value() if start is not None else math.inf
-        if value < (best[0] if best else math.inf):
-            best = value, start, per
-    c = problem.cost
-    busiest = max(sum(c[k][s] for s in stages for k in (Kind.F, Kind.B, Kind.W)) for stages in problem.rank_stages)
-    print(f"bound {lower_bound(problem).value:.1f}; work per microbatch on the busiest rank {busiest:g}")
+        if start is not None and (best is None or start.objective_value() < best[0].objective_value()):
+            best = start, per
+    print(f"bound {lower_bound(problem).value:.1f}; work per microbatch on the busiest rank {busiest_work(problem):g}")
     if args.unrolled:
         if best is None:
             print(f"no pattern that fits was found: {args.unrolled} not written", file=sys.stderr)
             return 1
-        CompiledSchedule.build(problem, best[1]).save(args.unrolled)
-        print(f"wrote {args.unrolled}: the pattern of period {best[2]:g} unrolled, {problem.objective}"
-              f" {best[0]:.1f}; start a solve from it: schedc solve {args.problem} --start {args.unrolled}")
+        timeline, per = best
+        CompiledSchedule.build(problem, timeline.schedule, timeline=timeline).save(args.unrolled)
+        print(f"wrote {args.unrolled}: the pattern of period {per:g} unrolled, {problem.objective}"
+              f" {timeline.objective_value():.1f}; start a solve from it: schedc solve {args.problem}"
+              f" --start {args.unrolled}")
     return 0
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from schedc.kinds import Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule, producers
-from schedc.simulate import simulate
+from schedc.simulate import Timeline, simulate
 from schedc.solvers.search.mixed import polished, relax
 
 TICKS = 1000  # time steps per unit of time
@@ -344,29 +344,36 @@ def unrolled(problem: Problem, p: Plan, name: str = "periodic") -> Schedule:
     return Schedule.from_lists(name, ranks)
 
 
-def seed(problem: Problem, p: Plan) -> Schedule | None:
+def seed(problem: Problem, p: Plan) -> Timeline | None:
     """The plan unrolled for the problem's microbatches as a start for ``schedc solve --start``:
     the unrolled order as it is, relaxed (``mixed.relax``) and with its W re-placed
-    (``mixed.polished``), the shortest of them that fits in the simulator; None where none fits.
-    The pattern's steady state is what it brings: its fill and drain are the plain unroll's."""
+    (``mixed.polished``), the shortest of them that fits in the simulator (its timeline); None where
+    none fits. The pattern's steady state is what it brings: its fill and drain are the plain
+    unroll's."""
     order = unrolled(problem, p)
     best = None
     for schedule in (order, relax(problem, order), *polished(problem, order)):
         t = simulate(problem, schedule)
         if t.fits and (best is None or t.objective_value() < best.objective_value()):
             best = t
-    return None if best is None else best.schedule
+    return best
+
+
+def busiest_work(problem: Problem) -> float:
+    """The most F, B and W work per microbatch on one rank: no period is shorter."""
+    c = problem.cost
+    return max(sum(c[k][s] for s in stages for k in (Kind.F, Kind.B, Kind.W)) for stages in problem.rank_stages)
 
 
 START_STAGES = 4  # ``start``: only where the pattern holds at most this many stages (see there)
 START_PERIOD = 1.1  # ``start``'s period, in the busiest rank's work (F, B and W) per microbatch
 
 
-def start(problem: Problem, seconds: float) -> Schedule | None:
+def start(problem: Problem, seconds: float) -> Timeline | None:
     """A start for ``solve``'s search where the steady state is most of the schedule and the memory
     limit forces recompute into it: a one-slot pattern (one CP-SAT worker, within ``seconds``) of
-    period ``START_PERIOD`` times the busiest rank's work per microbatch, unrolled (``seed``);
-    None where the problem is not of that kind or no pattern fits.
+    period ``START_PERIOD`` times the busiest rank's work per microbatch, unrolled (``seed``: its
+    timeline); None where the problem is not of that kind or no pattern fits.
 
     Measured (docs/results.md, "Which side is loose"): on the V with two ranks at half of 1F1B's
     memory, `solve` from this start ends 2-4 % shorter than from its own warm start (1.5B, m = 8:
@@ -384,10 +391,8 @@ def start(problem: Problem, seconds: float) -> Schedule | None:
         from ortools.sat.python import cp_model  # noqa: F401  (whether it loads here)
     except ImportError:
         return None
-    c = problem.cost
-    work = max(sum(c[k][s] for s in stages for k in (Kind.F, Kind.B, Kind.W)) for stages in problem.rank_stages)
     try:
-        found = search(problem, START_PERIOD * work, seconds=seconds, workers=1, first_fit=True)
+        found = search(problem, START_PERIOD * busiest_work(problem), seconds=seconds, workers=1, first_fit=True)
     except NoPattern:
         return None
     if found is None or found.overflow > 0 or check(problem, found):

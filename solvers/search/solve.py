@@ -414,12 +414,11 @@ def periodic_candidates(
     seconds = min(PERIODIC_SECONDS, budget.left())
     if seconds < PERIODIC_MIN_SECONDS:
         return []
-    schedule = periodic.start(problem, seconds)
-    if schedule is None:
+    t = periodic.start(problem, seconds)  # (simulated, and fits)
+    if t is None:
         return []
-    t = simulate(problem, schedule)
-    say(f"warm start: {schedule.name} " + (f"{problem.objective} {t.objective_value():.6g}" if t.fits else NO_FIT))
-    return [(schedule.name, t)] if t.fits else []
+    say(f"warm start: {t.schedule.name} {problem.objective} {t.objective_value():.6g}")
+    return [(t.schedule.name, t)]
 
 
 class PolicyCandidates(Paused):
