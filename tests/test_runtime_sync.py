@@ -155,5 +155,10 @@ def test_a_rank_killed_in_a_mesh_is_named_by_its_global_rank_on_every_survivor(t
     partner = victim + 1 - 2 * (victim % 2)  # the other rank of its pipeline
     for g, got in survivors.items():
         named = f"rank {victim % 2} (global rank {victim})" if g == partner else f"global rank {victim}"
-        assert got is not None and f": {named}" in got["error"] and "did not answer" in got["error"], (g, got)
+        assert got is not None and f": {named}" in got["error"], (g, got)
+        # A survivor waiting on the dead rank says it did not answer; one whose post fails first (the
+        # connection already reset, as happens under load) says it closed the connection.
+        error = got["error"]
+        assert ("waiting for" in error and "did not answer" in error
+                or "posting to" in error and "closed the connection" in error), (g, got)
         assert got["culprit_global"] == victim, (g, got)
