@@ -93,7 +93,7 @@ def test_a_periodic_pattern_that_claims_to_fit_does(v, slack, seconds):
     from schedc.simulate import simulate
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, v)
-    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    work = periodic.busiest_work(problem)
     found = periodic.search(problem, slack * work, seconds=seconds, first_fit=True)
     assert found is not None and found.overflow == 0
     assert any(k is not None for k in found.policy.values())  # kept everywhere, it would not fit
@@ -112,7 +112,7 @@ def test_the_periodic_check_finds_what_a_plan_breaks():
     from schedc.kinds import Kind
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
-    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    work = periodic.busiest_work(problem)
     found = periodic.search(problem, 1.5 * work, seconds=10)
     assert found is not None and periodic.check(problem, found) == []
     early = dict(found.start)
@@ -134,7 +134,7 @@ def test_a_periodic_pattern_as_deep_as_a_schedule_holds_each_stage_as_long():
     from schedc.simulate import simulate
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
-    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    work = periodic.busiest_work(problem)
     first = periodic.search(problem, 1.5 * work, seconds=10, first_fit=True)
     t = simulate(problem, periodic.unrolled(problem, first))
     holds = periodic.holds_of(t, slack=5.0)
@@ -266,7 +266,7 @@ def test_a_pattern_of_several_slots_starts_from_the_one_slot_pattern_repeated():
     from schedc.simulate import simulate
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
-    work = max(sum(problem.cost[k][s] for s in stages for k in "FBW") for stages in problem.rank_stages)
+    work = periodic.busiest_work(problem)
     one = periodic.search(problem, 1.5 * work, seconds=10, first_fit=True)
     three = periodic.repeated(one, 3)
     assert three.slots == 3 and three.period == pytest.approx(3 * one.period)
