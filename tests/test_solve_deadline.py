@@ -459,12 +459,17 @@ def test_a_paused_worker_dies_with_its_parent():
     assert gone(int(run.stdout.split()[0])), "a paused worker outlived its parent"
 
 
+def _recomputing(limit: float) -> Problem:
+    """Three ranks, six microbatches, full and selective recompute, under ``limit``."""
+    return Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=limit),
+                              recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+
+
 def test_a_re_solve_under_a_lower_limit_starts_from_the_old_order_with_policies_fitted():
     """A start that no longer fits (the limit lowered below what it holds) is not dropped where the
     problem allows recompute: its order with mixed policies fitted is judged next, as "start+mix"
     and "start+mix-w", and the result is never worse than the best of them."""
-    roomy = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=3),
-                               recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    roomy = _recomputing(limit=3)
     old = solve(roomy, time_limit=2)
     tight = roomy.with_changes(memory=dict(F=1, B=-0.5, limit=1.5))
     assert not simulate(tight, old.schedule).fits
@@ -483,8 +488,7 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
     are paused in ``run.paused``; resumed turn by turn, they end with exactly the candidates an
     unlimited run judges."""
     slow_down(monkeypatch, driver, "_policy_candidates", 0.05)
-    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
-                                 recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    problem = _recomputing(limit=1.5)
     whole = driver.recomputed_candidates(problem, evaluate_registry(problem), Budget.unlimited(), lambda note: None)
     run = evaluate_registry(problem)
     first = driver.recomputed_candidates(problem, run, Budget.seconds(0.01), lambda note: None)
@@ -510,18 +514,41 @@ def test_the_polish_has_time_where_the_candidates_with_policies_do_not_end(monke
         return real(problem, run, budget, say, *args)
 
     monkeypatch.setattr(driver, "polished_candidates", spy)
-    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
-                                 recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    problem = _recomputing(limit=1.5)
     solve(problem, time_limit=8, threads=1)
     assert left and left[0] > 0.2, left
+
+
+def test_the_polish_has_its_share_where_the_steps_before_took_the_warm_start(monkeypatch):
+    """However much of the warm start the steps before the polish took (on large problems the
+    registry's greedy and the candidates with policies can take all of it), the polish has at least
+    POLISH_SHARE of the budget left then; before, it had what the warm start had left, nothing here."""
+    limit, began = 11.0, time.perf_counter()  # (a warm start of half of it: at least WINDOW_MIN_SECONDS after)
+
+    def periodic(problem, run, budget, say):  # (a step that runs to the end of the warm start and past it)
+        time.sleep(max(0.0, 0.6 * limit - (time.perf_counter() - began)))
+        return []
+
+    seen = []
+    real = driver.polished_candidates
+
+    def spy(problem, run, budget, say, *args):
+        seen.append((budget.left(), limit - (time.perf_counter() - began)))
+        return real(problem, run, budget, say, *args)
+
+    monkeypatch.setattr(driver, "periodic_candidates", periodic)
+    monkeypatch.setattr(driver, "polished_candidates", spy)
+    problem = _recomputing(limit=1.5)
+    solve(problem, time_limit=limit, threads=1)
+    (given, left), *_ = seen
+    assert given >= 0.9 * driver.POLISH_SHARE * left > 0, seen
 
 
 def test_policy_candidates_come_likeliest_first():
     """A budget that ends early has judged the likeliest candidates: every registry order without a
     policy fitted with mixed policies, then the greedy's orders as if every microbatch took one
     recompute, then the registry's recomputing schedules refitted, then the one-policy fits."""
-    problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5, limit=1.5),
-                                 recompute=dict(keep=0.1, selective=dict(time=0.3, keep=0.4))))
+    problem = _recomputing(limit=1.5)
     run = evaluate_registry(problem)
     names = [s.name for s in driver._policy_candidates(problem, run.built, {name for name, _ in run.fitting})]
     recomputing = {s.name for _, s in run.built if s.policies()}  # (e.g. 1f1b-recompute+split)
