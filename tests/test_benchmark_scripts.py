@@ -72,6 +72,10 @@ def test_the_relaxed_table_says_which_relaxation_proves_more_than_the_bound():
     assert "1 of 1 relaxations solved, none proves more than schedc's bound" in notes[0]
 
 
+FIRST_FIT_SECONDS = 120  # periodic searches that stop at their first pattern that fits (1-10 s alone): the most
+# they may take where the machine is busy (10 s, sharing two cores with other tests, was too short)
+
+
 def _periodic():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import periodic
@@ -80,8 +84,8 @@ def _periodic():
     return periodic, small_problem
 
 
-@pytest.mark.parametrize("v, slack, seconds", [(False, 1.5, 10), (True, 1.1, 30)])
-def test_a_periodic_pattern_that_claims_to_fit_does(v, slack, seconds):
+@pytest.mark.parametrize("v, slack", [(False, 1.5), (True, 1.1)])
+def test_a_periodic_pattern_that_claims_to_fit_does(v, slack):
     """benchmarks/periodic.py: where memory forces a recompute into the steady state, the pattern
     CP-SAT finds chooses one, and ``check`` (without CP-SAT: edges, one op at a time, the level over
     a whole period with every microbatch alive there) finds nothing broken; the unrolled schedule
@@ -94,7 +98,7 @@ def test_a_periodic_pattern_that_claims_to_fit_does(v, slack, seconds):
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, v)
     work = periodic.busiest_work(problem)
-    found = periodic.search(problem, slack * work, seconds=seconds, first_fit=True)
+    found = periodic.search(problem, slack * work, seconds=FIRST_FIT_SECONDS, first_fit=True)
     assert found is not None and found.overflow == 0
     assert any(k is not None for k in found.policy.values())  # kept everywhere, it would not fit
     assert periodic.check(problem, found) == []
@@ -113,7 +117,7 @@ def test_the_periodic_check_finds_what_a_plan_breaks():
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
     work = periodic.busiest_work(problem)
-    found = periodic.search(problem, 1.5 * work, seconds=10)
+    found = periodic.search(problem, 1.5 * work, seconds=FIRST_FIT_SECONDS, first_fit=True)
     assert found is not None and periodic.check(problem, found) == []
     early = dict(found.start)
     early[0, Kind.F, 1] = found.start[0, Kind.F, 0]  # stage 1's forward with stage 0's
@@ -135,12 +139,12 @@ def test_a_periodic_pattern_as_deep_as_a_schedule_holds_each_stage_as_long():
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
     work = periodic.busiest_work(problem)
-    first = periodic.search(problem, 1.5 * work, seconds=10, first_fit=True)
+    first = periodic.search(problem, 1.5 * work, seconds=FIRST_FIT_SECONDS, first_fit=True)
     t = simulate(problem, periodic.unrolled(problem, first))
     holds = periodic.holds_of(t, slack=5.0)
     assert set(holds) == set(range(problem.n_stages)) and all(0 <= lo < hi for lo, hi in holds.values())
     deep = {s: (lo + 10.0, hi + 20.0) for s, (lo, hi) in holds.items()}  # deeper than the first
-    found = periodic.search(problem, 1.5 * work, seconds=10, holds=deep, first_fit=True)
+    found = periodic.search(problem, 1.5 * work, seconds=FIRST_FIT_SECONDS, holds=deep, first_fit=True)
     assert found is not None and found.overflow == 0 and periodic.check(problem, found) == []
     for s, (lo, hi) in deep.items():
         held = found.start[0, Kind.B, s] - found.start[0, Kind.F, s]
@@ -184,7 +188,8 @@ def test_a_stage_asked_to_run_w_after_b_does_so_in_every_slot():
 
     problem = small_problem("1.5B", 24, 4, 8, 1.0, False)
     work = sum(problem.cost[k][0] for k in (Kind.F, Kind.B, Kind.W))
-    found = periodic.search(problem, 2 * 1.5 * work, slots=2, seconds=10, w_after_b=(0, 2))
+    found = periodic.search(problem, 2 * 1.5 * work, slots=2, seconds=FIRST_FIT_SECONDS, w_after_b=(0, 2),
+                            first_fit=True)
     assert found is not None and periodic.check(problem, found) == []
     for j in range(2):
         for s in (0, 2):
@@ -264,17 +269,19 @@ def test_a_pattern_of_several_slots_starts_from_the_one_slot_pattern_repeated():
     pytest.importorskip("ortools")
     periodic, small_problem = _periodic()
     from schedc.simulate import simulate
+    from schedc.solvers.search.periodic import TICKS
 
     problem = small_problem("1.5B", 24, 4, 8, 0.5, False)
     work = periodic.busiest_work(problem)
-    one = periodic.search(problem, 1.5 * work, seconds=10, first_fit=True)
+    one = periodic.search(problem, 1.5 * work, seconds=FIRST_FIT_SECONDS, first_fit=True)
     three = periodic.repeated(one, 3)
     assert three.slots == 3 and three.period == pytest.approx(3 * one.period)
     assert periodic.check(problem, three) == []
     spans = [simulate(problem, periodic.unrolled(problem, x)).span for x in (one, three)]
     assert spans[0] == pytest.approx(spans[1])
-    found = periodic.search(problem, 3 * 1.5 * work, slots=3, seconds=10)
+    found = periodic.search(problem, 3 * 1.5 * work, slots=3, seconds=FIRST_FIT_SECONDS, first_fit=True)
     assert found is not None and found.slots == 3 and found.overflow == 0
+    assert 0 <= found.period - 3 * 1.5 * work < 3 / TICKS  # (rounded up to whole ticks per slot)
     assert periodic.check(problem, found) == []
     assert simulate(problem, periodic.unrolled(problem, found)).fits
 

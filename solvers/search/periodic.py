@@ -34,7 +34,7 @@ start for the search.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schedc.kinds import Kind
 from schedc.problem import Problem
@@ -234,6 +234,11 @@ def _stop_at_fit(overs: list):
     return StopAtFit()
 
 
+def _worth(problem: Problem, p: Plan) -> tuple[float, float]:
+    """How ``search`` ranks two patterns of one period: less overflow, then less recompute time."""
+    return p.overflow, sum(problem.cost[k][s] for (_, s), k in p.policy.items() if k is not None)
+
+
 def repeated(p: Plan, slots: int) -> Plan:
     """A one-slot pattern as a pattern of ``slots`` slots: slot j is slot 0 moved on by j periods,
     with its policies (the same schedule, a point of the larger model to start from)."""
@@ -249,15 +254,24 @@ def search(problem: Problem, period: float, slots: int = 1, seconds: float = 60.
     seconds, every stage kept), which CP-SAT finds at once: from it, the memory limit's version.
     With several slots, the hint is the one-slot pattern of the same time per microbatch (found so,
     in half the seconds) repeated: CP-SAT finds no k-slot pattern on its own in minutes (1.5B and
-    6.2B, p = 8, two or three slots), and from this one it only has to improve. ``first_fit``: as
-    ``plan``'s."""
+    6.2B, p = 8, two or three slots), and from this one it only has to improve. The period is then
+    rounded up to a whole number of ticks per slot (less than ``slots`` ticks more), so that the
+    repeated pattern is a point of the k-slot model (a tick off, CP-SAT had to repair it and could
+    end over the room where the one-slot pattern fitted), and where CP-SAT ends no better than it
+    (less overflow first, then less recompute), the repeated pattern is the answer.
+    ``first_fit``: as ``plan``'s (with several slots, for the one-slot pattern too)."""
     if slots > 1:
+        each = math.ceil(_ticks(period) / slots) / TICKS
         try:
-            one = search(problem, period / slots, 1, seconds / 2, workers, holds, w_after_b)
+            one = search(problem, each, 1, seconds / 2, workers, holds, w_after_b, first_fit)
         except NoPattern:  # one slot may be too few for the holds where several are not
             one = None
-        return plan(problem, period, slots, seconds, workers, hint=None if one is None else repeated(one, slots),
-                    holds=holds, w_after_b=w_after_b)
+        hint = None if one is None else repeated(one, slots)
+        found = plan(problem, each * slots, slots, seconds, workers, hint=hint, holds=holds, w_after_b=w_after_b,
+                     first_fit=first_fit)
+        if hint is None or (found is not None and _worth(problem, found) <= _worth(problem, hint)):
+            return found
+        return replace(hint, status=f"one slot repeated ({hint.status}): CP-SAT found none better")
     free = plan(problem.with_changes(memory={"limit": None}), period, slots, seconds / 4, workers, policies=False,
                 holds=holds, w_after_b=w_after_b)  # (a first pattern here makes a poor hint)
     return plan(problem, period, slots, seconds, workers, hint=free, holds=holds, w_after_b=w_after_b,
