@@ -3,7 +3,7 @@ memory limit, against solve's and the bound's time per microbatch (issue 39, poi
 
     python benchmarks/periodic.py PROBLEM --periods 46.6,46.9 [--slots 1] [--seconds 60] [--workers 8]
                                   [--depth-of SCHEDULE [--slack 25]] [--most-hold STAGE=TIME ...]
-                                  [--w-after-b STAGE ...] [--no-limit] [--unrolled FILE.json]
+                                  [--w-after-b STAGE ...] [--no-limit] [--unrolled FILE.json] [--first-fit]
 
 A periodic schedule with period P and k slots runs op (kind, stage) of microbatch i = q k + j at
 ``offset(j, kind, stage) + q P``, each (slot, stage) with one policy; CP-SAT searches the offsets
@@ -69,6 +69,9 @@ def main() -> int:
     ap.add_argument("--w-after-b", metavar="STAGE", type=int, action="append", default=[],
                     help="that stage runs each W as its B ends, so none of its W is pending at a later backward"
                     " (repeatable)")
+    ap.add_argument("--first-fit", action="store_true",
+                    help="stop each period's search at its first pattern that fits (its recompute and holds are"
+                    " not minimised then): a quick start for --unrolled")
     ap.add_argument("--no-limit", action="store_true",
                     help="the problem without its memory limit: what the lanes and edges alone allow")
     ap.add_argument("--unrolled", metavar="FILE.json",
@@ -112,7 +115,7 @@ def main() -> int:
         began = time.perf_counter()
         try:
             found = search(problem, per * args.slots, args.slots, args.seconds, args.workers, holds,
-                           tuple(args.w_after_b))
+                           tuple(args.w_after_b), args.first_fit)
         except NoPattern:
             print(f"period {per:g}: no pattern exists (CP-SAT proves it, {time.perf_counter() - began:.0f} s)",
                   flush=True)
