@@ -501,22 +501,29 @@ def test_policy_candidates_cut_short_go_on_where_they_stopped(monkeypatch):
     assert search.best == min(t.objective_value() for _, t in whole)
 
 
+def _polish_budgets(monkeypatch) -> list[tuple[float, float]]:
+    """Each call of ``polished_candidates`` from now on, as (the seconds its budget has left, when:
+    ``time.perf_counter()``)."""
+    seen = []
+    real = driver.polished_candidates
+
+    def spy(problem, run, budget, say, *args):
+        seen.append((budget.left(), time.perf_counter()))
+        return real(problem, run, budget, say, *args)
+
+    monkeypatch.setattr(driver, "polished_candidates", spy)
+    return seen
+
+
 def test_the_polish_has_time_where_the_candidates_with_policies_do_not_end(monkeypatch):
     """Where the stream of candidates with policies outlasts the warm start (large problems), it
     stops at POLICY_SHARE of what is left, so that the polish of the best schedules found
     (``polished_candidates``) still has time; before, it was called with none left."""
     slow_down(monkeypatch, driver, "_policy_candidates", 0.5)  # (never ends within this warm start)
-    left = []
-    real = driver.polished_candidates
-
-    def spy(problem, run, budget, say, *args):
-        left.append(budget.left())
-        return real(problem, run, budget, say, *args)
-
-    monkeypatch.setattr(driver, "polished_candidates", spy)
+    seen = _polish_budgets(monkeypatch)
     problem = _recomputing(limit=1.5)
     solve(problem, time_limit=8, threads=1)
-    assert left and left[0] > 0.2, left
+    assert seen and seen[0][0] > 0.2, seen
 
 
 def test_the_polish_has_its_share_where_the_steps_before_took_the_warm_start(monkeypatch):
@@ -529,18 +536,12 @@ def test_the_polish_has_its_share_where_the_steps_before_took_the_warm_start(mon
         time.sleep(max(0.0, 0.6 * limit - (time.perf_counter() - began)))
         return []
 
-    seen = []
-    real = driver.polished_candidates
-
-    def spy(problem, run, budget, say, *args):
-        seen.append((budget.left(), limit - (time.perf_counter() - began)))
-        return real(problem, run, budget, say, *args)
-
     monkeypatch.setattr(driver, "periodic_candidates", periodic)
-    monkeypatch.setattr(driver, "polished_candidates", spy)
+    seen = _polish_budgets(monkeypatch)
     problem = _recomputing(limit=1.5)
     solve(problem, time_limit=limit, threads=1)
-    (given, left), *_ = seen
+    (given, at), *_ = seen
+    left = limit - (at - began)  # (of the whole budget, then)
     assert given >= 0.9 * driver.POLISH_SHARE * left > 0, seen
 
 
