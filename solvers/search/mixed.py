@@ -396,9 +396,9 @@ def polished(problem: Problem, schedule: Schedule, critical: int | None = None) 
     both ways, and where ``critical`` names the rank that sets the objective, on the other ranks
     only, so that their W wait for the work coming back), and where the problem allows recompute,
     first every kept microbatch recomputed with the quickest recompute (what frees memory for W
-    held longer), each then relaxed. Those with every microbatch recomputed come first: a caller
-    short of time judges the variants in order, and on most V cells of benchmarks/memory_time.py
-    at 0.75x and 1x that one, with its W filling every gap, is the best (docs/results.md)."""
+    held longer), each then relaxed. The variants of that recomputed schedule come first: a caller
+    short of time judges them in order, and on most V cells of benchmarks/memory_time.py at 0.75x
+    and 1x the first, its W filling every gap, is the best (docs/results.md)."""
     bases = [schedule]
     if problem.recomputes and problem.activation_room is not None and not schedule.copy:
         quick = min(problem.recomputes, key=lambda k: sum(problem.cost[k]))
