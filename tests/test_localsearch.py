@@ -205,3 +205,19 @@ def test_the_climb_tries_the_exchanges_after_every_other_move():
     kinds = [move[0] == "exchange" for move in _candidates(ev, orders, start, end, 3, True)]
     first = kinds.index(True)  # (there are some: rank 0 recomputes fully and selectively on its stage)
     assert first > 0 and all(kinds[first:])
+
+
+def test_a_fused_schedule_that_recomputes_is_searched_with_each_forward_holding_what_its_policy_keeps():
+    """A schedule of fused backwards (BW) on a problem that declares recompute: Megatron's 1F1B with
+    full or selective recompute (RG, SG: the backward waits for them), the prefetched form (R), and
+    plain 1F1B. The search used to fail on the first three (no B for a recompute to precede) and
+    count plain 1F1B's forwards as keeping only what a recompute keeps, so the order it returned
+    passed the limit. Each now gives a schedule that fits and is no longer than its start."""
+    problem = schedc.Problem.parse(dict(
+        ranks=3, microbatches=6, costs=dict(F=[1, 2, 1], B=[2, 2, 1], W=[1, 1, 2]), memory=dict(F=1, B=-0.5, limit=3),
+        recompute=dict(keep=0.1, selective=dict(time=0.2, keep=0.4))))
+    for name in ("1f1b", "1f1b-recompute", "1f1b-selective", "1f1b-recompute-prefetch"):
+        start = simulate(problem, solvers.REGISTRY[name].build(problem))
+        assert start.fits and any(op.kind.value == "BW" for op in start.schedule.ranks[0])
+        found = improve(problem, start, Budget.seconds(0.5))
+        assert found.fits and found.objective_value() <= start.objective_value() + 1e-9, name

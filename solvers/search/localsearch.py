@@ -80,17 +80,25 @@ class _Evaluator:
     def __init__(self, problem: Problem, schedule: Schedule):
         where = schedule.check_complete(problem)
         kinds = model_kinds(problem)
-        if any(op.kind not in kinds for op in where):  # a fused backward, or a copy lane
+        if any(op.kind not in kinds for op in where):  # a fused backward, or a copy lane: the ops given
             self.ops = list(where)
+            # Each forward allocates what its own policy keeps, as the simulator has it (a policy op
+            # not held sits right after its forward: with it, the whole activation).
+            policy = schedule.policies()
+            self.mem = [problem.delta(op.kind, op.stage, policy.get((op.stage, op.mb))) * problem.memory_share(op.mb)
+                        for op in self.ops]
         else:  # every op the problem allows, each recompute op whether chosen or not
             self.ops = [Op(k, s, i) for s in range(problem.n_stages) for i in range(problem.units)
                         for k in kinds]
+            self.mem = model_op_deltas(problem, self.ops)
         self.index = index = {op: k for k, op in enumerate(self.ops)}
         self.cost = [problem.op_cost(op.kind, op.stage, op.mb) for op in self.ops]  # (a sequence chunk's share)
         self.dur = list(self.cost)
-        self.mem = model_op_deltas(problem, self.ops)
         self.deps = dependencies(problem, self.ops, index, index, schedule.anchors())
-        # Recompute ops: B waits for each (producers names the first); per F, those of its pair.
+        # Per op, its (stage, microbatch)'s backward (B, or BW where the schedule fuses them).
+        self.b_of = {k: index[back] for k, op in enumerate(self.ops)
+                     for back in (Op(Kind.B, op.stage, op.mb), Op(Kind.BW, op.stage, op.mb)) if back in index}
+        # Recompute ops: the backward waits for each (producers names the first); per F, those of its pair.
         self.recompute = {k for k, op in enumerate(self.ops) if op.kind in RECOMPUTES}
         self.after_f: dict[int, list[int]] = {}
         self.partner: dict[int, int] = {}  # a recompute op -> the other one of its pair (R <-> S)
@@ -98,14 +106,11 @@ class _Evaluator:
             op = self.ops[k]
             f = index[Op(Kind.F, op.stage, op.mb)]
             self.after_f.setdefault(f, []).append(k)
-            self.deps[index[Op(Kind.B, op.stage, op.mb)]].append((k, 0.0))
+            self.deps[self.b_of[k]].append((k, 0.0))
         for ks in self.after_f.values():
             ks.sort()
             if len(ks) == 2:
                 self.partner[ks[0]], self.partner[ks[1]] = ks[1], ks[0]
-        # Per op, its (stage, microbatch)'s backward (B, or BW where the schedule fuses them).
-        self.b_of = {k: index[back] for k, op in enumerate(self.ops)
-                     for back in (Op(Kind.B, op.stage, op.mb), Op(Kind.BW, op.stage, op.mb)) if back in index}
         rooms, mtol = problem.activation_room, problem.memory_tol
         self.room = None if rooms is None else [room + mtol.eps for room in rooms]
         self.makespan = problem.search_objective == "makespan"
