@@ -11,11 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedc import Problem, simulate
+from schedc.errors import SchedcError
 from schedc.kinds import RECOMPUTES, Kind
 from schedc.solvers.families.greedy import best_greedy
 from schedc.solvers.search.lazyw import lazy_w
 from schedc.solvers.families.memtime import everywhere, plain, with_policies
-from schedc.solvers.search.mixed import as_if, fit_mixed, fitted_orders, likely_kinds, lightened, policy_orders, polished, relax
+from schedc.solvers.deadline import Budget
+from schedc.solvers.search.mixed import (
+    AsIfSearch, as_if, fit_mixed, fitted_orders, likely_kinds, lightened, policy_orders, polished, quickest, relax,
+)
 from schedc.solvers.registry import REGISTRY, unfuse
 from tests.strategies import small_problems
 
@@ -187,6 +191,11 @@ def test_the_likeliest_recompute_is_the_cheapest_that_lets_the_pipeline_fill(lim
     assert name == f"greedy-as-{first.value}"
 
 
+def fb(schedule):
+    """Per rank, the order of its F and B (a fit adds recomputes and moves W, a relax drops recomputes)."""
+    return [[(op.kind, op.stage, op.mb) for op in ops if op.kind in (Kind.F, Kind.B)] for ops in schedule.ranks]
+
+
 def test_each_order_a_search_improves_is_judged_as_it_comes_and_only_the_last_is_fitted():
     """``policy_orders`` takes a search's orders as it finds them (a budget may end mid-search): each
     is yielded with the kind everywhere, relaxed, in the search's order; the fitted variants follow
@@ -194,9 +203,6 @@ def test_each_order_a_search_improves_is_judged_as_it_comes_and_only_the_last_is
     problem = Problem.parse(dict(ranks=3, microbatches=6, costs=dict(F=1.0, B=1.0, W=1.0),
                                  memory=dict(F=1.0, B=-0.5, limit=1.6), recompute=dict(keep=0.05)))
     orders = [unfuse(REGISTRY[name].build(problem)) for name in ("gpipe", "1f1b")]
-
-    def fb(schedule):  # the F and B order (a fit adds recomputes and moves W, a relax drops recomputes)
-        return [[(op.kind, op.stage, op.mb) for op in ops if op.kind in (Kind.F, Kind.B)] for ops in schedule.ranks]
 
     made = list(policy_orders(problem, lambda q: orders))
     first = [(name, s) for name, s in made if not name.startswith("greedy-as-R-deep")]  # (the transient counted)
@@ -280,3 +286,49 @@ def test_lazy_w_without_recompute_keeps_every_fitting_schedule_fitting(problem, 
             continue
         assert simulate(problem, out).fits, name
         same_order_but(t.schedule, out, {Kind.W})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems(), st.sampled_from(ORDERS), st.integers(0, 3))
+def test_the_search_as_if_every_microbatch_took_the_quickest_recompute_maps_back_what_fits(problem, name, seed):
+    """``AsIfSearch`` searches ``as_if(problem, quickest)`` from a schedule's order: it starts only
+    where that order fits the as-if problem, each turn's better order comes back as a schedule of
+    the problem that fits, with the as-if best's order of F and B, and a turn that finds nothing
+    better gives nothing."""
+    spec = REGISTRY[name]
+    if spec.why_not(problem) is not None:
+        return
+    fitted = next((s for _, s in fitted_orders(problem, unfuse(spec.build(problem)), name)
+                   if simulate(problem, s).fits), None)
+    if fitted is None:
+        return
+    search = AsIfSearch.of(problem, fitted)
+    try:
+        ask = as_if(problem, quickest(problem))
+    except SchedcError:
+        assert search is None
+        return
+    starts = [simulate(ask, s) for s in (plain(fitted), lazy_w(ask, plain(fitted))) if s is not None]
+    assert (search is None) == (not any(t.fits for t in starts))
+    if search is None:
+        return
+    assert search.best.fits and search.best.problem == ask
+    for turn in range(3):
+        before = search.best
+        out = search.turn(Budget.seconds(0.3), seed + turn)
+        if out is None:
+            continue
+        assert search.best.objective_value() < before.objective_value()
+        assert simulate(problem, out).fits
+        assert fb(out) == fb(search.best.schedule)
+
+
+def test_the_search_as_if_starts_only_where_a_limit_leaves_policies_to_choose():
+    problem = Problem.parse(dict(ranks=2, microbatches=4, costs=dict(F=1.0, B=1.0, W=1.0),
+                                 memory=dict(F=1.0, B=-0.5, limit=3.0)))
+    order = unfuse(REGISTRY["1f1b"].build(problem))
+    assert AsIfSearch.of(problem, order) is None  # no recompute declared
+    recomputing = problem.with_changes(recompute=dict(keep=0.1, selective=dict(time=0.2, keep=0.4)))
+    assert quickest(recomputing) is Kind.S
+    assert AsIfSearch.of(recomputing, order) is not None
+    assert AsIfSearch.of(recomputing.with_changes(memory={"limit": None}), order) is None

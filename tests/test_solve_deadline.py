@@ -581,6 +581,40 @@ def test_the_local_search_beside_the_backend_sends_each_better_schedule():
     assert spans[0] < start.objective_value() and spans[-1] >= lower - 1e-9
 
 
+def test_every_other_turn_beside_the_backend_searches_as_if_every_microbatch_took_the_quickest_recompute(
+        monkeypatch):
+    """Where the problem chooses recompute under a limit, the search beside the backend gives every
+    other turn to ``mixed.AsIfSearch`` (started from the schedule given), and a schedule it maps
+    back is sent when it fits and is shorter; without policies to choose, every turn is the plain
+    search."""
+    import schedc.solvers.search.mixed as mixed
+
+    problem = Problem.parse(dict(TIGHT, recompute=dict(keep=0.1, selective=dict(time=0.2, keep=0.4))))
+    start = simulate(problem, registry.REGISTRY["1f1b"].build(problem))
+    lower = lower_bound(problem).value
+    shorter = driver.improve(problem, start, Budget.seconds(1.0))
+    assert shorter.fits and shorter.objective_value() < start.objective_value()
+    seeds, plain_seeds = [], []
+
+    def idle_improve(problem, best, budget, **kw):  # the plain turns find nothing
+        plain_seeds.append(kw["seed"])
+        return best
+
+    def turn(self, budget, seed):
+        seeds.append(seed)
+        return shorter.schedule if len(seeds) == 2 else None
+
+    monkeypatch.setattr(driver, "improve", idle_improve)
+    monkeypatch.setattr(mixed.AsIfSearch, "turn", turn)
+    found = list(driver._searching_beside(problem, start.schedule, Budget.seconds(0.3), lower - 100))
+    assert len(seeds) >= 2 and all(seed % 2 for seed in seeds) and plain_seeds
+    assert all(seed % 2 == 0 for seed in plain_seeds)
+    assert [s.ranks for s in found] == [shorter.schedule.ranks]
+    seeds.clear()
+    list(driver._searching_beside(Problem.parse(TIGHT), start.schedule, Budget.seconds(0.1), lower - 100))
+    assert not seeds
+
+
 def test_the_search_beside_the_backend_runs_only_with_a_core_to_spare(monkeypatch):
     """It takes a core of its own: not where this process may run on one core, nor where the
     caller named the backend's threads; where it runs, its child is gone once collected."""

@@ -52,7 +52,7 @@ from schedc.solvers.families import greedy
 from schedc.solvers.search import periodic
 from schedc.solvers.search.localsearch import improve
 from schedc.solvers.families.memtime import everywhere, least_memory, with_policies
-from schedc.solvers.search.mixed import fit_mixed, fitted_orders, policy_orders, polished
+from schedc.solvers.search.mixed import AsIfSearch, fit_mixed, fitted_orders, policy_orders, polished
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
 
@@ -950,13 +950,21 @@ def _beside(call: _Call, settings: Settings, best: Timeline) -> Worker | None:
 
 def _searching_beside(problem: Problem, start: Schedule, budget: Budget, lower: float) -> Iterator[Schedule]:
     """The local search from ``start`` in turns of BESIDE_TURN seconds, each from the best so far
-    with a new seed, until ``budget`` runs out or the bound is met: yields each better schedule."""
+    with a new seed, until ``budget`` runs out or the bound is met: yields each better schedule.
+    Where the problem chooses recompute policies under a limit, every other turn goes to the
+    search on the problem as if every microbatch took the quickest recompute (``mixed.AsIfSearch``,
+    from ``start``'s order, on from its own best each turn), whose orders come back mapped."""
     best = simulate(problem, start)
+    as_if_search = AsIfSearch.of(problem, start)
     seed = 2  # (the local searches before and after the backend take seeds 0 and 1)
     while not budget.expired() and not meets(best.objective_value(), lower):
-        t = improve(problem, best, budget.at_most(BESIDE_TURN), enough=lower, seed=seed, patience=None)
+        if as_if_search is not None and seed % 2:
+            found = as_if_search.turn(budget.at_most(BESIDE_TURN), seed)
+            t = best if found is None else simulate(problem, found)
+        else:
+            t = improve(problem, best, budget.at_most(BESIDE_TURN), enough=lower, seed=seed, patience=None)
         seed += 1
-        if problem.time_tol.lt(t.objective_value(), best.objective_value()):
+        if t.fits and problem.time_tol.lt(t.objective_value(), best.objective_value()):
             best = t
             yield t.schedule
 
