@@ -319,8 +319,8 @@ def test_the_search_as_if_every_microbatch_took_the_quickest_recompute_maps_back
         if out is None:
             continue
         assert search.best.objective_value() < before.objective_value()
-        assert simulate(problem, out).fits
-        assert fb(out) == fb(search.best.schedule)
+        assert out.problem == problem and out.fits and simulate(problem, out.schedule).fits
+        assert fb(out.schedule) == fb(search.best.schedule)
 
 
 def test_the_search_as_if_starts_only_where_a_limit_leaves_policies_to_choose():

@@ -585,7 +585,7 @@ def test_every_other_turn_beside_the_backend_searches_as_if_every_microbatch_too
         monkeypatch):
     """Where the problem chooses recompute under a limit, the search beside the backend gives every
     other turn to ``mixed.AsIfSearch`` (started from the schedule given), and a schedule it maps
-    back is sent when it fits and is shorter; without policies to choose, every turn is the plain
+    back is sent when it is shorter; without policies to choose, every turn is the plain
     search."""
     import schedc.solvers.search.mixed as mixed
 
@@ -602,7 +602,7 @@ def test_every_other_turn_beside_the_backend_searches_as_if_every_microbatch_too
 
     def turn(self, budget, seed):
         seeds.append(seed)
-        return shorter.schedule if len(seeds) == 2 else None
+        return shorter if len(seeds) == 2 else None
 
     monkeypatch.setattr(driver, "improve", idle_improve)
     monkeypatch.setattr(mixed.AsIfSearch, "turn", turn)

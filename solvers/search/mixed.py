@@ -454,10 +454,10 @@ class AsIfSearch:
             return None
         return cls(problem, kind, min(starts, key=lambda t: t.objective_value()))
 
-    def turn(self, budget: Budget, seed: int) -> Schedule | None:
+    def turn(self, budget: Budget, seed: int) -> Timeline | None:
         """The search on from its best so far for ``budget`` (seed ``seed``): the best order found
-        in this turn mapped back to the problem, None where the turn found none better or its
-        mapping does not fit."""
+        in this turn mapped back to the problem (its Timeline there, which fits), None where the
+        turn found none better or its mapping does not fit."""
         found = improve(self.best.problem, self.best, budget, seed=seed, patience=None)
         if not self.best.problem.time_tol.lt(found.objective_value(), self.best.objective_value()):
             return None
@@ -465,7 +465,7 @@ class AsIfSearch:
         mapped = with_policies(self.problem, found.schedule, everywhere(self.problem, self.kind), "as-if")
         for candidate in (mapped, fit_mixed(self.problem, mapped)):
             if candidate is not None:
-                out = relax(self.problem, candidate)
-                if simulate(self.problem, out).fits:
+                out = simulate(self.problem, relax(self.problem, candidate))
+                if out.fits:
                     return out
         return None

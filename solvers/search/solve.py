@@ -960,11 +960,11 @@ def _searching_beside(problem: Problem, start: Schedule, budget: Budget, lower: 
     while not budget.expired() and not meets(best.objective_value(), lower):
         if as_if_search is not None and seed % 2:
             found = as_if_search.turn(budget.at_most(BESIDE_TURN), seed)
-            t = best if found is None else simulate(problem, found)
+            t = best if found is None else found
         else:
             t = improve(problem, best, budget.at_most(BESIDE_TURN), enough=lower, seed=seed, patience=None)
         seed += 1
-        if t.fits and problem.time_tol.lt(t.objective_value(), best.objective_value()):
+        if problem.time_tol.lt(t.objective_value(), best.objective_value()):
             best = t
             yield t.schedule
 
