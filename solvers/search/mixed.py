@@ -463,7 +463,8 @@ class AsIfSearch:
             return None
         self.best = found
         mapped = with_policies(self.problem, found.schedule, everywhere(self.problem, self.kind), "as-if")
-        for candidate in (mapped, fit_mixed(self.problem, mapped)):
+        for fit in (lambda: mapped, lambda: fit_mixed(self.problem, mapped)):  # (the fit only where needed)
+            candidate = fit()
             if candidate is not None:
                 out = simulate(self.problem, relax(self.problem, candidate))
                 if out.fits:
