@@ -449,11 +449,19 @@ def replay(
     latency)`` in ``deps[op]`` has ended, plus the latency. Returns per rank the start and end
     times of the ops that ran and how many ran (fewer than the rank's list: a deadlock)."""
     p = len(orders)
-    finish = [-1.0] * len(dur)
-    start: list[list[float]] = [[] for _ in range(p)]
-    end: list[list[float]] = [[] for _ in range(p)]
-    free = [0.0] * p
-    pos = [0] * p
+    return resume(orders, deps, dur, [-1.0] * len(dur), [[] for _ in range(p)], [[] for _ in range(p)], [0] * p)
+
+
+def resume(
+    orders: list[list[int]], deps: list[list[tuple[int, float]]], dur: list[float], finish: list[float],
+    start: list[list[float]], end: list[list[float]], pos: list[int],
+) -> tuple[list[list[float]], list[list[float]], list[int]]:
+    """``replay`` on from a state where each rank r has run ``orders[r][:pos[r]]`` at the times
+    ``start[r]`` and ``end[r]`` (``pos[r]`` of each) and ``finish`` holds every op's end (-1 for
+    those not run): the same times as replaying from nothing, where that state is what the replay
+    reaches. Fills in ``finish``, ``start``, ``end`` and ``pos`` and returns the last three."""
+    p = len(orders)
+    free = [es[-1] if es else 0.0 for es in end]
     waiting: dict[int, list[int]] = {}  # unfinished op -> ranks blocked on it
     ready = list(range(p))
     while ready:

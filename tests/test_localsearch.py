@@ -9,7 +9,9 @@ import schedc
 import schedc.solvers as solvers
 from schedc import load_problem, simulate
 from schedc.solvers.deadline import Budget
-from schedc.solvers.search.localsearch import _Evaluator, improve, renumbered, score
+from schedc.solvers.search.localsearch import (
+    _apply, _candidates, _Evaluator, _kick, _policy_rank, _repaired, improve, renumbered, score,
+)
 from tests.strategies import pipeline_problems
 
 PAPER = Path(__file__).parent.parent / "examples" / "problems" / "zb-paper"
@@ -46,6 +48,40 @@ def test_the_quick_evaluator_agrees_with_the_simulator(problem, working):
     t = simulate(problem, schedule)
     ev = _Evaluator(problem, schedule)
     assert ev.score(ev.orders(schedule)) == score(t)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipeline_problems(max_microbatches=8), st.booleans(), st.sampled_from([1.0, 1.5]), st.integers(0, 2**16))
+def test_an_order_replayed_from_its_neighbour_has_the_times_of_a_replay_from_nothing(problem, recompute, room, seed):
+    """``_Evaluator.replayed(trial, base)`` resumes from ``base``'s times: for every move the
+    climb tries (order, policy, exchange, repaired) and for kicks that change several ranks, the
+    same verdict and times as replaying ``trial`` from nothing."""
+    import random
+
+    if recompute:
+        a = min(problem.mem["F"])
+        problem = problem.with_changes(recompute=dict(time=1.0, keep=0.0, selective=dict(time=0.3, keep=a / 2)))
+    peak = max(simulate(problem, solvers.build("zb-greedy", problem)).peak_activation)
+    problem = problem.with_changes(memory={"limit": [s + peak * room for s in problem.static_memory]})
+    schedule = solvers.build("zb-greedy", problem)
+    ev = _Evaluator(problem, schedule)
+    orders = ev.orders(schedule)
+    base = ev.replayed(orders)
+    assert base is not None
+    rng = random.Random(seed)
+    moves = list(_candidates(ev, orders, *ev.times(base), 3, True))
+    trials = []
+    for move in rng.sample(moves, min(len(moves), 40)):
+        trials.append(_apply(ev, orders, move))
+        if (r := _policy_rank(move)) is not None and (fixed := _repaired(ev, trials[-1], r)) is not None:
+            trials.append(fixed)
+    trials += [_kick(ev, orders, rng) for _ in range(5)]
+    for trial in trials:
+        fresh, resumed = ev.replayed(trial), ev.replayed(trial, base)
+        assert (fresh is None) == (resumed is None)
+        if fresh is not None:
+            assert (resumed.score, resumed.start, resumed.end) == (fresh.score, fresh.start, fresh.end)
+            assert ev.times(resumed) == ev.times(fresh)
 
 
 def test_renumbering_keeps_times_and_memory():

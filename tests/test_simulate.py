@@ -197,3 +197,36 @@ def test_recompute_is_apart_from_the_work_and_idle_in_a_v_is_phased_by_its_first
     assert rt.warm_up == pytest.approx(sum(g for g, _, end in gaps if end <= back))
     assert rt.cool_down == pytest.approx(sum(g for g, at, _ in gaps if at >= last_entry) + t.rank_end[0] - es[-1])
     assert rt.work + rt.recompute + rt.idle == pytest.approx(t.rank_span[0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(pipeline_problems(max_microbatches=8), st.sampled_from(["zb-greedy", "1f1b", "gpipe"]), st.floats(0, 1))
+def test_a_replay_resumed_from_any_time_gives_the_times_of_a_replay_from_nothing(problem, name, when):
+    """``resume`` from the state a replay reaches at a time t (every op that started before t, the
+    rest not run) ends with the whole replay's times."""
+    from bisect import bisect_left
+
+    from schedc.simulate import _lanes, dependencies, durations, replay, resume
+
+    try:
+        schedule = solvers.build(name, problem)
+    except ScheduleError:  # (not every schedule applies to every placement)
+        return
+    where = schedule.check_complete(problem)
+    lanes, anchors = _lanes(problem, schedule)
+    orders = [ops for per_rank in lanes.values() for ops in per_rank]
+    ops = [op for lane_ops in orders for op in lane_ops]
+    index = {op: k for k, op in enumerate(ops)}
+    deps = dependencies(problem, ops, index, where, anchors, lanes.get("comm", ()), {})
+    dur = durations(problem, ops, {})
+    ids = [[index[op] for op in lane_ops] for lane_ops in orders]
+    start, end, pos = replay(ids, deps, dur)
+    t = when * max((es[-1] for es in end if es), default=0.0)
+    keep = [bisect_left(ss, t) for ss in start]
+    finish = [-1.0] * len(dur)
+    for ks, es, x in zip(ids, end, keep):
+        for k, e in zip(ks[:x], es[:x]):
+            finish[k] = e
+    again = resume(ids, deps, dur, finish, [ss[:x] for ss, x in zip(start, keep)],
+                   [es[:x] for es, x in zip(end, keep)], keep)
+    assert again == (start, end, pos)

@@ -41,7 +41,9 @@ already has (DualPipe's) are kept as long as their two ops stay next to each oth
 A move is kept when the order still fits the memory limit and is strictly better by (objective,
 sum over ranks of their span or end): the second key lets the search cross plateaus where only a
 non-critical rank gets shorter. Orders are judged by ``schedc.simulate.replay`` (the simulator's
-own list scheduling) and the simulator's memory rule over integer op ids; the result is then
+own list scheduling) and the simulator's memory rule over integer op ids, a move from the replay of
+the order it changes (``_Evaluator.replayed``: what started before the first op it moved keeps its
+times, so only the rest is replayed, with the times a replay from nothing gives); the result is then
 simulated once, so what it reports is exactly what the simulator (the one judge) says. It
 proves nothing: the bound comes from elsewhere. Times and memory are compared up to float noise
 relative to the problem's scale (``Problem.time_tol``, ``Problem.memory_tol``), so the search
@@ -50,13 +52,16 @@ takes the same steps in any unit.
 
 from __future__ import annotations
 
+import math
 import random
+from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
-from schedc.simulate import Timeline, dependencies, replay, simulate
+from schedc.simulate import Timeline, dependencies, resume, simulate
 from schedc.solvers.search.common import model_kinds, model_op_deltas
 from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
@@ -71,6 +76,21 @@ EXCHANGE_TAIL = 2  # per stage on a rank, the last this many dear recompute ops 
 
 Orders = list[list[int]]  # per rank, op ids in order
 Score = tuple[float, float]
+
+
+@dataclass
+class _Replayed:
+    """Orders as ``_Evaluator.replayed`` replayed them: per rank every op of the evaluator in the
+    order it ran (``full``: the recompute ops not held right after their F), its times, every op's
+    end by id, the durations and the score; what a neighbouring order is replayed from."""
+
+    orders: Orders
+    full: Orders
+    start: list[list[float]]
+    end: list[list[float]]
+    finish: list[float]
+    dur: list[float]
+    score: Score
 
 
 class _Evaluator:
@@ -215,9 +235,49 @@ class _Evaluator:
             level += delta
         return None
 
-    def run(self, orders: Orders):
-        """``(score, start, end)`` of the replayed orders (times aligned with ``orders``), or None
-        when they deadlock or break the memory limit."""
+    def replayed(self, orders: Orders, base: _Replayed | None = None) -> _Replayed | None:
+        """``orders`` replayed, or None when they deadlock or break the memory limit. From ``base``
+        (the replay of orders whose ranks' lists ``orders`` shares, where it shares them: a move
+        copies only the lists it changes), only what a changed list can change is replayed again:
+        every op that started before the first op the change moved on any rank (``base``'s times)
+        keeps its times, as do the ops before it on its own rank, so the replay resumes from there
+        (``schedc.simulate.resume``) with the same times as from nothing. Memory is checked on the
+        changed ranks only. Not with overlapped pairs, whose order changes their dependencies."""
+        if base is None or self.pairable:
+            return self._replayed(orders)
+        full, dur = base.full[:], base.dur
+        t0, lo = math.inf, {}
+        for q, ks in enumerate(orders):
+            if ks is base.orders[q]:
+                continue
+            fq = self.expanded([ks])[0]  # (a rank's recompute ops are its own: its order alone expands it)
+            if self.room is not None and self.over(fq, q) is not None:
+                return None
+            old = base.full[q]
+            i = next((x for x, (a, b) in enumerate(zip(fq, old)) if a != b), len(old))  # (expanded: same length)
+            if self.recompute:  # the rank's recompute ops last their cost where held, else 0 (held or not, in
+                held = {k for k in ks if k in self.recompute}  # the same place: the same order, another time)
+                for x, k in enumerate(fq):
+                    if k in self.recompute and dur[k] != (d := self.cost[k] if k in held else 0.0):
+                        dur = dur if dur is not base.dur else dur[:]
+                        dur[k], i = d, min(i, x)
+            if i == len(old):
+                continue
+            full[q], lo[q], t0 = fq, i, min(t0, base.start[q][i])
+        if not lo:
+            return _Replayed(orders, base.full, base.start, base.end, base.finish, base.dur, base.score)
+        pos = [min(lo.get(q, len(ks)), bisect_left(base.start[q], t0)) for q, ks in enumerate(base.full)]
+        finish = base.finish[:]
+        for ks, x in zip(base.full, pos):
+            for k in ks[x:]:
+                finish[k] = -1.0
+        start, end, pos = resume(full, self.deps, dur, finish, [ss[:x] for ss, x in zip(base.start, pos)],
+                                 [es[:x] for es, x in zip(base.end, pos)], pos)
+        if any(x < len(ks) for x, ks in zip(pos, full)):
+            return None
+        return _Replayed(orders, full, start, end, finish, dur, _score(start, end, self.makespan))
+
+    def _replayed(self, orders: Orders) -> _Replayed | None:
         full = self.expanded(orders)
         if not self.fits(full):
             return None
@@ -227,14 +287,28 @@ class _Evaluator:
             dur = [0.0 if k in self.recompute and k not in held else c for k, c in enumerate(self.cost)]
         elif self.pairable:
             full, deps, dur = self._paired(full, dur)
-        start, end, pos = replay(full, deps, dur)
-        if any(pos[r] < len(ks) for r, ks in enumerate(full)):
+        p = len(full)
+        finish = [-1.0] * len(dur)
+        start, end, pos = resume(full, deps, dur, finish, [[] for _ in range(p)], [[] for _ in range(p)], [0] * p)
+        if any(x < len(ks) for x, ks in zip(pos, full)):
             return None
-        if full is not orders:  # the times of the ops ``orders`` holds
-            keep = [[x for x, k in enumerate(ks) if k not in self.recompute or k in held] for ks in full]
-            start = [[ss[x] for x in kx] for ss, kx in zip(start, keep)]
-            end = [[es[x] for x in kx] for es, kx in zip(end, keep)]
-        return _score(start, end, self.makespan), start, end
+        return _Replayed(orders, full, start, end, finish, dur, _score(start, end, self.makespan))
+
+    def times(self, rp: _Replayed) -> tuple[list[list[float]], list[list[float]]]:
+        """The start and end times of a replay, aligned with its ``orders`` (without the recompute
+        ops they do not hold)."""
+        if not self.recompute:
+            return rp.start, rp.end
+        held = {k for ks in rp.orders for k in ks if k in self.recompute}
+        keep = [[x for x, k in enumerate(ks) if k not in self.recompute or k in held] for ks in rp.full]
+        return ([[ss[x] for x in kx] for ss, kx in zip(rp.start, keep)],
+                [[es[x] for x in kx] for es, kx in zip(rp.end, keep)])
+
+    def run(self, orders: Orders):
+        """``(score, start, end)`` of the replayed orders (times aligned with ``orders``), or None
+        when they deadlock or break the memory limit."""
+        rp = self._replayed(orders)
+        return None if rp is None else (rp.score, *self.times(rp))
 
     def score(self, orders: Orders) -> Score | None:
         """``score()`` of the simulated orders, or None when they deadlock or break the limit."""
@@ -425,24 +499,24 @@ def _candidates(ev: _Evaluator, orders: Orders, start, end, reach: int, full: bo
 def _climb(ev: _Evaluator, orders: Orders, budget: Budget, reach: int, full: bool, found=None):
     """First-improvement hill climb from ``orders`` (which must be feasible) to a local optimum
     or the end of ``budget``: ``(orders, score)``. ``found(score)`` hears of each improvement."""
-    s, start, end = ev.run(orders)
+    now = ev.replayed(orders)
     improved = True
     while improved and not budget.expired():
         improved = False
-        for move in _candidates(ev, orders, start, end, reach, full):
+        for move in _candidates(ev, orders, *ev.times(now), reach, full):
             if budget.expired():
                 break
             trial = _apply(ev, orders, move)
-            out = ev.run(trial)
+            out = ev.replayed(trial, now)
             if out is None and ev.room is not None and (r := _policy_rank(move)) is not None:
                 trial = _repaired(ev, trial, r)  # a policy move that keeps more: make room for it
-                out = None if trial is None else ev.run(trial)
-            if out is not None and _better(out[0], s, ev.tol):
-                orders, (s, start, end), improved = trial, out, True
+                out = None if trial is None else ev.replayed(trial, now)
+            if out is not None and _better(out.score, now.score, ev.tol):
+                orders, now, improved = trial, out, True
                 if found:
-                    found(s)
+                    found(now.score)
                 break
-    return orders, s
+    return orders, now.score
 
 
 def _policy_rank(move: Move) -> int | None:
@@ -455,6 +529,7 @@ def _policy_rank(move: Move) -> int | None:
 def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
     """A few random single-op moves, each kept only when the order stays feasible; where the
     problem allows recompute, some of them change a (stage, microbatch)'s policy."""
+    now = ev.replayed(orders)
     for _ in range(rng.randint(1, KICK_MOVES)):
         for _ in range(20):  # tries for one feasible move
             if ev.pair_moves and rng.random() < KICK_PAIR:
@@ -462,8 +537,8 @@ def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
                 moves = list(_pair_moves(ev, orders, (r,), KICK_REACH))
                 if moves:
                     trial = _apply(ev, orders, rng.choice(moves))
-                    if ev.run(trial) is not None:
-                        orders = trial
+                    if (out := ev.replayed(trial, now)) is not None:
+                        orders, now = trial, out
                         break
                 continue
             if ev.recompute and rng.random() < KICK_POLICY:
@@ -477,8 +552,8 @@ def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
                 else:
                     move = (r, None, None, k)
                 trial = _apply(ev, orders, move)
-                if ev.run(trial) is not None:
-                    orders = trial
+                if (out := ev.replayed(trial, now)) is not None:
+                    orders, now = trial, out
                     break
                 continue
             r = rng.randrange(len(orders))
@@ -490,8 +565,8 @@ def _kick(ev: _Evaluator, orders: Orders, rng: random.Random) -> Orders:
             if i == j:
                 continue
             trial = _moved(orders, r, i, j)
-            if ev.run(trial) is not None:
-                orders = trial
+            if (out := ev.replayed(trial, now)) is not None:
+                orders, now = trial, out
                 break
     return orders
 
