@@ -442,14 +442,17 @@ def together(problem: Problem, comm: tuple[tuple[Op, ...], ...], anchors: dict[O
 
 
 def replay(
-    orders: list[list[int]], deps: list[list[tuple[int, float]]], dur: list[float]
+    orders: list[list[int]], deps: list[list[tuple[int, float]]], dur: list[float], finish: list[float] | None = None
 ) -> tuple[list[list[float]], list[list[float]], list[int]]:
     """The list scheduling every schedule is judged by, over integer op ids: rank r runs the ops
     ``orders[r]`` in that order, each as soon as its rank is free and every producer ``(id,
     latency)`` in ``deps[op]`` has ended, plus the latency. Returns per rank the start and end
-    times of the ops that ran and how many ran (fewer than the rank's list: a deadlock)."""
+    times of the ops that ran and how many ran (fewer than the rank's list: a deadlock).
+    ``finish``, where given, is a list of -1.0 per op that the replay fills in with each op's end
+    (what ``resume`` goes on from)."""
     p = len(orders)
-    return resume(orders, deps, dur, [-1.0] * len(dur), [[] for _ in range(p)], [[] for _ in range(p)], [0] * p)
+    finish = [-1.0] * len(dur) if finish is None else finish
+    return resume(orders, deps, dur, finish, [[] for _ in range(p)], [[] for _ in range(p)], [0] * p)
 
 
 def resume(

@@ -61,7 +61,7 @@ from typing import Callable, Iterator, Sequence
 from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
-from schedc.simulate import Timeline, dependencies, resume, simulate
+from schedc.simulate import Timeline, dependencies, replay, resume, simulate
 from schedc.solvers.search.common import model_kinds, model_op_deltas
 from schedc.solvers.deadline import Budget
 from schedc.tolerance import Tolerance, meets
@@ -287,9 +287,8 @@ class _Evaluator:
             dur = [0.0 if k in self.recompute and k not in held else c for k, c in enumerate(self.cost)]
         elif self.pairable:
             full, deps, dur = self._paired(full, dur)
-        p = len(full)
         finish = [-1.0] * len(dur)
-        start, end, pos = resume(full, deps, dur, finish, [[] for _ in range(p)], [[] for _ in range(p)], [0] * p)
+        start, end, pos = replay(full, deps, dur, finish)
         if any(x < len(ks) for x, ks in zip(pos, full)):
             return None
         return _Replayed(orders, full, start, end, finish, dur, _score(start, end, self.makespan))
