@@ -63,8 +63,7 @@ def measure(problem: Problem, name: str, n_moves: int, repeat: int) -> dict:
         fresh, resumed = ev.replayed(trial), ev.replayed(trial, base)
         if (fresh is None) != (resumed is None) or (
                 fresh is not None and (fresh.start, fresh.end) != (resumed.start, resumed.end)):
-            print(f"{problem.name}: a move judged from the replay differs from the replay from nothing", file=sys.stderr)
-            raise SystemExit(1)
+            raise SystemExit(f"{problem.name}: a move judged from the replay differs from the replay from nothing")
         if resumed is not None:
             # (the ops it kept hold the base's own time objects; those it replayed, new ones)
             kept = sum(sum(1 for a, b in zip(x, y) if a is b) for x, y in zip(resumed.start, base.start))
