@@ -18,7 +18,6 @@ import argparse
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import schedc.solvers as solvers
@@ -27,6 +26,7 @@ from schedc.solvers.search.localsearch import _apply, _candidates, _Evaluator, _
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import commit, machine, write_section  # noqa: E402
+from simulate import median_seconds  # noqa: E402
 
 PROBLEMS = Path(__file__).resolve().parent.parent / "examples" / "problems"
 
@@ -69,17 +69,8 @@ def measure(problem: Problem, name: str, n_moves: int, repeat: int) -> dict:
             kept = sum(sum(1 for a, b in zip(x, y) if a is b) for x, y in zip(resumed.start, base.start))
             replayed_again.append(1 - kept / len(ev.ops))
 
-    def seconds(judge) -> float:
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for trial in trials:
-                judge(trial)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) / len(trials)
-
-    fresh_s = seconds(ev.replayed)
-    resumed_s = seconds(lambda trial: ev.replayed(trial, base))
+    fresh_s = median_seconds(lambda: [ev.replayed(trial) for trial in trials], repeat) / len(trials)
+    resumed_s = median_seconds(lambda: [ev.replayed(trial, base) for trial in trials], repeat) / len(trials)
     return dict(ops=len(ev.ops), moves=len(trials), judged=len(replayed_again), fresh=fresh_s, resumed=resumed_s,
                 again=statistics.mean(replayed_again) if replayed_again else float("nan"))
 
