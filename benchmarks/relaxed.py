@@ -2,6 +2,7 @@
 ranks held to one op at a time and to their memory, solved by CP-SAT (issue 39, point 1).
 
     python benchmarks/relaxed.py [--write] [--solve-limit 20] [--relax-limit 60] [--only NAME]
+    python benchmarks/relaxed.py --problem FILE [--held 0,7 --held all ...] [--solve-limit 20] [--relax-limit 60]
 
 A schedule of the problem is a solution of the relaxation, which drops the other ranks' lanes and
 memory (their ops keep their costs and data edges: ``solvers.search.cpsat.relaxation``). So what
@@ -28,6 +29,10 @@ schedc's bound: "proves" is its bound, never below schedc's (marked optimal wher
 relaxation: its optimum, or schedc's bound if the optimum lies below), "found" the least objective of
 the relaxation it found (the optimum lies at or below it). --write puts the table into
 benchmarks/RESULTS.md (section relaxed).
+
+``--problem FILE`` (repeatable) runs those problem files instead of the cells above, printed and
+never written, holding the ranks of each ``--held`` (repeatable: ranks separated by commas, or
+``all``; by default each rank alone, ranks 0 and 1, and all).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from memtime_small import small_problem  # noqa: E402
 
 from schedc import load_problem  # noqa: E402
+from schedc.errors import SchedcError  # noqa: E402
 from schedc.solvers.bounds import lower_bound  # noqa: E402
 from schedc.solvers.search.cpsat import relaxation  # noqa: E402
 from schedc.solvers.search.solve import solve  # noqa: E402
@@ -69,6 +75,20 @@ def rank_sets(problem, named) -> list[tuple[int, ...]]:
         return named
     p = problem.ranks
     return [(r,) for r in range(p)] + [(0, 1), tuple(range(p))]
+
+
+def parse_held(text: str, p: int) -> tuple[int, ...]:
+    """``--held``'s ranks: numbers separated by commas, or ``all``; ValueError (its message the
+    reason) for anything else or a rank the problem does not have."""
+    if text.strip() == "all":
+        return tuple(range(p))
+    try:
+        ranks = tuple(sorted({int(x) for x in text.split(",")}))
+    except ValueError:
+        raise ValueError(f"--held takes ranks separated by commas, or all, not {text!r}") from None
+    if not all(0 <= r < p for r in ranks):
+        raise ValueError(f"--held {text}: this problem's ranks are 0-{p - 1}")
+    return ranks
 
 
 def held_text(held: tuple[int, ...], p: int) -> str:
@@ -129,11 +149,28 @@ def main() -> None:
     ap.add_argument("--solve-limit", type=float, default=20.0, help="seconds of solve per cell (the relaxations' hint)")
     ap.add_argument("--relax-limit", type=float, default=60.0, help="seconds of CP-SAT per relaxation")
     ap.add_argument("--only", default="", help="run the cells whose problem name contains this")
+    ap.add_argument("--problem", action="append", default=[], metavar="FILE",
+                    help="run this problem file instead of the table's cells (repeatable; printed, never written)")
+    ap.add_argument("--held", action="append", default=[], metavar="RANKS",
+                    help="with --problem: the ranks to hold, separated by commas, or all (repeatable; default: each"
+                    " rank alone, ranks 0 and 1, and all)")
     args = ap.parse_args()
     refuse_partial_write(ap, args)
+    if args.write and args.problem:
+        ap.error("--write publishes the table's own cells: not with --problem (printed, never written)")
+    if args.held and not args.problem:
+        ap.error("--held goes with --problem (the table's cells hold their own ranks)")
+    chosen = []
+    for path in args.problem:
+        try:
+            problem = load_problem(path)
+            named = [parse_held(text, problem.ranks) for text in args.held] or None
+        except (SchedcError, OSError, ValueError) as e:
+            ap.error(f"--problem {path}: {e}")
+        chosen.append((problem, named))
     began = time.perf_counter()
     rows = []
-    for problem, named in cells():
+    for problem, named in chosen or cells():
         if args.only in problem.name:
             rows += run_cell(problem, rank_sets(problem, named), args.solve_limit, args.relax_limit)
     body, notes = table(rows)

@@ -72,6 +72,47 @@ def test_the_relaxed_table_says_which_relaxation_proves_more_than_the_bound():
     assert "1 of 1 relaxations solved, none proves more than schedc's bound" in notes[0]
 
 
+def _relaxed(*args, timeout=120):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "relaxed.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_relaxed_runs_a_problem_file_holding_the_ranks_named(tmp_path):
+    """benchmarks/relaxed.py --problem FILE --held ...: a user's problem, holding the ranks named, is
+    solved and each relaxation printed, never written; holding every rank is the problem itself,
+    which CP-SAT solves on a problem this small, at no less than schedc's bound."""
+    pytest.importorskip("ortools")
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(dict(name="tiny", ranks=2, microbatches=3, costs=dict(F=1, B=1.5, W=0.7), comm=0.1,
+                                        memory=dict(F=1, B=-0.6, limit=1.2), recompute=dict(time=0.8, keep=0.1))))
+    before = RESULTS.read_bytes()
+    run = _relaxed("--problem", str(path), "--held", "1", "--held", "all", "--solve-limit", "2", "--relax-limit", "20")
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| tiny |")]
+    assert [row.split("|")[5].strip() for row in rows] == ["1", "all"]
+    assert "the problem itself solved" in run.stdout
+    assert RESULTS.read_bytes() == before
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--write", "--problem", "examples/problems/memory-time/mt-1.5B-m24-0.5x.yaml"], "not with --problem"),
+    (["--held", "0"], "--held goes with --problem"),
+    (["--problem", "examples/problems/memory-time/mt-1.5B-m24-0.5x.yaml", "--held", "8"], "ranks are 0-7"),
+    (["--problem", "examples/problems/memory-time/mt-1.5B-m24-0.5x.yaml", "--held", "0;1"], "separated by commas"),
+    (["--problem", "no-such-file.yaml"], "--problem no-such-file.yaml"),
+])
+def test_relaxed_refuses_what_it_cannot_run_before_anything_runs(args, says):
+    """What benchmarks/relaxed.py cannot run is an error (exit 2, one line saying why, no
+    traceback), before any solve; RESULTS.md stays as it was."""
+    before = RESULTS.read_bytes()
+    run = _relaxed(*args)
+    assert run.returncode == 2, run.stderr
+    assert says in run.stderr and "Traceback" not in run.stderr
+    assert RESULTS.read_bytes() == before
+
+
 PATIENT_SECONDS = 120  # periodic searches that end early, at their first pattern that fits or where CP-SAT proves
 # that none exists (1-10 s alone): the most they may take where the machine is busy (10 s, sharing two cores with
 # other tests, was too short: three of them failed so in three full runs)
