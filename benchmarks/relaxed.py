@@ -74,7 +74,7 @@ def rank_sets(problem, named) -> list[tuple[int, ...]]:
     if named is not None:
         return named
     p = problem.ranks
-    return [(r,) for r in range(p)] + [(0, 1), tuple(range(p))]
+    return list(dict.fromkeys([(r,) for r in range(p)] + [(0, 1)[:p], tuple(range(p))]))  # (each once on small p)
 
 
 def parse_held(text: str, p: int) -> tuple[int, ...]:
