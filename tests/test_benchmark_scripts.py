@@ -91,8 +91,10 @@ def test_relaxed_runs_a_problem_file_holding_the_ranks_named(tmp_path):
     run = _relaxed("--problem", str(path), "--held", "1", "--held", "all", "--solve-limit", "2", "--relax-limit", "20")
     assert run.returncode == 0, run.stderr
     rows = [line for line in run.stdout.splitlines() if line.startswith("| tiny |")]
-    assert [row.split("|")[5].strip() for row in rows] == ["1", "all"]
+    cells = [[c.strip() for c in row.split("|")] for row in rows]
+    assert [c[5] for c in cells] == ["1", "all"]
     assert "the problem itself solved" in run.stdout
+    assert all(float(c[6].split()[0]) >= float(c[4]) for c in cells)  # proves, against schedc's bound
     assert RESULTS.read_bytes() == before
 
 
