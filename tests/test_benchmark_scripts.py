@@ -11,13 +11,18 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
+def _script(script: str, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/SCRIPT run with ``args`` from the checkout's root, its output captured."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("script", ["backends.py", "memory_time.py", "memtime_small.py", "plan.py", "relaxed.py"])
 def test_write_with_only_is_refused_before_anything_runs(script):
     """--only runs part of a table, which --write never wrote: together they are an error (exit 2,
     one line saying why), not a run whose --write is dropped; RESULTS.md stays as it was."""
     before = RESULTS.read_bytes()
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--write", "--only", "no-such-cell"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = _script(script, "--write", "--only", "no-such-cell")
     assert run.returncode == 2, run.stderr
     assert "--write publishes the whole table and --only runs part of it" in run.stderr
     assert "Traceback" not in run.stderr
@@ -72,11 +77,6 @@ def test_the_relaxed_table_says_which_relaxation_proves_more_than_the_bound():
     assert "1 of 1 relaxations solved, none proves more than schedc's bound" in notes[0]
 
 
-def _relaxed(*args, timeout=120):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "relaxed.py"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_relaxed_runs_a_problem_file_holding_the_ranks_named(tmp_path):
     """benchmarks/relaxed.py --problem FILE --held ...: a user's problem, holding the ranks named, is
     solved and each relaxation printed, never written; holding every rank is the problem itself,
@@ -88,7 +88,7 @@ def test_relaxed_runs_a_problem_file_holding_the_ranks_named(tmp_path):
     path.write_text(yaml.safe_dump(dict(name="tiny", ranks=2, microbatches=3, costs=dict(F=1, B=1.5, W=0.7), comm=0.1,
                                         memory=dict(F=1, B=-0.6, limit=1.2), recompute=dict(time=0.8, keep=0.1))))
     before = RESULTS.read_bytes()
-    run = _relaxed("--problem", str(path), "--held", "1", "--held", "all", "--solve-limit", "2", "--relax-limit", "20")
+    run = _script("relaxed.py", "--problem", str(path), "--held", "1", "--held", "all", "--solve-limit", "2", "--relax-limit", "20")
     assert run.returncode == 0, run.stderr
     rows = [line for line in run.stdout.splitlines() if line.startswith("| tiny |")]
     cells = [[c.strip() for c in row.split("|")] for row in rows]
@@ -109,7 +109,7 @@ def test_relaxed_refuses_what_it_cannot_run_before_anything_runs(args, says):
     """What benchmarks/relaxed.py cannot run is an error (exit 2, one line saying why, no
     traceback), before any solve; RESULTS.md stays as it was."""
     before = RESULTS.read_bytes()
-    run = _relaxed(*args)
+    run = _script("relaxed.py", *args)
     assert run.returncode == 2, run.stderr
     assert says in run.stderr and "Traceback" not in run.stderr
     assert RESULTS.read_bytes() == before
