@@ -37,8 +37,8 @@ so a V row's "vs 1F1B with full recompute" holds it against the loop row of the 
 limit (the same model and memory). Below the table, each cell whose gap passes issue 39's line
 (2 % at 0.5x and above, 5 % below) with where the rank that sets solve's span spends its time
 besides its F, B and W (recompute, and idle in its warm-up, steady state and cool-down:
-``Timeline.rank_time``) and the first clause of the bound's reason: which side a gap lies on starts
-there.
+``Timeline.rank_time``), the rank whose compute takes the most of the critical path, and the first
+clause of the bound's reason: which side a gap lies on starts there.
 """
 
 from __future__ import annotations
@@ -145,7 +145,17 @@ def run_cell(path: Path, time_limit: float, out_dir: Path, shared: bool = False)
         raise RuntimeError(f"{output}: solve reported span {solved['span']}, the file simulates to {sim['span']}")
     return {"baselines": baselines, "span": sim["span"], "fits": sim["fits"], "bound": solved.get("bound"),
             "gap": solved.get("gap"), "status": solved.get("status"), "policies": solved.get("policies"),
-            "wall": wall, "time": sim.get("rank_time"), "bound_reason": solved.get("bound_reason")}
+            "wall": wall, "time": sim.get("rank_time"), "bound_reason": solved.get("bound_reason"),
+            "lane": _lane(*(path := sim.get("critical_path") or {}).get("compute", ()), window=path.get("window"))}
+
+
+def _lane(*compute: float, window) -> list | None:
+    """[rank, share]: the rank whose compute ops take the most of a critical path's window (per
+    rank, ``CriticalPath.compute``), and that share; None without them."""
+    if not compute or not window or window[1] <= window[0]:
+        return None
+    rank = max(range(len(compute)), key=compute.__getitem__)
+    return [rank, compute[rank] / (window[1] - window[0])]
 
 
 COLORS = {"solve": "#3b75af", "best baseline that fits": "#519e3e", f"{MEGATRON} (loop)": "#ef8636"}
@@ -327,13 +337,17 @@ def republished(paths: list[Path], head: str) -> str:
 
 
 def _rank_time(r: dict, schedule: Path) -> dict:
-    """A finished cell with where its span-setting rank's time goes (``Timeline.rank_time``, as
-    ``run_cell`` records it since it does), read from its schedule file where the cell lacks it."""
-    if "span" not in r or r.get("time") or not schedule.exists():
+    """A finished cell with where its span-setting rank's time goes (``Timeline.rank_time``) and
+    the rank that carries most of its critical path (``_lane``), as ``run_cell`` records them since
+    it does, read from its schedule file where the cell lacks them."""
+    if "span" not in r or (r.get("time") and r.get("lane")) or not schedule.exists():
         return r
+    from schedc.critical import critical_path
     from schedc.schedfile import load
 
-    return {**r, "time": load(schedule).timeline.rank_time().summary()}
+    timeline = load(schedule).timeline
+    path = critical_path(timeline)
+    return {**r, "time": timeline.rank_time().summary(), "lane": _lane(*path.compute(), window=path.window)}
 
 
 def _rebound(r: dict, path: Path, rounding: float = 0.0) -> dict:
@@ -425,12 +439,13 @@ def _where(model: str, m: int, limit: float, v: bool, r: dict) -> str:
     head = f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | {100 * r['gap']:.2f}% | {r['span'] - r['bound']:.1f} |"
     t = r.get("time")
     if not t:
-        return head + " not recorded | | | | | |"
+        return head + " not recorded | | | | | | |"
     reason = re.split(r" \(|; |, and ", r.get("bound_reason") or "")[0]
     if len(reason) > 90:
         reason = reason[:90].rsplit(" ", 1)[0] + " ..."
+    lane = r.get("lane")
     return (head + f" {t['rank']} | {t['recompute']:.1f} | {t['idle_warm_up']:.1f} | {t['idle_steady']:.1f} |"
-            f" {t['idle_cool_down']:.1f} | {reason} |")
+            f" {t['idle_cool_down']:.1f} | " + (f"rank {lane[0]} {100 * lane[1]:.0f}%" if lane else "") + f" | {reason} |")
 
 
 def _where_table(rows: list[str]) -> list[str]:
@@ -442,11 +457,13 @@ def _where_table(rows: list[str]) -> list[str]:
         "Where the gaps over the line lie (2 % at 0.5x and above, 5 % below): the rank that sets solve's",
         "span, what it spends besides its F, B and W (recompute, and idle split at its first stage into",
         "warm-up, until its first backward there; cool-down, from its last forward there; the steady",
-        "state between, as `schedc solve` prints it), and the bound's reason, cut to its first clause.",
+        "state between, as `schedc solve` prints it), the rank whose compute takes the most of the",
+        "critical path (`schedc simulate`'s; where it is another rank, the idle above is slack), and the",
+        "bound's reason, cut to its first clause.",
         "",
         "| model | m | placement | limit | gap | span - bound | rank | recompute | idle warm-up |"
-        " idle steady | idle cool-down | the bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " idle steady | idle cool-down | critical path | the bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
 
