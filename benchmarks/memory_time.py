@@ -143,13 +143,14 @@ def run_cell(path: Path, time_limit: float, out_dir: Path, shared: bool = False)
         return {"error": f"simulate: {err}", "baselines": baselines, "wall": wall}
     if abs(sim["span"] - solved["span"]) > 1e-9 * max(1.0, solved["span"]):
         raise RuntimeError(f"{output}: solve reported span {solved['span']}, the file simulates to {sim['span']}")
+    path = sim.get("critical_path") or {}
     return {"baselines": baselines, "span": sim["span"], "fits": sim["fits"], "bound": solved.get("bound"),
             "gap": solved.get("gap"), "status": solved.get("status"), "policies": solved.get("policies"),
             "wall": wall, "time": sim.get("rank_time"), "bound_reason": solved.get("bound_reason"),
-            "lane": _lane(*(path := sim.get("critical_path") or {}).get("compute", ()), window=path.get("window"))}
+            "lane": _lane(path.get("compute"), path.get("window"))}
 
 
-def _lane(*compute: float, window) -> list | None:
+def _lane(compute, window) -> list | None:
     """[rank, share]: the rank whose compute ops take the most of a critical path's window (per
     rank, ``CriticalPath.compute``), and that share; None without them."""
     if not compute or not window or window[1] <= window[0]:
@@ -265,7 +266,7 @@ def main() -> None:
             kept = json.loads(saved.read_text())
             if args.report or (kept.get("commit") == head and kept.get("time_limit") == args.time_limit):
                 commits[kept.get("commit", "unknown")] += 1
-                r = _rank_time(kept["result"], out_dir / f"{path.stem}.json")
+                r = _diagnosed(kept["result"], out_dir / f"{path.stem}.json")
                 return cell, (_rebound(r, path) if args.rebound else r)
         r = run_cell(path, args.time_limit, out_dir, shared=args.jobs > 1)
         saved.write_text(json.dumps({"commit": head, "time_limit": args.time_limit, "result": r}))
@@ -336,7 +337,7 @@ def republished(paths: list[Path], head: str) -> str:
     return report(results, command.split(again)[0] + again, f"{machine}. Commit: {ran}; bounds (and gaps) as of {head}")
 
 
-def _rank_time(r: dict, schedule: Path) -> dict:
+def _diagnosed(r: dict, schedule: Path) -> dict:
     """A finished cell with where its span-setting rank's time goes (``Timeline.rank_time``) and
     the rank that carries most of its critical path (``_lane``), as ``run_cell`` records them since
     it does, read from its schedule file where the cell lacks them."""
@@ -347,7 +348,7 @@ def _rank_time(r: dict, schedule: Path) -> dict:
 
     timeline = load(schedule).timeline
     path = critical_path(timeline)
-    return {**r, "time": timeline.rank_time().summary(), "lane": _lane(*path.compute(), window=path.window)}
+    return {**r, "time": timeline.rank_time().summary(), "lane": _lane(path.compute(), path.window)}
 
 
 def _rebound(r: dict, path: Path, rounding: float = 0.0) -> dict:
@@ -432,20 +433,21 @@ def gap_line(limit: float) -> float:
 
 
 def _where(model: str, m: int, limit: float, v: bool, r: dict) -> str:
-    """One row of ``_where_table``: the cell, its gap, and where the rank that sets solve's span
-    spends its time beyond its passes (``Timeline.rank_time``, from ``schedc simulate``), beside the
-    bound's reason, cut to its first clause; "not recorded" for a cell solved before the script kept
-    them."""
-    head = f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | {100 * r['gap']:.2f}% | {r['span'] - r['bound']:.1f} |"
+    """One row of ``_where_table``: the cell, its gap, where the rank that sets solve's span spends
+    its time beyond its passes (``Timeline.rank_time``, from ``schedc simulate``), the rank that
+    carries most of the critical path (``_lane``) and the bound's reason, cut to its first clause;
+    "not recorded" for a cell solved before the script kept them."""
+    head = (f"| {model} | {m} | {'V' if v else 'loop'} | {limit:g} | {100 * r['gap']:.2f}% |"
+            f" {r['span'] - r['bound']:.1f} |")
     t = r.get("time")
     if not t:
         return head + " not recorded | | | | | | |"
     reason = re.split(r" \(|; |, and ", r.get("bound_reason") or "")[0]
     if len(reason) > 90:
         reason = reason[:90].rsplit(" ", 1)[0] + " ..."
-    lane = r.get("lane")
+    lane = f"rank {r['lane'][0]} {100 * r['lane'][1]:.0f}%" if r.get("lane") else ""
     return (head + f" {t['rank']} | {t['recompute']:.1f} | {t['idle_warm_up']:.1f} | {t['idle_steady']:.1f} |"
-            f" {t['idle_cool_down']:.1f} | " + (f"rank {lane[0]} {100 * lane[1]:.0f}%" if lane else "") + f" | {reason} |")
+            f" {t['idle_cool_down']:.1f} | {lane} | {reason} |")
 
 
 def _where_table(rows: list[str]) -> list[str]:
