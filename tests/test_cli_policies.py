@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import schedc.solvers as solvers
 from schedc.app.cli import main
+from schedc.critical import critical_path
 from schedc.problem import Problem
 from schedc.schedfile import CompiledSchedule
 from schedc.solvers.families.memtime import with_policies
@@ -95,6 +96,7 @@ def test_solve_reports_the_policies_of_its_schedule(files, monkeypatch):
     out = run("solve", files / "rc.json", "-o", files / "s.json", "-q").splitlines()
     assert "policies: 2 recompute, 1 selective, 2 offload of 8 (stage, microbatch)s" in out
     assert data["rank_time"] == t.rank_time().summary() and f"time: {t.rank_time()}" in out
+    assert critical_path(t).describe().splitlines()[0] in out  # whose lanes the chain runs on
     header = next(ln for ln in out if ln.startswith("schedule "))
     assert header.split()[-3:] == ["recompute", "selective", "offload"]
     assert next(ln for ln in out if ln.startswith("ilp ")).split()[-3:] == ["2", "1", "2"]

@@ -11,6 +11,7 @@ from schedc.app.cli_base import (
     Finite, ProgramStart, Registered, fmt, main, policies_line, policy_report, problem_options, read_problem,
     timeline_table,
 )
+from schedc.critical import critical_path
 from schedc.schedfile import CompiledSchedule, load
 from schedc.solvers.search.auto import AUTO, backend_for
 from schedc.solvers.search.common import BACKENDS
@@ -111,6 +112,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
     )
     click.echo(f"bound: {result.bound_reason}")
     click.echo(f"time: {result.timeline.rank_time()}")
+    click.echo(critical_path(result.timeline).describe().splitlines()[0])  # the chain's ranks (simulate: its ops)
     if prob.policies:
         click.echo(f"policies: {policies_line(prob, result.schedule)}")
     if result.not_evaluated:
