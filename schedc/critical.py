@@ -17,13 +17,15 @@ the chain is a longest path into that op, found in one pass over it, no graph li
   op's start (clipped: the first op listed, or the latency before it, may begin earlier).
 
 Each op on the chain says how it waited for the op before it: ``"data"``, for that op's result
-(``latency``: ``comm`` when it came from another rank), ``"rank"``, for its rank's lane, busy with
-the op before it (an op whose previous op on its lane is also its producer waited for "data"), or
-``"issue"``, a copy op for the compute op it is issued after (``Schedule.after``), or
-``"together"``, a collective (RS) for a member on another rank to come to it (``together``). The
-chain may run through the copy lane: a backward that waited for its reload L, the reload for the
-copy lane busy with other copies. ``compute`` counts the chain's time on compute lanes, ``copy``
-on copy lanes. Where
+(``latency``: ``comm`` when it came from another rank); ``"rank"``, for its rank's lane, busy with
+the op before it (an op whose previous op on its lane is also its producer waited for "data");
+``"issue"``, a copy op for the compute op it is issued after (``Schedule.after``); ``"together"``,
+a collective (RS) for a member on another rank to come to it (``together``); or ``"pair"``, an
+overlapped pair's backward for its forward (``Schedule.pairs``): the pair runs as one op, from when
+the inputs of both halves have arrived, so the chain reaches it through the forward, which waits
+for the backward's producers too and carries the pair's time. The chain may run through the copy
+lane: a backward that waited for its reload L, the reload for the copy lane busy with other copies.
+``compute`` counts the chain's time on compute lanes (a pair once), ``copy`` on copy lanes. Where
 both bound at once (the rank got free the moment a producer's result arrived) the chain takes the
 rank's order (the lane's predecessor comes first), so it stays on a busy rank rather than hopping
 between ranks for a tie; float noise in sums of costs can tip such a tie either way, and either
@@ -44,7 +46,8 @@ class Wait:
     """How an op on the chain waited for the op before it."""
 
     kind: str  # "data": for that op's result; "rank": for its rank, busy with that op; "issue": a copy op
-    # for the compute op it is issued after; "together": a collective for a member on another rank
+    # for the compute op it is issued after; "together": a collective for a member on another rank;
+    # "pair": an overlapped pair's backward for its forward, with which it starts (and ends)
     latency: float  # between that op's end and this op's start (comm across ranks, else 0)
 
 
@@ -66,8 +69,8 @@ class CriticalPath:
     def _lane_time(self, lane: str) -> tuple[float, ...]:
         t0, t1 = self.window
         out = [0.0] * self.timeline.problem.ranks
-        for op, (r, s, e) in zip(self.ops, self.times):
-            if ROWS[op.kind].lane == lane:
+        for op, (r, s, e), w in zip(self.ops, self.times, self.waits):
+            if ROWS[op.kind].lane == lane and not (w is not None and w.kind == "pair"):  # (a pair: once)
                 out[r] += max(0.0, min(e, t1) - max(s, t0))
         return tuple(out)
 
@@ -166,24 +169,32 @@ def waits_of(timeline: Timeline) -> Callable[[Op], dict[Op, Wait]]:
     it on its rank's lane ("rank"), the compute op a copy op is issued after ("issue"), a
     collective's members on other ranks ("together"), and its producers ("data", ``latency`` comm
     across ranks; an edge that is both is "data"), in that order, the lane's first (among
-    predecessors that bind at once the chain takes the first). Worked out per op when asked, so a
-    chain costs what it is long, not what the schedule is."""
+    predecessors that bind at once the chain takes the first); an overlapped pair's backward waits
+    for its forward alone ("pair"), and the forward for the backward's producers too. Worked out
+    per op when asked, so a chain costs what it is long, not what the schedule is."""
     problem, schedule = timeline.problem, timeline.schedule
     where = schedule.locate()
     lanes = [lane_ops for per_rank in timeline.lanes.values() for lane_ops in per_rank]
     previous = {b: a for lane_ops in lanes for a, b in zip(lane_ops, lane_ops[1:])}
     paired = schedule.paired() if schedule.pairs else {}
+    forward_of = {b: f for f, b in paired.items()}
     anchors = timeline.anchors()
     joint = together(problem, timeline.comm, anchors)  # a collective waits for its members
 
+    def data(op: Op) -> list[tuple[Op, float]]:
+        return dependencies(problem, [op], _Itself(), where, {}, paired=paired)[0]
+
     def before(op: Op) -> dict[Op, Wait]:
+        if op in forward_of:  # a pair runs as one op, from when both halves may start: its forward's
+            return {forward_of[op]: Wait("pair", 0.0)}  # waits hold the backward's too (below)
         out = {previous[op]: Wait("rank", 0.0)} if op in previous else {}
         if op in anchors:
             out[anchors[op]] = Wait("issue", 0.0)
         for d in joint.get(op, ()):
             out.setdefault(d, Wait("together", 0.0))
-        for d, latency in dependencies(problem, [op], _Itself(), where, {}, paired=paired)[0]:
-            out[d] = Wait("data", latency)  # (a lane's edge keeps its place)
+        for d, latency in data(op) + (data(paired[op]) if op in paired else []):
+            if d != op:
+                out[d] = Wait("data", latency)  # (a lane's edge keeps its place)
         return out
 
     return before
@@ -209,7 +220,8 @@ def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalP
     # path, and it reaches an op that starts at 0.
     chain, waits = [timeline.last_op(rank)], []
     while not tol.eq(start := times[chain[-1]][1], 0.0):
-        step = next(((op, w) for op, w in before(chain[-1]).items() if tol.eq(times[op][2] + w.latency, start)), None)
+        step = next(((op, w) for op, w in before(chain[-1]).items()
+                     if tol.eq(times[op][1 if w.kind == "pair" else 2] + w.latency, start)), None)
         if step is None:
             raise ValueError(f"{timeline.schedule.name}: {chain[-1]} starts at {start:g}, when none of the ops it waits"
                              " for lets it: critical_path needs the times simulate() gives, not measured ones")

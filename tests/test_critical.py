@@ -16,6 +16,7 @@ from schedc.app.cli import main
 from schedc.critical import Wait, critical_path
 from schedc.kinds import ROWS
 from schedc.schedule import producers
+from schedc.simulate import durations
 from tests.strategies import pipeline_problems
 
 UNIFORM = str(Path(__file__).resolve().parent.parent / "examples/problems/uniform.yaml")
@@ -92,11 +93,15 @@ def check_chain(t, c, objective):
     p = t.problem
     times = t.op_times()
     where = t.schedule.locate()
+    paired = t.schedule.paired() if t.schedule.pairs else {}
     tol = p.time_tol
     for a, b, w in zip(c.ops, c.ops[1:], c.waits[1:]):
         ra, rb = times[a][0], times[b][0]
-        if w.kind == "data":
-            assert a in producers(b, p.n_stages, where)
+        if w.kind == "pair":  # an overlapped pair's backward, after its forward: they start together
+            assert paired[a] == b and ra == rb and w.latency == 0.0 and times[a][1:] == times[b][1:]
+            continue
+        if w.kind == "data":  # (a pair's forward waits for its backward's producers too)
+            assert any(a in producers(x, p.n_stages, where) for x in (b, paired.get(b)) if x is not None)
             assert w.latency == (p.comm if ra != rb else 0.0)
         elif w.kind == "issue":  # a copy op, issued after this compute op of its rank
             assert t.anchors()[b] == a and ra == rb and w.latency == 0.0
@@ -118,7 +123,7 @@ def check_chain(t, c, objective):
         first = c.ops[0]
         assert c.waits[0] is None and times[first][1] == 0.0 and where[first][1] == 0
         # The makespan is the sum of the chain's costs and latencies, read from the problem alone.
-        total = sum(p.cost[op.kind][op.stage] for op in c.ops) + sum(w.latency for w in c.waits[1:])
+        total = sum(durations(p, list(c.ops), paired)) + sum(w.latency for w in c.waits[1:])
         assert total == pytest.approx(t.makespan, rel=1e-9)
     else:
         assert c.rank == max(range(p.ranks), key=lambda r: t.rank_span[r])
@@ -143,6 +148,32 @@ def test_the_chain_sets_the_objective_of_the_named_schedules(problem):
             t = simulate(problem, solvers.build(name, problem))
             for objective in ("makespan", "span"):
                 check_chain(t, critical_path(t, objective), objective)
+
+
+def test_the_chain_runs_through_overlapped_pairs(tmp_path):
+    """DualPipe's own problem (an F and a B overlapped in 3 where they take 4): a pair runs as one op
+    from when the inputs of both halves have arrived, so the chain reaches its backward through its
+    forward ("pair"), which carries the pair's time and waits for the backward's producers too. Every
+    registry schedule with pairs there, fused and split, has a chain that sets its objective (each
+    of them used to raise, and `schedc simulate` with them)."""
+    from schedc.solvers.registry import unfuse
+    from tests.test_ilp_model import dualpipe_own
+
+    for d in (4, 6):
+        problem = dualpipe_own(d)
+        named = [solvers.build(n, problem) for n in ("dualpipe", "chimera", "bidir-zb")]
+        for schedule in named + [unfuse(s) for s in named]:
+            assert schedule.pairs
+            t = simulate(problem, schedule)
+            chains = [critical_path(t, objective) for objective in ("makespan", "span")]
+            for objective, c in zip(("makespan", "span"), chains):
+                check_chain(t, c, objective)
+            assert any(w is not None and w.kind == "pair" for c in chains for w in c.waits), schedule.name
+    path = tmp_path / "dualpipe.json"
+    path.write_text(dualpipe_own(4).model_dump_json())
+    out = CliRunner().invoke(main, ["simulate", str(path), "-s", "dualpipe"])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[-2].startswith("critical path: ")
 
 
 def test_random_schedules_are_random():
