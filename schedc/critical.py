@@ -201,10 +201,13 @@ def waits_of(timeline: Timeline) -> Callable[[Op], dict[Op, Wait]]:
 
 
 def critical_path(timeline: Timeline, objective: str | None = None) -> CriticalPath:
-    """The chain of ops that sets ``timeline``'s objective (the problem's unless given): see the
-    module's docstring. ``timeline`` must come from ``simulate`` (measured times do not follow
-    the DAG)."""
+    """The chain of ops that sets ``timeline``'s objective (the problem's unless given; "steady",
+    the time per microbatch of iterations run back to back, as the makespan of those the timeline
+    ran, as ``Timeline.rank_time`` takes it): see the module's docstring. ``timeline`` must come
+    from ``simulate`` (measured times do not follow the DAG)."""
     objective = objective or timeline.problem.objective
+    if objective == "steady":
+        objective = "makespan"
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective must be 'makespan' or 'span', not {objective!r}")
     # Every rank holds a stage, so runs compute ops; its last compute op ends it, since every copy

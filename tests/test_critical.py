@@ -191,6 +191,20 @@ def test_a_tie_keeps_the_busy_rank():
     assert c.compute()[1] == pytest.approx(t.busy[1])
 
 
+def test_the_steady_objective_has_the_chain_of_its_makespan():
+    """objective: steady (iterations back to back) takes the chain of the makespan of what the
+    timeline ran, as ``rank_time`` does; `schedc simulate --objective steady` prints it (it raised)."""
+    problem = Problem.parse(dict(ranks=2, microbatches=3, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5),
+                                 objective="steady"))
+    t = simulate(problem, solvers.build("1f1b", problem))
+    c = critical_path(t)
+    assert c.objective == "makespan" and c == critical_path(t, "makespan")
+    check_chain(t, c, "makespan")
+    out = CliRunner().invoke(main, ["simulate", UNIFORM, "-s", "1f1b", "--objective", "steady"])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[-2].startswith("critical path: ")
+
+
 def test_critical_path_rejects_an_unknown_objective():
     problem = Problem.parse(dict(ranks=1, microbatches=1, costs=dict(F=1, B=1, W=1), memory=dict(F=1, B=-0.5)))
     with pytest.raises(ValueError, match="'makespan' or 'span'"):
