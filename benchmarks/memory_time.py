@@ -143,11 +143,11 @@ def run_cell(path: Path, time_limit: float, out_dir: Path, shared: bool = False)
         return {"error": f"simulate: {err}", "baselines": baselines, "wall": wall}
     if abs(sim["span"] - solved["span"]) > 1e-9 * max(1.0, solved["span"]):
         raise RuntimeError(f"{output}: solve reported span {solved['span']}, the file simulates to {sim['span']}")
-    path = sim.get("critical_path") or {}
+    chain = sim.get("critical_path") or {}
     return {"baselines": baselines, "span": sim["span"], "fits": sim["fits"], "bound": solved.get("bound"),
             "gap": solved.get("gap"), "status": solved.get("status"), "policies": solved.get("policies"),
             "wall": wall, "time": sim.get("rank_time"), "bound_reason": solved.get("bound_reason"),
-            "lane": _lane(path.get("compute"), path.get("window"))}
+            "lane": _lane(chain.get("compute"), chain.get("window"))}
 
 
 def _lane(compute, window) -> list | None:
@@ -347,8 +347,8 @@ def _diagnosed(r: dict, schedule: Path) -> dict:
     from schedc.schedfile import load
 
     timeline = load(schedule).timeline
-    path = critical_path(timeline)
-    return {**r, "time": timeline.rank_time().summary(), "lane": _lane(path.compute(), path.window)}
+    chain = critical_path(timeline)
+    return {**r, "time": timeline.rank_time().summary(), "lane": _lane(chain.compute(), chain.window)}
 
 
 def _rebound(r: dict, path: Path, rounding: float = 0.0) -> dict:
