@@ -14,11 +14,12 @@ from schedc import Problem, simulate
 from schedc.errors import SchedcError
 from schedc.kinds import RECOMPUTES, Kind
 from schedc.solvers.families.greedy import best_greedy
-from schedc.solvers.search.lazyw import lazy_w
+from schedc.solvers.search.lazyw import held_back, lazy_w
 from schedc.solvers.families.memtime import everywhere, plain, with_policies
 from schedc.solvers.deadline import Budget
 from schedc.solvers.search.mixed import (
-    AsIfSearch, as_if, fit_mixed, fitted_orders, likely_kinds, lightened, policy_orders, polished, quickest, relax,
+    AsIfSearch, as_if, fit_mixed, fitted_orders, held_back_search, likely_kinds, lightened, policy_orders, polished,
+    quickest, relax,
 )
 from schedc.solvers.registry import REGISTRY, unfuse
 from tests.strategies import small_problems
@@ -332,3 +333,64 @@ def test_the_search_as_if_starts_only_where_a_limit_leaves_policies_to_choose():
     assert quickest(recomputing) is Kind.S
     assert AsIfSearch.of(recomputing, order) is not None
     assert AsIfSearch.of(recomputing.with_changes(memory={"limit": None}), order) is None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems(), st.data())
+def test_w_held_back_move_past_the_last_backward_and_nothing_else_moves(problem, data):
+    for name, schedule in orders_of(problem):
+        counts = data.draw(st.lists(st.integers(0, 2 * problem.microbatches), min_size=problem.ranks,
+                                    max_size=problem.ranks), label=name)
+        out = held_back(schedule, counts)
+        same_order_but(schedule, out, {Kind.W})
+        for ops, moved, k in zip(schedule.ranks, out.ranks, counts):
+            assert sorted(ops) == sorted(moved)
+            last = max((x for x, op in enumerate(ops) if op.kind is Kind.B), default=None)
+            if last is None:
+                assert moved == ops
+                continue
+            before = [op for op in ops[:last] if op.kind is Kind.W]
+            held = before[len(before) - min(k, len(before)):]
+            at = moved.index(ops[last])
+            assert [op for op in moved[:at] if op.kind is Kind.W] == before[:len(before) - len(held)]
+            assert list(moved[at + 1:]) == held + list(ops[last + 1:])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems(), st.sampled_from(ORDERS))
+def test_the_search_for_w_held_back_fits_and_is_never_worse_than_the_order_refitted(problem, name):
+    spec = REGISTRY[name]
+    if spec.why_not(problem) is not None:
+        return
+    schedule = unfuse(spec.build(problem))
+    found = held_back_search(problem, schedule, Budget.seconds(5))
+    refitted = fit_mixed(problem, plain(schedule))
+    if refitted is None:
+        assert found is None
+        return
+    start = simulate(problem, relax(problem, refitted))
+    if not start.fits:
+        assert found is None
+        return
+    assert found is not None and found.fits
+    assert found.objective_value() <= start.objective_value() + 1e-9
+    assert sorted(op for op in found.schedule.ops() if op.kind not in RECOMPUTES) == sorted(plain(schedule).ops())
+
+
+@pytest.mark.parametrize("m, limit", [(8, None), (12, None), (8, 4.0)])
+def test_holding_w_past_the_last_backward_shortens_zb_v(m, limit):
+    """On the V, rank 0's span runs through rank p - 1's whole lane to its last backward and back:
+    each W that rank runs after its last backward instead of before shortens it (ZB-V runs them
+    before). Without a limit there is no policy to fit, and with one every trial is fitted."""
+    memory = dict(F=0.5, B=-0.3) if limit is None else dict(F=0.5, B=-0.3, limit=limit)
+    problem = Problem.parse(dict(
+        ranks=4, microbatches=m, chunks=2, placement="v", costs=dict(F=2.0, B=2.0, W=1.0), comm=0.1,
+        memory=memory, objective="span", recompute=dict(keep=0.01, selective=dict(time=0.05, keep=0.2)),
+    ))
+    zbv = simulate(problem, unfuse(REGISTRY["zb-v"].build(problem)))
+    assert zbv.fits
+    found = held_back_search(problem, zbv.schedule, Budget.seconds(20))
+    assert found is not None and found.fits
+    assert found.objective_value() < zbv.objective_value() - 0.5
+    last_b = max(x for x, op in enumerate(found.schedule.ranks[-1]) if op.kind is Kind.B)
+    assert any(op.kind is Kind.W for op in found.schedule.ranks[-1][last_b + 1:])

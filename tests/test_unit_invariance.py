@@ -183,7 +183,8 @@ def test_skewed_solver_win_holds_in_any_unit(c):
 def seeded_problem(seed: int, objective: str) -> Problem:
     """Three ranks, three microbatches, room for two activations: small enough for the solve to
     end proven optimal well inside its time limit, and (for the seeds used) the search beats
-    its warm start (every registry schedule, and those with their W re-placed: seed 20's is optimal)."""
+    its warm start (every registry schedule, and those with their W re-placed or held past the last
+    backward: seed 20's is optimal, and seed 69's since the warm start holds W back)."""
     rng = random.Random(seed)
     costs = {kind: [rng.randint(1, 4) for _ in range(3)] for kind in ("F", "B", "W")}
     return Problem.parse(
@@ -193,7 +194,7 @@ def seeded_problem(seed: int, objective: str) -> Problem:
 
 
 @pytest.mark.parametrize("objective", ["makespan", "span"])
-@pytest.mark.parametrize("seed", [4, 56, 69])
+@pytest.mark.parametrize("seed", [4, 56, 104])
 def test_solver_objective_does_not_depend_on_the_unit(seed, objective):
     problem = seeded_problem(seed, objective)
     one = solve(problem, time_limit=60)

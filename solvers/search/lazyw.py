@@ -113,3 +113,25 @@ def lazy_w(
     if any(left):
         return None
     return Schedule.from_lists(name or schedule.name, out)
+
+
+def held_back(schedule: Schedule, counts: list[int], name: str | None = None) -> Schedule:
+    """``schedule`` with, on each rank r, the last ``counts[r]`` W its order runs before its last
+    backward moved past that backward (in their order, before what the order ran after it). Where
+    a rank's last backward ends a chain that runs down to another rank's last op (rank 0's span
+    on the V holds rank p - 1's work up to its last backward and the gradient's way back), each W
+    moved past it shortens that chain by its time and holds its memory longer: the memory-aware
+    fit decides whether that is affordable (``mixed.held_back_search``). A count above the W
+    there moves all of them; a rank without a backward keeps its order."""
+    ranks = []
+    for r, ops in enumerate(schedule.ranks):
+        k = counts[r]
+        last = max((x for x, op in enumerate(ops) if op.kind in (Kind.B, Kind.BW)), default=None)
+        if not k or last is None:
+            ranks.append(list(ops))
+            continue
+        ws = [x for x in range(last) if ops[x].kind is Kind.W]
+        moved = set(ws[-k:])
+        ranks.append([op for x, op in enumerate(ops[:last + 1]) if x not in moved]
+                     + [ops[x] for x in sorted(moved)] + list(ops[last + 1:]))
+    return Schedule.from_lists(name or schedule.name, ranks)

@@ -31,13 +31,14 @@ import heapq
 import math
 from typing import Callable, Iterable, Iterator
 
+from schedc.critical import critical_path
 from schedc.errors import SchedcError
 from schedc.kinds import BACKWARDS, RECOMPUTES, Kind
 from schedc.problem import Problem
 from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.deadline import Budget
-from schedc.solvers.search.lazyw import lazy_w
+from schedc.solvers.search.lazyw import held_back, lazy_w
 from schedc.solvers.search.localsearch import improve
 from schedc.solvers.families.memtime import everywhere, plain, with_policies
 
@@ -418,6 +419,64 @@ def polished(problem: Problem, schedule: Schedule, critical: int | None = None) 
             out = lazy_w(problem, base, f"{schedule.name}+lazy-w", fill=fill, ranks=ranks)
             if out is not None:
                 yield relax(problem, out)
+
+
+HELD_STEPS = (8, 4, 2, 1, -1, -2, -4)  # how a rank's count of W held past its last backward moves
+
+
+def held_back_search(problem: Problem, schedule: Schedule, budget: Budget) -> Timeline | None:
+    """From ``schedule``'s order (its policy ops dropped), W held past each rank's last backward
+    (``lazyw.held_back``), the count per rank found by descent: the rank whose compute carries most
+    of the critical path first (then the others, by that share, the last rank first among equals),
+    its count moved by each of ``HELD_STEPS`` for as long as the objective falls, the critical path
+    taken again after each rank that improved; every trial fitted to the memory limit
+    (``fit_mixed``) and relaxed where the problem chooses recompute, and judged by the simulator.
+
+    The zero-bubble cool-down defers W past the last backward only where the ranks would idle; on
+    the V the chain that sets rank 0's span runs through rank p - 1's whole lane, so each W that
+    rank holds past its last backward shortens the span, as far as the memory it holds allows
+    (the bound's "less the W work memory lets it defer past its last backward"). Single moves of
+    the local search do not find this: one W moved shortens nothing while the rest stay. Measured on
+    benchmarks/memory_time.py's 1.5B m = 64 V at 1x: ZB-V 3034.95, with W held back on ranks 5-7
+    3017.2, polished 3000.1, where ``solve`` without it ended at 3015.6 (docs/results.md).
+    Returns the best Timeline that fits (the order refitted with no W held where nothing beat
+    it), None where even that does not fit or the budget ran out first."""
+    order = plain(schedule)
+    fit = bool(problem.recomputes) and problem.activation_room is not None and not schedule.copy
+    name = f"{schedule.name}+held-w"
+
+    def judge(counts: list[int]) -> Timeline | None:
+        candidate = held_back(order, counts, name)
+        if fit:
+            candidate = fit_mixed(problem, candidate)
+            if candidate is None:
+                return None
+            candidate = relax(problem, candidate)
+        try:
+            t = simulate(problem, candidate)
+        except SchedcError:
+            return None
+        return t if t.fits else None
+
+    counts = [0] * problem.ranks
+    best = judge(counts)
+    tol = problem.time_tol
+    improved = best is not None
+    while improved and not budget.expired():
+        improved = False
+        share = critical_path(best).compute()
+        for r in sorted(range(problem.ranks), key=lambda r: (-share[r], -r)):
+            for step in HELD_STEPS:
+                while not budget.expired():
+                    trial = list(counts)
+                    trial[r] = max(0, trial[r] + step)
+                    t = None if trial == counts else judge(trial)
+                    if t is None or not tol.lt(t.objective_value(), best.objective_value()):
+                        break
+                    counts, best, improved = trial, t, True
+            if improved:
+                break
+    return best
 
 
 class AsIfSearch:
