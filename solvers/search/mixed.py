@@ -440,7 +440,7 @@ def held_back_search(problem: Problem, schedule: Schedule, budget: Budget) -> Ti
     benchmarks/memory_time.py's 1.5B m = 64 V at 1x: ZB-V 3034.95, with W held back on ranks 5-7
     3017.2, polished 3000.1, where ``solve`` without it ended at 3015.6 (docs/results.md).
     Returns the best Timeline that fits (the order refitted with no W held where nothing beat
-    it), None where even that does not fit or the budget ran out first."""
+    it), None where even that does not fit."""
     order = plain(schedule)
     fit = bool(problem.recomputes) and problem.activation_room is not None and not schedule.copy
     name = f"{schedule.name}+held-w"

@@ -36,7 +36,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from itertools import chain
 from typing import Callable, Iterator, Sequence
 
 from schedc.errors import SchedcError, ScheduleError
@@ -560,7 +559,9 @@ def polished_candidates(
             break
         held = held_back_search(problem, t.schedule, budget.share(1 / (len(starts) - n)))
         if held is not None:
-            found[n] = best_of(chain([held.schedule], polished(problem, held.schedule, critical=c)), found[n])
+            if tol.lt(held.objective_value(), found[n].objective_value()):
+                found[n] = held
+            found[n] = best_of(polished(problem, held.schedule, critical=c), found[n])
     out = []
     for t, best in zip(starts, found):
         if best is not t:
