@@ -22,6 +22,7 @@ from schedc.solvers.search.mixed import (
     quickest, relax,
 )
 from schedc.solvers.registry import REGISTRY, unfuse
+from schedc.solvers.search.solve import RegistryRun, polished_candidates
 from tests.strategies import small_problems
 
 ORDERS = ["1f1b", "zb-h1", "zb-h2", "gpipe", "looped-bfs", "zb-v", "v-half", "dualpipev"]
@@ -394,3 +395,24 @@ def test_holding_w_past_the_last_backward_shortens_zb_v(m, limit):
     assert found.objective_value() < zbv.objective_value() - 0.5
     last_b = max(x for x, op in enumerate(found.schedule.ranks[-1]) if op.kind is Kind.B)
     assert any(op.kind is Kind.W for op in found.schedule.ranks[-1][last_b + 1:])
+
+
+def test_the_polish_takes_the_best_registry_schedule_too_where_derived_orders_beat_it():
+    """``solve``'s polish starts from the best three schedules that fit and from the best registry
+    schedule where that is not among them: here three derived orders (ZB-V with W held back) beat
+    ZB-V, and ZB-V's own order is still polished and held back."""
+    problem = Problem.parse(dict(
+        ranks=4, microbatches=8, chunks=2, placement="v", costs=dict(F=2.0, B=2.0, W=1.0), comm=0.1,
+        memory=dict(F=0.5, B=-0.3), objective="span",
+    ))
+    zbv = simulate(problem, unfuse(REGISTRY["zb-v"].build(problem)))
+    derived = []
+    for k in (1, 2, 3, 4, 5, 6):
+        t = simulate(problem, held_back(zbv.schedule, [0, 0, 0, k], f"derived-{k}"))
+        if t.fits and t.objective_value() < zbv.objective_value():
+            derived.append((t.schedule.name, t))
+    assert len(derived) >= 3
+    run = RegistryRun([*derived, ("zb-v", zbv)], [], [], 0.0, derived={name for name, _ in derived})
+    found = polished_candidates(problem, run, Budget.seconds(30), lambda note: None)
+    assert any(name.startswith("zb-v") for name, _ in found)
+    assert all(t.fits for _, t in found)
