@@ -108,20 +108,8 @@ class CriticalPath:
         return out
 
     def describe(self, max_runs: int = 7) -> str:
-        """Two lines: what the chain's time goes to (compute per rank, transfers), and the chain
-        as runs of ops on one rank (the middle left out past ``max_runs`` runs)."""
-        value = self.value
-        pct = lambda x: f"{100 * x / value:.1f}%" if value > 0 else "-"  # noqa: E731
-        compute = self.compute()
-        top = sorted((r for r, c in enumerate(compute) if c > 0), key=lambda r: -compute[r])
-        shown = [r for r in top[:3] if compute[r] >= 0.05 * value] or top[:1]
-        parts = ", ".join(f"rank {r} {pct(compute[r])}" for r in shown)
-        what = (f"the makespan {value:.6g}" if self.objective == "makespan" else
-                f"rank {self.rank}'s span {value:.6g} ({self.window[0]:.6g} to {self.window[1]:.6g})")
-        comm, copy, reduce = self.comm(), sum(self.copy()), sum(self.reduce())
-        first = (f"critical path: {len(self.ops)} ops set {what}: compute {pct(sum(compute))} ({parts})"
-                 + (f", copy {pct(copy)}" if copy > 0 else "") + (f", all-reduce {pct(reduce)}" if reduce > 0 else "")
-                 + (f", comm {pct(comm)}" if comm > 0 else ""))
+        """Two lines: what the chain's time goes to (``headline``), and the chain as runs of ops on
+        one rank (the middle left out past ``max_runs`` runs)."""
         runs = [
             f"rank {r}{'' if (lane := ROWS[ops[0].kind].lane) == 'compute' else ' ' + lane} "
             + (f"{ops[0]}" if len(ops) == 1 else f"{ops[0]} .. {ops[-1]} ({len(ops)} ops)")
@@ -131,7 +119,22 @@ class CriticalPath:
             head = (max_runs + 1) // 2
             tail = max_runs - head
             runs = [*runs[:head], f"... {len(runs) - max_runs} more ...", *runs[len(runs) - tail:]]
-        return first + "\n  " + " -> ".join(runs)
+        return self.headline() + "\n  " + " -> ".join(runs)
+
+    def headline(self) -> str:
+        """One line: what the chain's time goes to (compute per rank, transfers)."""
+        value = self.value
+        pct = lambda x: f"{100 * x / value:.1f}%" if value > 0 else "-"  # noqa: E731
+        compute = self.compute()
+        top = sorted((r for r, c in enumerate(compute) if c > 0), key=lambda r: -compute[r])
+        shown = [r for r in top[:3] if compute[r] >= 0.05 * value] or top[:1]
+        parts = ", ".join(f"rank {r} {pct(compute[r])}" for r in shown)
+        what = (f"the makespan {value:.6g}" if self.objective == "makespan" else
+                f"rank {self.rank}'s span {value:.6g} ({self.window[0]:.6g} to {self.window[1]:.6g})")
+        comm, copy, reduce = self.comm(), sum(self.copy()), sum(self.reduce())
+        return (f"critical path: {len(self.ops)} ops set {what}: compute {pct(sum(compute))} ({parts})"
+                + (f", copy {pct(copy)}" if copy > 0 else "") + (f", all-reduce {pct(reduce)}" if reduce > 0 else "")
+                + (f", comm {pct(comm)}" if comm > 0 else ""))
 
     def summary(self) -> dict:
         """Plain data for --json: the window, compute time per rank and comm time within it, and

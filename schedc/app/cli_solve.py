@@ -112,7 +112,7 @@ def solve(problem: str, memory_limit, objective, output: str, time_limit: float,
     )
     click.echo(f"bound: {result.bound_reason}")
     click.echo(f"time: {result.timeline.rank_time()}")
-    click.echo(critical_path(result.timeline).describe().splitlines()[0])  # the chain's ranks (simulate: its ops)
+    click.echo(critical_path(result.timeline).headline())  # the chain's ranks (simulate: its ops too)
     if prob.policies:
         click.echo(f"policies: {policies_line(prob, result.schedule)}")
     if result.not_evaluated:
