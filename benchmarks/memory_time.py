@@ -56,7 +56,9 @@ from pathlib import Path
 import yaml
 
 from schedc import Problem, load_problem
+from schedc.critical import critical_path
 from schedc.kinds import Kind
+from schedc.schedfile import load
 from schedc.solvers.bounds import lower_bound
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -343,9 +345,6 @@ def _diagnosed(r: dict, schedule: Path) -> dict:
     it does, read from its schedule file where the cell lacks them."""
     if "span" not in r or (r.get("time") and r.get("lane")) or not schedule.exists():
         return r
-    from schedc.critical import critical_path
-    from schedc.schedfile import load
-
     timeline = load(schedule).timeline
     chain = critical_path(timeline)
     return {**r, "time": timeline.rank_time().summary(), "lane": _lane(chain.compute(), chain.window)}
