@@ -38,12 +38,13 @@ def commit() -> str:
 
 
 def refuse_partial_write(parser, args) -> None:
-    """``--write`` publishes a script's whole table and ``--only`` runs part of its cells, which it
-    prints but never writes: the two together are refused before anything runs (rather than a run
-    whose --write is silently dropped)."""
-    if args.write and args.only:
-        parser.error("--write publishes the whole table and --only runs part of it (printed, never written):"
-                     " drop one of them")
+    """``--write`` publishes a script's whole table and ``--only`` (or ``--placement``, where a
+    script has it) runs part of its cells, which it prints but never writes: the two together are
+    refused before anything runs (rather than a run whose --write is silently dropped)."""
+    for option in ("only", "placement"):
+        if args.write and getattr(args, option, None):
+            parser.error(f"--write publishes the whole table and --{option} runs part of it (printed, never"
+                         " written): drop one of them")
 
 
 def write_section(name: str, body: str, path: Path = RESULTS) -> None:

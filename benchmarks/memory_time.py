@@ -2,7 +2,7 @@
 decided together) against the schedules users run today, on the zero-bubble paper's settings,
 at memory limits from a quarter to twice 1F1B's activation memory.
 
-    python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--jobs N] [--resume]
+    python benchmarks/memory_time.py [--write] [--time-limit S] [--only TEXT] [--placement loop|v] [--jobs N] [--resume]
     python benchmarks/memory_time.py --report [--write] [--rebound]   # the table again from a finished run's cells
     python benchmarks/memory_time.py --rebound-published [--write]   # the published table, this checkout's bounds
     python benchmarks/memory_time.py --problems   # only (re)write examples/problems/memory-time/
@@ -217,6 +217,9 @@ def main() -> None:
     parser.add_argument("--problems", action="store_true", help="only (re)write examples/problems/memory-time/")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
     parser.add_argument("--only", default="", help="run the cells whose problem name contains this")
+    parser.add_argument("--placement", choices=("loop", "v"),
+                        help="run the cells of one placement only (--only cannot pick the loop's: every V"
+                             " cell's name holds its loop twin's)")
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once (above 1, each solve is given one thread: --threads 1)")
     parser.add_argument("--limits", default=",".join(f"{x:g}" for x in LIMITS),
                         help="the limits to run, as multiples of 1F1B's activation memory (default all)")
@@ -253,7 +256,8 @@ def main() -> None:
     unknown = limits - set(LIMITS)
     if unknown:
         parser.error(f"--limits: {', '.join(map(str, sorted(unknown)))} not among {', '.join(f'{x:g}' for x in LIMITS)}")
-    chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem and cell[2] in limits]
+    chosen = [(cell, path) for cell, path in zip(cells(), paths) if args.only in path.stem and cell[2] in limits
+              and (args.placement is None or cell[3] == (args.placement == "v"))]
     results: dict = {}
 
     head = current_commit()

@@ -29,6 +29,25 @@ def test_write_with_only_is_refused_before_anything_runs(script):
     assert RESULTS.read_bytes() == before
 
 
+def test_memory_time_runs_one_placement_and_refuses_to_write_it(tmp_path):
+    """benchmarks/memory_time.py --placement loop picks the loop's cells alone, which --only cannot
+    (every V cell's name holds its loop twin's); with --write it is refused like --only. The cells
+    it picks are read from --report's error for an empty --out: no solve runs."""
+    before = RESULTS.read_bytes()
+    run = _script("memory_time.py", "--write", "--placement", "loop")
+    assert run.returncode == 2 and "--placement runs part of it" in run.stderr, run.stderr
+    assert RESULTS.read_bytes() == before
+    picked = {}
+    for placement in ("loop", "v"):
+        run = _script("memory_time.py", "--report", "--placement", placement, "--limits", "0.5",
+                      "--out", str(tmp_path / placement))
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        picked[placement] = run.stderr.rsplit(" for ", 1)[1].split(": run those")[0].split(", ")
+    assert len(picked["loop"]) == len(picked["v"]) == 12
+    assert all(name.endswith("-0.5x") for name in picked["loop"])
+    assert [f"{name}-v" for name in picked["loop"]] == picked["v"]
+
+
 def test_the_small_table_counts_an_exhaustive_optimum_only_where_offloading_cannot_win(tmp_path):
     """benchmarks/memtime_small.py --exact: the exhaustive search (keep / R / S) from the best span
     found proves it or finds a shorter one, replayed by the simulator; the optimum counts as known
