@@ -58,16 +58,16 @@ class MemoryViolation:
 
 @dataclass(frozen=True)
 class RankTime:
-    """Where the time of the rank that sets the objective goes (``Timeline.rank_time``): its window
-    (what the objective measures on it: its own span, or from 0 to its step for the makespan)
-    holds its passes (F, B, W, BW), its other compute ops (recompute: R, S, RG, SG), and idle.
-    Idle is split by phase, at the rank's first stage (where microbatches enter it and, last, leave
-    it): the warm-up, until the first microbatch has come back (its first backward there starts);
-    the cool-down, once the last microbatch has entered (its last forward there has ended; the
-    wait for reduces included); the steady state between them, where a rank that never idles runs
-    at its work per microbatch, the steady state's own bound. Where that forward ends before that
-    backward starts (GPipe's order) there is no steady state: the idle before the backward counts
-    as warm-up, the rest as cool-down."""
+    """Where the time of the rank that sets the objective (or of another rank, ``sets`` False) goes
+    (``Timeline.rank_time``): its window (what the objective measures on it: its own span, or from 0
+    to its step for the makespan) holds its passes (F, B, W, BW), its other compute ops (recompute:
+    R, S, RG, SG), and idle. Idle is split by phase, at the rank's first stage (where microbatches
+    enter it and, last, leave it): the warm-up, until the first microbatch has come back (its first
+    backward there starts); the cool-down, once the last microbatch has entered (its last forward
+    there has ended; the wait for reduces included); the steady state between them, where a rank
+    that never idles runs at its work per microbatch, the steady state's own bound. Where that
+    forward ends before that backward starts (GPipe's order) there is no steady state: the idle
+    before the backward counts as warm-up, the rest as cool-down."""
 
     rank: int
     objective: str  # "span" or "makespan" (what ``window`` measures)
@@ -77,13 +77,15 @@ class RankTime:
     warm_up: float
     steady: float
     cool_down: float
+    sets: bool = True  # whether this rank sets the objective (``rank_time`` of another rank: False)
 
     @property
     def idle(self) -> float:
         return self.warm_up + self.steady + self.cool_down
 
     def __str__(self) -> str:
-        return (f"rank {self.rank} sets the {self.objective}: work {self.work:g}"
+        who = f"sets the {self.objective}" if self.sets else f"over its {self.objective} window"
+        return (f"rank {self.rank} {who}: work {self.work:g}"
                 + (f", recompute {self.recompute:g}" if self.recompute else "")
                 + f", idle {self.idle:g} (warm-up {self.warm_up:g}, steady {self.steady:g},"
                 f" cool-down {self.cool_down:g})")
@@ -220,10 +222,12 @@ class Timeline:
         """``RankTime`` of ``rank``, by default the rank that sets the objective (``objective_rank``;
         "steady" as the makespan)."""
         objective = "span" if (objective or self.problem.objective) == "span" else "makespan"
+        per_rank = self.rank_objective(objective)
         r = self.objective_rank(objective) if rank is None else rank
+        sets = self.problem.time_tol.ge(per_rank[r], max(per_rank))  # (a tie sets it too)
         ops, ss, es = self.schedule.ranks[r], self.start[r], self.end[r]
         if not ops:
-            return RankTime(r, objective, (0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0.0)
+            return RankTime(r, objective, (0.0, 0.0), 0.0, 0.0, 0.0, 0.0, 0.0, sets)
         window = self.window(r, objective)
         other = sum(e - s for op, s, e in zip(ops, ss, es) if op.kind not in _PASSES)
         first = min(op.stage for op in ops)
@@ -237,7 +241,8 @@ class Timeline:
                 phase = "warm" if s <= first_b else "cool" if at >= last_f else "steady"
                 idle[phase] += s - at
             at = max(at, e)
-        return RankTime(r, objective, window, self.busy[r] - other, other, idle["warm"], idle["steady"], idle["cool"])
+        return RankTime(r, objective, window, self.busy[r] - other, other,
+                        idle["warm"], idle["steady"], idle["cool"], sets)
 
     def bubble_rate(self, objective: str | None = None) -> float:
         """Idle fraction of the rank-time the objective measures: 1 - busy / (p * T) (steady: per

@@ -156,6 +156,12 @@ def test_the_objective_ranks_time_is_its_work_recompute_and_idle_by_phase(proble
         assert min(rt.warm_up, rt.steady, rt.cool_down) >= 0
         assert rt.work + rt.idle == pytest.approx(end - start, rel=1e-9, abs=1e-12)
         assert rt.idle == pytest.approx(t.idle()[rt.rank], rel=1e-9, abs=1e-12)
+        assert rt.sets and str(rt).startswith(f"rank {rt.rank} sets the {objective}: ")
+        for r in range(problem.ranks):  # another rank's time says whether it sets the objective too
+            other = t.rank_time(rank=r)
+            assert other.sets == problem.time_tol.ge(t.rank_objective()[r], max(t.rank_objective()))
+            assert str(other).startswith(f"rank {r} sets the {objective}: " if other.sets
+                                         else f"rank {r} over its {objective} window: ")
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (3, 5)])
