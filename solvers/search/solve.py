@@ -53,7 +53,7 @@ from schedc.solvers.search import periodic
 from schedc.solvers.search.localsearch import improve
 from schedc.solvers.families.memtime import everywhere, least_memory, with_policies
 from schedc.solvers.search.mixed import (
-    AsIfSearch, fit_mixed, fitted_orders, held_back_search, policy_orders, polished,
+    AsIfSearch, as_if_searches, fit_mixed, fitted_orders, held_back_search, policy_orders, polished,
 )
 from schedc.solvers.registry import NO_FIT, NOT_EVALUATED, REGISTRY, SEARCHES, evaluate, shown_name, split_named
 from schedc.tolerance import Tolerance, meets
@@ -515,6 +515,7 @@ def _greedy_orders(problem: Problem) -> Iterator[Schedule]:
 
 
 POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polished``'s variants
+AS_IF_SHARE = 0.25  # of the polish's budget, at most, for judging orders on the as-if problem (``mixed.as_if_searches``)
 
 
 def polished_candidates(
@@ -525,8 +526,11 @@ def polished_candidates(
     1990.7, where the best three, all derived orders, gave 2013.3), each with its W re-placed into
     the gaps and (with recompute) every kept microbatch first recomputed the quickest way and then
     relaxed (``mixed.polished``); then, with what is left of ``budget``, each with W held past each
-    rank's last backward (``mixed.held_back_search``) and polished again. Those that fit and beat
-    their schedule, judged."""
+    rank's last backward (``mixed.held_back_search``) and polished again. Where the problem chooses
+    recompute under a limit, also the ``POLISHED`` shortest orders on the problem as if every
+    microbatch took the quickest recompute, among the starts' and every registry schedule built
+    (fitting or not), each with W held back there and mapped back (``mixed.AsIfSearch.held_back``),
+    then polished. Those that fit and beat their schedule (the latter: all), judged."""
     tol = problem.time_tol
     ranked = sorted((nt for nt in run.fitting if not nt[1].schedule.copy), key=lambda nt: nt[1].objective_value())
     bases: dict = {}  # by order: the first of equal orders
@@ -554,6 +558,19 @@ def polished_candidates(
 
     # First every start's polished variants (quick), then with what is left the W held back.
     found = [best_of(polished(problem, t.schedule, critical=c), t) for t, c in zip(starts, critical)]
+    as_if = as_if_searches(problem, [*(t.schedule for t in starts), *(s for _, s in run.built)], POLISHED,
+                           budget.share(AS_IF_SHARE))
+    turns = len(starts) + len(as_if)
+    out = []
+    for n, search in enumerate(as_if):  # (first: quick, each W count judged without a fit)
+        if budget.expired():
+            break
+        held = search.held_back(budget.share(1 / (turns - n)))
+        if held is not None:
+            c = max(range(problem.ranks), key=held.rank_objective().__getitem__)
+            best = best_of(polished(problem, held.schedule, critical=c), held)
+            say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
+            out.append((best.schedule.name, best))
     for n, (t, c) in enumerate(zip(starts, critical)):
         if budget.expired():
             break
@@ -562,7 +579,6 @@ def polished_candidates(
             if tol.lt(held.objective_value(), found[n].objective_value()):
                 found[n] = held
             found[n] = best_of(polished(problem, held.schedule, critical=c), found[n])
-    out = []
     for t, best in zip(starts, found):
         if best is not t:
             say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
