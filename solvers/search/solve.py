@@ -560,12 +560,11 @@ def polished_candidates(
     found = [best_of(polished(problem, t.schedule, critical=c), t) for t, c in zip(starts, critical)]
     as_if = as_if_searches(problem, [*(t.schedule for t in starts), *(s for _, s in run.built)], POLISHED,
                            budget.share(AS_IF_SHARE))
-    turns = len(starts) + len(as_if)
     out = []
-    for n, search in enumerate(as_if):  # (first: quick, each W count judged without a fit)
+    for n, search in enumerate(as_if):  # first (each count judged without a fit), the rest after them a share
         if budget.expired():
             break
-        held = search.held_back(budget.share(1 / (turns - n)))
+        held = search.held_back(budget.share(1 / (len(as_if) + 1 - n)))
         if held is not None:
             c = max(range(problem.ranks), key=held.rank_objective().__getitem__)
             best = best_of(polished(problem, held.schedule, critical=c), held)
