@@ -26,7 +26,7 @@ from schedc.solvers.search.mixed import (
 )
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY, unfuse
-from schedc.solvers.search.localsearch import improve
+from schedc.solvers.search.localsearch import ReplayFilter, improve, score
 from schedc.solvers.search.solve import RegistryRun, polished_candidates
 from tests.strategies import small_problems
 
@@ -360,6 +360,30 @@ def test_w_held_back_move_past_the_last_backward_and_nothing_else_moves(problem,
             at = moved.index(ops[last])
             assert [op for op in moved[:at] if op.kind is Kind.W] == before[:len(before) - len(held)]
             assert list(moved[at + 1:]) == held + list(ops[last + 1:])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems(), st.data())
+def test_the_replay_filter_passes_exactly_the_held_back_orders_the_simulator_finds_shorter(problem, data):
+    """``ReplayFilter`` judges an order by the local search's replay resumed from its base's: it
+    passes a schedule exactly where the simulator finds it fitting and shorter by the search
+    objective than the base, whichever rank's W are held back, and after a rebase the same."""
+    if data.draw(st.booleans(), label="no limit"):
+        problem = problem.with_changes(memory={"limit": None})
+    for name, schedule in orders_of(problem):
+        base = simulate(problem, plain(schedule))
+        if not base.fits:
+            continue
+        quick = ReplayFilter(problem, base)
+        for _ in range(3):
+            counts = data.draw(st.lists(st.integers(0, 2 * problem.microbatches), min_size=problem.ranks,
+                                        max_size=problem.ranks), label=name)
+            trial = held_back(base.schedule, counts)
+            t = simulate(problem, trial)
+            assert quick.beats(trial) == (t.fits and problem.time_tol.lt(score(t)[0], score(base)[0])), name
+            if t.fits:
+                base = t
+                quick.rebase(base)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

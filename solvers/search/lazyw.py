@@ -126,12 +126,12 @@ def held_back(schedule: Schedule, counts: list[int], name: str | None = None) ->
     ranks = []
     for r, ops in enumerate(schedule.ranks):
         k = counts[r]
-        last = max((x for x, op in enumerate(ops) if op.kind in (Kind.B, Kind.BW)), default=None)
-        if not k or last is None:
-            ranks.append(list(ops))
+        last = next((x for x in range(len(ops) - 1, -1, -1) if ops[x].kind in (Kind.B, Kind.BW)), None) if k else None
+        if last is None:
+            ranks.append(ops)
             continue
         ws = [x for x in range(last) if ops[x].kind is Kind.W]
         moved = set(ws[-k:])
-        ranks.append([op for x, op in enumerate(ops[:last + 1]) if x not in moved]
-                     + [ops[x] for x in sorted(moved)] + list(ops[last + 1:]))
-    return Schedule.from_lists(name or schedule.name, ranks)
+        ranks.append((*(op for x, op in enumerate(ops[:last + 1]) if x not in moved),
+                      *(ops[x] for x in sorted(moved)), *ops[last + 1:]))
+    return Schedule(name or schedule.name, tuple(ranks))  # (the ops as given: Op already)

@@ -315,6 +315,32 @@ class _Evaluator:
         return None if out is None else out[0]
 
 
+class ReplayFilter:
+    """Whether a schedule of the same ops beats a base by the search objective, judged by the
+    evaluator's replay resumed from the base's (only what follows the first op that a rank's
+    changed order moved is replayed again): a quick first judge for a descent whose trials each
+    change one rank's order, before the simulator judges the few that pass (``mixed.
+    held_back_search``). Where the evaluator cannot write the base (a copy lane, pairs it cannot
+    write) or the problem has syncs, every schedule passes."""
+
+    def __init__(self, problem: Problem, base: Timeline):
+        self.ev = None if problem.syncs else _Evaluator(problem, base.schedule)
+        self.rebase(base)
+
+    def rebase(self, base: Timeline) -> None:
+        orders = None if self.ev is None else self.ev.orders(base.schedule)
+        self.base = None if orders is None else self.ev.replayed(orders)
+        self.value = score(base)[0]
+
+    def beats(self, schedule: Schedule) -> bool:
+        orders = None if self.base is None else self.ev.orders(schedule)
+        if orders is None:
+            return True
+        shared = [old if ks == old else ks for ks, old in zip(orders, self.base.orders)]  # (resumed past these)
+        rp = self.ev.replayed(shared, self.base)
+        return rp is not None and self.ev.tol.lt(rp.score[0], self.value)
+
+
 def score(t: Timeline) -> Score:
     """(objective, sum over ranks of their own end or span): lower is better; the second key
     breaks plateaus."""

@@ -39,7 +39,7 @@ from schedc.schedule import Op, Schedule
 from schedc.simulate import Timeline, simulate
 from schedc.solvers.deadline import Budget
 from schedc.solvers.search.lazyw import held_back, lazy_w
-from schedc.solvers.search.localsearch import improve
+from schedc.solvers.search.localsearch import ReplayFilter, improve
 from schedc.solvers.families.memtime import everywhere, plain, with_policies
 
 Key = tuple[int, int]  # (stage, microbatch)
@@ -427,8 +427,9 @@ HELD_STEPS = (8, 4, 2, 1, -1, -2, -4)  # how a rank's count of W held past its l
 def held_back_search(problem: Problem, schedule: Schedule, budget: Budget) -> Timeline | None:
     """From ``schedule``'s order (its policy ops dropped), W held past each rank's last backward
     (``lazyw.held_back``), the count per rank found by descent: the rank whose compute carries most
-    of the critical path first (then the others, by that share, the last rank first among equals),
-    its count moved by each of ``HELD_STEPS`` for as long as the objective falls, the critical path
+    of the critical path first (then the others that carry some, by that share, the last rank first
+    among equals; one that carries none is left as it is: its ops earlier shorten nothing), its
+    count moved by each of ``HELD_STEPS`` for as long as the objective falls, the critical path
     taken again after each rank that improved; every trial fitted to the memory limit
     (``fit_mixed``) and relaxed where the problem chooses recompute, and judged by the simulator.
 
@@ -447,6 +448,8 @@ def held_back_search(problem: Problem, schedule: Schedule, budget: Budget) -> Ti
 
     def judge(counts: list[int]) -> Timeline | None:
         candidate = held_back(order, counts, name)
+        if quick is not None and not quick.beats(candidate):
+            return None
         if fit:
             candidate = fit_mixed(problem, candidate)
             if candidate is None:
@@ -459,13 +462,16 @@ def held_back_search(problem: Problem, schedule: Schedule, budget: Budget) -> Ti
         return t if t.fits else None
 
     counts = [0] * problem.ranks
+    quick = None
     best = judge(counts)
+    # Without a fit each trial changes one rank's order only: the replay from the best's judges it first.
+    quick = ReplayFilter(problem, best) if best is not None and not fit else None
     tol = problem.time_tol
     improved = best is not None
     while improved and not budget.expired():
         improved = False
         share = critical_path(best).compute()
-        for r in sorted(range(problem.ranks), key=lambda r: (-share[r], -r)):
+        for r in sorted((r for r in range(problem.ranks) if share[r] > 0), key=lambda r: (-share[r], -r)):
             for step in HELD_STEPS:
                 while not budget.expired():
                     trial = list(counts)
@@ -474,6 +480,8 @@ def held_back_search(problem: Problem, schedule: Schedule, budget: Budget) -> Ti
                     if t is None or not tol.lt(t.objective_value(), best.objective_value()):
                         break
                     counts, best, improved = trial, t, True
+                    if quick is not None:
+                        quick.rebase(best)
             if improved:
                 break
     return best
