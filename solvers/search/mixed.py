@@ -21,6 +21,11 @@ recompute more), relaxed, and the best fitted and relaxed as above.
 So where most microbatches must be recomputed selectively, the order's warm-up depth is the one
 selective memory allows, not the one a kept activation does.
 
+``held_back_search`` holds W past each rank's last backward, each trial fitted as above;
+``AsIfSearch`` searches orders on the problem as if every microbatch took the quickest recompute
+(the local search, and that descent of W held back, whose trials then need no fit), each order
+brought back with that recompute everywhere and relaxed.
+
 Every schedule here is a candidate only: the simulator judges it (``solve``). Policy ops sit right
 before their backward, as ``memtime.with_policies`` puts them.
 """

@@ -556,7 +556,7 @@ def polished_candidates(
                 best = v
         return best
 
-    # First every start's polished variants (quick), then with what is left the W held back.
+    # First every start's polished variants (quick), then with what is left the W held back (as if first).
     found = [best_of(polished(problem, t.schedule, critical=c), t) for t, c in zip(starts, critical)]
     as_if = as_if_searches(problem, [*(t.schedule for t in starts), *(s for _, s in run.built)], POLISHED,
                            budget.share(AS_IF_SHARE))
