@@ -542,7 +542,7 @@ def polished_candidates(
     if registry is not None:
         bases.setdefault(registry.schedule.ranks, registry)
     starts = list(bases.values())
-    critical = [max(range(problem.ranks), key=t.rank_objective().__getitem__) for t in starts]
+    critical = [t.objective_rank() for t in starts]
 
     def best_of(schedules: Iterator[Schedule], best: Timeline) -> Timeline:
         for schedule in schedules:
@@ -561,15 +561,17 @@ def polished_candidates(
     as_if = as_if_searches(problem, [*(t.schedule for t in starts), *(s for _, s in run.built)], POLISHED,
                            budget.share(AS_IF_SHARE))
     out = []
+
+    def keep(best: Timeline) -> None:
+        say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
+        out.append((best.schedule.name, best))
+
     for n, search in enumerate(as_if):  # first (each count judged without a fit), the rest after them a share
         if budget.expired():
             break
         held = search.held_back(budget.share(1 / (len(as_if) + 1 - n)))
         if held is not None:
-            c = max(range(problem.ranks), key=held.rank_objective().__getitem__)
-            best = best_of(polished(problem, held.schedule, critical=c), held)
-            say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
-            out.append((best.schedule.name, best))
+            keep(best_of(polished(problem, held.schedule, critical=held.objective_rank()), held))
     for n, (t, c) in enumerate(zip(starts, critical)):
         if budget.expired():
             break
@@ -580,8 +582,7 @@ def polished_candidates(
             found[n] = best_of(polished(problem, held.schedule, critical=c), found[n])
     for t, best in zip(starts, found):
         if best is not t:
-            say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
-            out.append((best.schedule.name, best))
+            keep(best)
     return out
 
 
