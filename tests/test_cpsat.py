@@ -327,3 +327,26 @@ def test_a_recompute_chosen_counts_in_its_ranks_work(objective, monkeypatch):
     literals = {lit.Index() for lit in model.present.values()}
     assert not any(literals & set(ct.linear.vars) for ct in model.cp.Proto().constraints
                    if ct.has_linear() and model.C.Index() in ct.linear.vars)
+
+
+def test_cpsat_is_not_started_where_its_time_cannot_reach_a_first_solution(monkeypatch):
+    """More F, B and W ops than ``OPS_PER_SECOND`` times the seconds left: CP-SAT returns at once,
+    its note a time limit (the solve's status then says so) and no model built; with the time
+    that size needs, it builds its model."""
+    import schedc.solvers.search.cpsat as cpsat
+
+    class Built(Exception):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise Built
+
+    monkeypatch.setattr(cpsat, "_CpModel", refuse)
+    problem = Problem.parse(dict(ranks=4, microbatches=64, costs=dict(F=1.0, B=1.0, W=1.0), comm=0.1,
+                                 memory=dict(F=1.0, B=-0.5, limit=6.0), recompute=dict(keep=0.1)))
+    _, warm = best_registry_schedule(problem)
+    ops = 3 * 4 * 64
+    out = solve_cpsat(problem, warm, Settings(Budget.seconds(0.9 * ops / cpsat.OPS_PER_SECOND), 0.0, 1, 0.0))
+    assert out.schedule is None and out.bound is None and "time" in out.note and "not searched" in out.note
+    with pytest.raises(Built):
+        solve_cpsat(problem, warm, Settings(Budget.seconds(1.5 * ops / cpsat.OPS_PER_SECOND), 0.0, 1, 0.0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import schedc
@@ -27,7 +27,7 @@ from schedc.solvers.search.mixed import (
 from schedc.solvers.bounds import lower_bound
 from schedc.solvers.registry import REGISTRY, unfuse
 from schedc.solvers.search.localsearch import ReplayFilter, improve, score
-from schedc.solvers.search.solve import RegistryRun, polished_candidates
+from schedc.solvers.search.solve import Polish, RegistryRun, polished_candidates
 from tests.strategies import small_problems
 
 ORDERS = ["1f1b", "zb-h1", "zb-h2", "gpipe", "looped-bfs", "zb-v", "v-half", "dualpipev"]
@@ -487,6 +487,49 @@ def test_the_polish_takes_the_best_registry_schedule_too_where_derived_orders_be
     found = polished_candidates(problem, run, Budget.seconds(30), lambda note: None)
     assert any(name.startswith("zb-v") for name, _ in found)
     assert all(t.fits for _, t in found)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy_problems())
+def test_the_polish_cut_short_goes_on_where_it_stopped_to_the_same_end(problem):
+    """``solve``'s polish with no time left does nothing and waits in ``run.paused``; given time
+    afterwards (``Polish.go``, as ``_resume`` does after the backend) it ends where an uncut polish
+    ends: the same schedules found, in the same order, none twice."""
+    fitting, built = [], []
+    for name, schedule in orders_of(problem):
+        built.append((name, schedule))
+        for fitted_name, fitted in [(name, schedule), *fitted_orders(problem, schedule, name)]:
+            t = simulate(problem, fitted)
+            if t.fits:
+                fitting.append((fitted_name, t))
+    assume(fitting)
+
+    def run() -> RegistryRun:
+        return RegistryRun(list(fitting), [], [], 0.0, built=list(built))
+
+    whole = polished_candidates(problem, run(), Budget.seconds(60), lambda note: None)
+    cut = run()
+    assert polished_candidates(problem, cut, Budget.seconds(0), lambda note: None) == []
+    (polish,) = cut.paused
+    assert isinstance(polish, Polish) and not polish.over
+    resumed = polish.go(Budget.seconds(60), lambda note: None, "resumed")
+    assert polish.over
+    assert [(name, t.objective_value()) for name, t in resumed] == [(name, t.objective_value()) for name, t in whole]
+    assert all(t.fits for _, t in resumed)
+
+
+def test_an_as_if_descent_cut_short_goes_on_from_its_best():
+    """``AsIfSearch.held_back`` cut short keeps what it reached: the next call starts there (never
+    longer) and, given time, settles with a schedule that fits."""
+    problem = schedc.load_problem(Path(__file__).parent.parent / "examples/problems/memory-time/mt-6.2B-m24-0.75x-v.yaml")
+    (search,) = as_if_searches(problem, [unfuse(REGISTRY["dualpipev"].build(problem))], 1, Budget.seconds(30))
+    start = search.best.objective_value()
+    search.held_back(Budget.seconds(0))
+    assert not search.settled and search.best.objective_value() <= start
+    reached = search.best.objective_value()
+    second = search.held_back(Budget.seconds(60))
+    assert search.settled and second is not None and second.fits
+    assert search.best.objective_value() <= reached
 
 
 def test_given_the_optimums_order_the_fit_and_the_local_search_reach_the_optimum():

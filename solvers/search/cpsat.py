@@ -95,6 +95,11 @@ OPTIONAL = (Kind.R, Kind.S, Kind.O, Kind.L)  # the policy ops, each present with
 SEED = 0  # fixed, so that a single-worker run is reproducible
 RESERVOIR_EXPAND = 128  # events per rank above which reservoirs are not expanded into pair Booleans
 MIN_SEARCH_SECONDS = 0.2  # CP-SAT is not started with less time than this left
+OPS_PER_SECOND = 300  # nor where the problem has more F, B and W ops than this times the seconds left:
+# from a hint of the warm start, on one worker, its first solution (the hint itself) came after 1.1 s at
+# 576 ops, 4.3-6.3 s at 1152, 7.2-10.4 s at 1536, 15.9 s at 3072, and none within 25 s at 3072 (the V)
+# and at every size from 4608 to 24576 (benchmarks/memory_time.py's cells at 0.5x, commit 874fba0):
+# with fewer seconds than this allows it returns nothing, and the solve's other steps use the time
 CHECK_EVERY = 1024  # model building looks at the clock once per this many items
 RECOMPUTE_WORK_OPS = 256  # C counts the recompute chosen in each rank's work on models of at most this
 # many F, B and W (valid everywhere: there it lets CP-SAT prove optima it missed, benchmarks/memtime_small.py;
@@ -159,6 +164,10 @@ def solve_cpsat(problem: Problem, warm_t: Timeline, settings: Settings) -> Found
     if problem.seq_chunks > 1:
         return Found(None, None, [], "not searched: the CP-SAT model does not handle sequence chunks (use cbc)")
     budget = settings.budget
+    ops = 3 * problem.n_stages * problem.microbatches
+    if ops > OPS_PER_SECOND * budget.left():
+        return Found(None, note=(f"time limit (not searched: {ops} F, B and W ops, more than CP-SAT finds a first"
+                                 f" solution for in the {budget.left():.1f} s left)"))
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:

@@ -509,6 +509,8 @@ class AsIfSearch:
 
     def __init__(self, problem: Problem, kind: Kind, start: Timeline):
         self.problem, self.kind, self.best = problem, kind, start
+        self.name = start.schedule.name  # (the start's: what it maps back is named after it)
+        self.settled = False  # the descent of W held back ended on its own (``held_back``)
 
     @classmethod
     def of(cls, problem: Problem, schedule: Schedule) -> AsIfSearch | None:
@@ -545,9 +547,18 @@ class AsIfSearch:
         mapping drops the recomputes the order does not need. Measured on
         benchmarks/memory_time.py's V at 0.75x (docs/results.md): 6.2B m = 24 from DualPipeV's
         order 1953.4 in 0.6 s, where ``held_back_search`` on the problem from ZB-V's order fitted
-        gives 1981.3."""
+        gives 1981.3.
+
+        A call cut short by ``budget`` leaves its best as the search's, so the next call goes on
+        from there (the order with those W held, counted from none again); once a descent ends on
+        its own, ``settled``."""
         held = held_back_search(self.best.problem, self.best.schedule, budget)
-        return None if held is None else self.mapped(held.schedule, f"{self.best.schedule.name}+as-if-held-w")
+        self.settled = not budget.expired()
+        if held is None:
+            return None
+        if held.problem.time_tol.lt(held.objective_value(), self.best.objective_value()):
+            self.best = held
+        return self.mapped(held.schedule, f"{self.name}+as-if-held-w")
 
     def mapped(self, schedule: Schedule, name: str) -> Timeline | None:
         """An order of the as-if problem back on the problem: ``kind`` everywhere, then relaxed

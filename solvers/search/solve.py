@@ -147,7 +147,7 @@ class RegistryRun:
     built: list[tuple[str, Schedule]] = field(default_factory=list)  # every one built (backward split), fitting or not
     derived: set[str] = field(default_factory=set)  # the names in ``fitting`` that are no registry schedule's
     # nor a caller's candidate (mixed policies, W re-placed, a search cut short): the result's table leaves them out
-    paused: list[Paused] = field(default_factory=list)  # searches the budget paused, for ``_resume``
+    paused: list[Paused | Polish] = field(default_factory=list)  # searches the budget paused, for ``_resume``
     beside: _GreedyBeside | None = None  # the greedy's searches going on on a spare core (one of ``paused``)
 
 
@@ -515,6 +515,7 @@ def _greedy_orders(problem: Problem) -> Iterator[Schedule]:
 
 
 POLISHED = 3  # the best this many distinct schedules that fit get ``mixed.polished``'s variants
+STEP_MIN_SECONDS = 1.0  # a step of the polish (``Polish``) is not started with less time than this left
 AS_IF_SHARE = 0.25  # of the polish's budget, at most, for judging orders on the as-if problem (``mixed.as_if_searches``)
 
 
@@ -530,60 +531,124 @@ def polished_candidates(
     recompute under a limit, also the ``POLISHED`` shortest orders on the problem as if every
     microbatch took the quickest recompute, among the starts' and every registry schedule built
     (fitting or not), each with W held back there and mapped back (``mixed.AsIfSearch.held_back``),
-    then polished. Those that fit and beat their schedule (the latter: all), judged."""
-    tol = problem.time_tol
-    ranked = sorted((nt for nt in run.fitting if not nt[1].schedule.copy), key=lambda nt: nt[1].objective_value())
-    bases: dict = {}  # by order: the first of equal orders
-    for _, t in ranked:
-        if len(bases) == POLISHED:
-            break
-        bases.setdefault(t.schedule.ranks, t)
-    registry = next((t for name, t in ranked if name not in run.derived), None)
-    if registry is not None:
-        bases.setdefault(registry.schedule.ranks, registry)
-    starts = list(bases.values())
-    critical = [t.objective_rank() for t in starts]
-
-    def best_of(schedules: Iterator[Schedule], best: Timeline) -> Timeline:
-        for schedule in schedules:
-            if budget.expired():
-                break
-            try:
-                v = simulate(problem, schedule)
-            except SchedcError:
-                continue
-            if v.fits and tol.lt(v.objective_value(), best.objective_value()):
-                best = v
-        return best
-
-    # First every start's polished variants (quick), then with what is left the W held back (as if first).
-    found = [best_of(polished(problem, t.schedule, critical=c), t) for t, c in zip(starts, critical)]
-    as_if = as_if_searches(problem, [*(t.schedule for t in starts), *(s for _, s in run.built)], POLISHED,
-                           budget.share(AS_IF_SHARE))
-    out = []
-
-    def keep(best: Timeline) -> None:
-        say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
-        out.append((best.schedule.name, best))
-
-    for n, search in enumerate(as_if):  # first (each count judged without a fit), the rest after them a share
-        if budget.expired():
-            break
-        held = search.held_back(budget.share(1 / (len(as_if) + 1 - n)))
-        if held is not None:
-            keep(best_of(polished(problem, held.schedule, critical=held.objective_rank()), held))
-    for n, (t, c) in enumerate(zip(starts, critical)):
-        if budget.expired():
-            break
-        held = held_back_search(problem, t.schedule, budget.share(1 / (len(starts) - n)))
-        if held is not None:
-            if tol.lt(held.objective_value(), found[n].objective_value()):
-                found[n] = held
-            found[n] = best_of(polished(problem, held.schedule, critical=c), found[n])
-    for t, best in zip(starts, found):
-        if best is not t:
-            keep(best)
+    then polished. Those that fit and beat their schedule (the latter: all), judged. What
+    ``budget`` leaves undone goes on after the backend (``Polish``, in ``run.paused``)."""
+    polish = Polish(problem, run)
+    out = polish.go(budget, say, step)
+    if not polish.over:
+        run.paused.append(polish)
     return out
+
+
+class Polish:
+    """``polished_candidates``' steps in order, each call (``go``) from where the one before
+    stopped: every start's polished variants; the as-if searches built; a share of the time for
+    each one's descent of W held back; each start's own held-back descent; then the as-if descents
+    that their share cut short, the shortest first, until each settles. In ``run.paused`` beside the
+    ``Paused`` searches (the same ``over``, ``best``, ``stale``, ``resume`` and ``stop``), so that
+    ``_resume`` gives what the warm start left undone turns after the backend: on the largest
+    problems, where the backend finds nothing in its time, that is where the time goes (28.3B m = 96
+    V at 0.75x of benchmarks/memory_time.py: docs/results.md)."""
+
+    def __init__(self, problem: Problem, run: RegistryRun):
+        ranked = sorted((nt for nt in run.fitting if not nt[1].schedule.copy), key=lambda nt: nt[1].objective_value())
+        bases: dict = {}  # by order: the first of equal orders
+        for _, t in ranked:
+            if len(bases) == POLISHED:
+                break
+            bases.setdefault(t.schedule.ranks, t)
+        registry = next((t for name, t in ranked if name not in run.derived), None)
+        if registry is not None:
+            bases.setdefault(registry.schedule.ranks, registry)
+        self.problem, self.built = problem, [s for _, s in run.built]
+        self.starts = list(bases.values())
+        self.critical = [t.objective_rank() for t in self.starts]
+        self.found = list(self.starts)  # each start's best so far
+        self.as_if: list[AsIfSearch] | None = None  # (built at their step)
+        self.done = 0  # the steps of the list below done
+        self.over = not self.starts  # (as ``Paused``'s)
+        self.best = min((t.objective_value() for t in self.starts), default=math.inf)  # (its starts' too)
+
+    @property
+    def stale(self) -> bool:
+        """Never: its steps are few and start from the shortest schedules, so ``_resume`` gives it
+        every turn until it is over."""
+        return False
+
+    @stale.setter
+    def stale(self, value: bool) -> None:
+        pass
+
+    def go(self, budget: Budget, say: Callable[[str], None], step: str) -> list[tuple[str, Timeline]]:
+        """On within ``budget``: what it found that fits and beats its schedule, said."""
+        problem, n = self.problem, len(self.starts)
+        out = []
+
+        def keep(best: Timeline) -> None:
+            say(f"{step}: {best.schedule.name} {problem.objective} {best.objective_value():.6g}")
+            out.append((best.schedule.name, best))
+            self.best = min(self.best, best.objective_value())
+
+        def descend(search: AsIfSearch, within: Budget) -> None:
+            held = search.held_back(within)
+            if held is not None:
+                keep(_best_polished(problem, held, budget))
+
+        while not self.over and budget.left() >= STEP_MIN_SECONDS:  # (a step with less waits for the next call)
+            i = self.done
+            if i < n:  # every start's polished variants (quick)
+                self.found[i] = _best_polished(problem, self.starts[i], budget, self.critical[i])
+                if self.found[i] is not self.starts[i]:
+                    keep(self.found[i])
+            elif i == n:
+                self.as_if = as_if_searches(problem, [*(t.schedule for t in self.starts), *self.built], POLISHED,
+                                            budget.share(AS_IF_SHARE))
+            elif i <= n + len(self.as_if):  # each as-if descent a share (each count judged without a fit)
+                k = i - n - 1
+                descend(self.as_if[k], budget.share(1 / (len(self.as_if) + 1 - k)))
+            elif i <= 2 * n + len(self.as_if):  # each start's own, a share
+                k = i - n - 1 - len(self.as_if)
+                held = held_back_search(problem, self.starts[k].schedule, budget.share(1 / (n - k)))
+                if held is not None:
+                    best = _best_polished(problem, held, budget, self.critical[k], held)
+                    if problem.time_tol.lt(best.objective_value(), self.found[k].objective_value()):
+                        self.found[k] = best
+                        keep(best)
+            else:  # the as-if descents cut short, the shortest first, until each settles
+                unsettled = [search for search in self.as_if if not search.settled]
+                if not unsettled:
+                    self.over = True
+                    break
+                descend(min(unsettled, key=lambda search: search.best.objective_value()), budget)
+                continue
+            self.done += 1
+        return out
+
+    def resume(self, call: _Call, budget: Budget) -> list[tuple[str, Timeline]]:
+        found = self.go(budget, call.clock.say, "resumed")
+        call.run.fitting.extend(found)
+        call.run.derived.update(name for name, _ in found)
+        return found
+
+    def stop(self) -> None:
+        self.over = True
+
+
+def _best_polished(problem: Problem, t: Timeline, budget: Budget, critical: int | None = None,
+                   best: Timeline | None = None) -> Timeline:
+    """The shortest that fits of ``best`` (default ``t``) and ``mixed.polished``'s variants of
+    ``t`` (its critical rank ``critical``, default its own), judged until ``budget`` runs out."""
+    best = t if best is None else best
+    for schedule in polished(problem, t.schedule, critical=t.objective_rank() if critical is None else critical):
+        if budget.expired():
+            break
+        try:
+            v = simulate(problem, schedule)
+        except SchedcError:
+            continue
+        if v.fits and problem.time_tol.lt(v.objective_value(), best.objective_value()):
+            best = v
+    return best
 
 
 def fitting_registry_schedules(problem: Problem) -> list[tuple[str, Timeline]]:
